@@ -1,0 +1,1 @@
+//! Patchbay gateway: an authenticated, pooled, metered relay for the OpenAI Realtime API.
