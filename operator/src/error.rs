@@ -1,0 +1,59 @@
+//! The reconciler's errors. Each variant carries the facts an operator of the operator needs, and
+//! maps to one `reason` label on the failure metric.
+
+use std::time::Duration;
+
+/// Why a reconcile did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Secret the route references does not exist (yet).
+    #[error("Secret {namespace}/{name} referenced by {field} not found")]
+    SecretNotFound {
+        namespace: String,
+        name: String,
+        field: &'static str,
+    },
+    /// The spec passed schema validation but cannot be served.
+    #[error("invalid spec: {0}")]
+    InvalidSpec(String),
+    /// The API server answered with an error.
+    #[error("{verb} {kind} {name}: {source}")]
+    Api {
+        verb: &'static str,
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The API server did not answer in time.
+    #[error("{verb} {kind} {name} timed out after {after:?}")]
+    Timeout {
+        verb: &'static str,
+        kind: &'static str,
+        name: String,
+        after: Duration,
+    },
+    /// Routes are namespaced; one without a namespace is a bug in the caller.
+    #[error("route has no namespace")]
+    MissingNamespace,
+}
+
+impl Error {
+    /// Label value of `patchbay_operator_reconcile_failures_total{reason}`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::SecretNotFound { .. } => "SecretNotFound",
+            Error::InvalidSpec(_) => "InvalidSpec",
+            Error::Api { .. } => "ApiError",
+            Error::Timeout { .. } => "ApiTimeout",
+            Error::MissingNamespace => "MissingNamespace",
+        }
+    }
+
+    /// Bad input the user must fix, as opposed to a transient failure.
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, Error::SecretNotFound { .. } | Error::InvalidSpec(_))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,31 @@
+//! Patchbay operator: reconciles `RealtimeRoute` resources (`patchbay.dev/v1alpha1`) into gateway
+//! Deployments with their ConfigMaps, Service, autoscaler and disruption budget.
+//!
+//! Layout, in reconcile order: [`crd`] (the resource), [`validate`], [`build`] (pure builders,
+//! with [`gateway_config`] and [`pool`]), [`apply`] (server-side apply), [`status`], [`events`];
+//! [`controller`] wires them to the watches. [`leader`] is the Lease-based leader election,
+//! [`metrics`] and [`http`] the operator's own `/metrics` and `/healthz`.
+
+pub mod apply;
+pub mod build;
+pub mod context;
+pub mod controller;
+pub mod crd;
+pub mod error;
+pub mod events;
+pub mod gateway_config;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod pool;
+pub mod status;
+pub mod validate;
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod reconcile_tests;
+
+pub use context::Context;
+pub use crd::{RealtimeRoute, RealtimeRouteSpec, RealtimeRouteStatus};
+pub use error::Error;
