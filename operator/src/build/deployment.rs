@@ -1,0 +1,533 @@
+//! Deployment `<name>-gateway`.
+//!
+//! The pod runs `patchbay-gateway serve --config /etc/patchbay/config/gateway.toml` with the two
+//! ConfigMaps and the client keys Secret mounted as directories (never `subPath`: a `subPath`
+//! mount is never updated, and the pool size file must change live). The upstream key and Redis
+//! URL come from their Secrets as `secretKeyRef` env vars; the operator never reads them.
+//!
+//! Shutdown is budgeted: the kubelet runs `preStop: sleep` while endpoints controllers take the
+//! pod out of the Service, then sends SIGTERM and the gateway drains for `waitSeconds` (plus
+//! `lingerSeconds` in linger mode). `terminationGracePeriodSeconds` covers all of that plus
+//! [`GRACE_MARGIN_SECONDS`], so SIGKILL never cuts a drain short.
+//!
+//! `spec.replicas` is left out while an HPA owns scaling: with server-side apply, a field the
+//! operator sets is a field it owns, and every reconcile would undo the HPA.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecretVolumeSource, SecurityContext, SleepAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{child_meta, gateway_name, labels, pool_name, selector_labels};
+use crate::crd::{DrainMode, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
+use crate::gateway_config::{
+    config_path, ADMIN_PORT, CONFIG_DIR, HTTP_PORT, KEYS_DIR, POOL_DIR, REDIS_URL_ENV,
+    UPSTREAM_API_KEY_ENV,
+};
+
+/// Pod-template annotation carrying the gateway config hash.
+pub const CONFIG_HASH_ANNOTATION: &str = "patchbay.dev/config-hash";
+/// Seconds of grace beyond the drain budget, for the last flush of usage records and exit.
+pub const GRACE_MARGIN_SECONDS: i64 = 10;
+const _: () = assert!(GRACE_MARGIN_SECONDS >= 5, "the grace margin is at least 5 s");
+/// Name of the gateway container.
+pub const CONTAINER_NAME: &str = "gateway";
+/// UID/GID the gateway runs as (the distroless `nonroot` user).
+const NON_ROOT_ID: i64 = 65532;
+const TMP_SIZE_LIMIT: &str = "64Mi";
+const DEFAULT_CPU_REQUEST: &str = "100m";
+const DEFAULT_MEMORY_REQUEST: &str = "128Mi";
+const DEFAULT_MEMORY_LIMIT: &str = "512Mi";
+
+/// `preStopSleepSeconds + waitSeconds (+ lingerSeconds in linger mode) + margin`.
+pub fn termination_grace_period_seconds(spec: &RealtimeRouteSpec) -> i64 {
+    let drain = &spec.drain;
+    let linger = match drain.mode {
+        DrainMode::Linger => i64::from(drain.linger_seconds.max(0)),
+        DrainMode::Close => 0,
+    };
+    i64::from(drain.pre_stop_sleep_seconds.max(0))
+        + i64::from(drain.wait_seconds.max(0))
+        + linger
+        + GRACE_MARGIN_SECONDS
+}
+
+pub fn deployment(route: &RealtimeRoute, default_image: &str, config_hash: &str) -> Deployment {
+    let spec = &route.spec;
+    Deployment {
+        metadata: child_meta(route, gateway_name(route)),
+        spec: Some(DeploymentSpec {
+            replicas: (!spec.replicas.autoscaled()).then_some(spec.replicas.min),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(route)),
+                ..LabelSelector::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::String("25%".into())),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(route)),
+                    annotations: Some(BTreeMap::from([(
+                        CONFIG_HASH_ANNOTATION.to_string(),
+                        config_hash.to_string(),
+                    )])),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(route, default_image)),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+fn pod_spec(route: &RealtimeRoute, default_image: &str) -> PodSpec {
+    let spec = &route.spec;
+    let keys = &spec.client_keys_secret_ref;
+    PodSpec {
+        containers: vec![container(spec, default_image)],
+        termination_grace_period_seconds: Some(termination_grace_period_seconds(spec)),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(NON_ROOT_ID),
+            run_as_group: Some(NON_ROOT_ID),
+            fs_group: Some(NON_ROOT_ID),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..PodSecurityContext::default()
+        }),
+        volumes: Some(vec![
+            config_map_volume("config", gateway_name(route)),
+            config_map_volume("pool", pool_name(route)),
+            Volume {
+                name: "keys".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(keys.name.clone()),
+                    items: Some(vec![KeyToPath {
+                        key: keys.key.clone(),
+                        path: keys.key.clone(),
+                        ..KeyToPath::default()
+                    }]),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            Volume {
+                name: "tmp".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity(TMP_SIZE_LIMIT.into())),
+                    ..EmptyDirVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+        ]),
+        node_selector: spec.gateway.node_selector.clone(),
+        tolerations: spec.gateway.tolerations.clone(),
+        affinity: spec.gateway.affinity.clone(),
+        ..PodSpec::default()
+    }
+}
+
+fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
+    let mut env = vec![secret_env(
+        UPSTREAM_API_KEY_ENV,
+        &spec.upstream.api_key_secret_ref,
+    )];
+    if let Some(redis) = &spec.metering.redis_url_secret_ref {
+        env.push(secret_env(REDIS_URL_ENV, redis));
+    }
+    Container {
+        name: CONTAINER_NAME.into(),
+        image: Some(
+            spec.gateway
+                .image
+                .clone()
+                .unwrap_or_else(|| default_image.to_string()),
+        ),
+        args: Some(vec!["serve".into(), "--config".into(), config_path()]),
+        ports: Some(vec![
+            container_port("http", HTTP_PORT),
+            container_port("metrics", ADMIN_PORT),
+        ]),
+        env: Some(env),
+        volume_mounts: Some(vec![
+            read_only_mount("config", CONFIG_DIR),
+            read_only_mount("pool", POOL_DIR),
+            read_only_mount("keys", KEYS_DIR),
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..VolumeMount::default()
+            },
+        ]),
+        readiness_probe: Some(Probe {
+            http_get: Some(admin_get("/readyz")),
+            period_seconds: Some(5),
+            timeout_seconds: Some(2),
+            failure_threshold: Some(2),
+            ..Probe::default()
+        }),
+        liveness_probe: Some(Probe {
+            http_get: Some(admin_get("/healthz")),
+            initial_delay_seconds: Some(5),
+            period_seconds: Some(10),
+            timeout_seconds: Some(2),
+            failure_threshold: Some(3),
+            ..Probe::default()
+        }),
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: i64::from(spec.drain.pre_stop_sleep_seconds.max(0)),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
+        resources: Some(
+            spec.gateway
+                .resources
+                .clone()
+                .unwrap_or_else(default_resources),
+        ),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
+}
+
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity(DEFAULT_CPU_REQUEST.into())),
+            (
+                "memory".to_string(),
+                Quantity(DEFAULT_MEMORY_REQUEST.into()),
+            ),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_string(),
+            Quantity(DEFAULT_MEMORY_LIMIT.into()),
+        )])),
+        ..ResourceRequirements::default()
+    }
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        ..SeccompProfile::default()
+    }
+}
+
+fn secret_env(name: &str, secret: &SecretKeyRef) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.name.clone(),
+                key: secret.key.clone(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn container_port(name: &str, port: u16) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: i32::from(port),
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
+    }
+}
+
+fn config_map_volume(name: &str, config_map: String) -> Volume {
+    Volume {
+        name: name.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map,
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+fn read_only_mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn admin_get(path: &str) -> HTTPGetAction {
+    HTTPGetAction {
+        path: Some(path.into()),
+        port: IntOrString::String("metrics".into()),
+        ..HTTPGetAction::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures;
+
+    fn build(spec: RealtimeRouteSpec) -> Deployment {
+        deployment(&fixtures::route(spec), "patchbay/gateway:test", "abc")
+    }
+
+    fn pod(d: &Deployment) -> &PodSpec {
+        d.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+    }
+
+    fn gateway(d: &Deployment) -> &Container {
+        &pod(d).containers[0]
+    }
+
+    #[test]
+    fn grace_period_in_close_mode_is_pre_stop_plus_wait_plus_margin() {
+        let mut spec = fixtures::minimal_spec();
+        spec.drain.pre_stop_sleep_seconds = 5;
+        spec.drain.wait_seconds = 10;
+        spec.drain.linger_seconds = 600; // ignored in close mode
+        assert_eq!(termination_grace_period_seconds(&spec), 5 + 10 + 10);
+    }
+
+    #[test]
+    fn grace_period_in_linger_mode_adds_the_linger_time() {
+        let mut spec = fixtures::minimal_spec();
+        spec.drain.mode = DrainMode::Linger;
+        spec.drain.pre_stop_sleep_seconds = 3;
+        spec.drain.wait_seconds = 20;
+        spec.drain.linger_seconds = 120;
+        assert_eq!(
+            termination_grace_period_seconds(&spec),
+            3 + 20 + 120 + GRACE_MARGIN_SECONDS
+        );
+        let d = build(spec);
+        assert_eq!(
+            pod(&d).termination_grace_period_seconds,
+            Some(3 + 20 + 120 + GRACE_MARGIN_SECONDS)
+        );
+    }
+
+    #[test]
+    fn default_drain_sleeps_five_seconds_before_sigterm() {
+        let d = build(fixtures::minimal_spec());
+        let sleep = gateway(&d)
+            .lifecycle
+            .as_ref()
+            .unwrap()
+            .pre_stop
+            .as_ref()
+            .unwrap()
+            .sleep
+            .as_ref()
+            .unwrap();
+        assert_eq!(sleep.seconds, 5);
+        assert_eq!(
+            pod(&d).termination_grace_period_seconds,
+            Some(5 + 10 + GRACE_MARGIN_SECONDS)
+        );
+    }
+
+    #[test]
+    fn no_spec_replicas_while_an_hpa_owns_scaling() {
+        let d = build(fixtures::autoscaled_spec());
+        assert_eq!(d.spec.as_ref().unwrap().replicas, None);
+        let json = serde_json::to_value(&d).unwrap();
+        assert!(json["spec"].get("replicas").is_none());
+    }
+
+    #[test]
+    fn a_fixed_count_sets_spec_replicas() {
+        let mut spec = fixtures::minimal_spec();
+        spec.replicas.min = 3;
+        spec.replicas.max = Some(3);
+        assert_eq!(build(spec).spec.unwrap().replicas, Some(3));
+    }
+
+    #[test]
+    fn rolling_update_never_drops_below_the_desired_count() {
+        let d = build(fixtures::minimal_spec());
+        let rolling = d.spec.unwrap().strategy.unwrap().rolling_update.unwrap();
+        assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+        assert_eq!(rolling.max_surge, Some(IntOrString::String("25%".into())));
+    }
+
+    #[test]
+    fn the_pod_runs_non_root_read_only_without_capabilities() {
+        let d = build(fixtures::minimal_spec());
+        let pod_sc = pod(&d).security_context.as_ref().unwrap();
+        assert_eq!(pod_sc.run_as_non_root, Some(true));
+        assert_eq!(
+            pod_sc.seccomp_profile.as_ref().unwrap().type_,
+            "RuntimeDefault"
+        );
+        let sc = gateway(&d).security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop,
+            Some(vec!["ALL".to_string()])
+        );
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        let tmp = gateway(&d)
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.mount_path == "/tmp");
+        assert!(tmp.is_some(), "a writable /tmp under a read-only root");
+    }
+
+    #[test]
+    fn the_container_follows_the_gateway_pod_contract() {
+        let d = build(fixtures::full_spec());
+        let c = gateway(&d);
+        assert_eq!(
+            c.image.as_deref(),
+            Some("registry.example/patchbay/gateway:1.2.3")
+        );
+        assert_eq!(
+            c.args.as_ref().unwrap(),
+            &["serve", "--config", "/etc/patchbay/config/gateway.toml"]
+        );
+        let ports: Vec<(&str, i32)> = c
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| (p.name.as_deref().unwrap(), p.container_port))
+            .collect();
+        assert_eq!(ports, [("http", 8080), ("metrics", 9090)]);
+        let env = c.env.as_ref().unwrap();
+        let key = env[0]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(env[0].name, "PATCHBAY_UPSTREAM_API_KEY");
+        assert_eq!((key.name.as_str(), key.key.as_str()), ("openai", "api-key"));
+        assert_eq!(env[1].name, "PATCHBAY_REDIS_URL");
+        assert!(env.iter().all(|e| e.value.is_none()), "no literal secrets");
+        let mounts: Vec<(&str, &str)> = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("config", "/etc/patchbay/config"),
+                ("pool", "/etc/patchbay/pool"),
+                ("keys", "/etc/patchbay/keys"),
+                ("tmp", "/tmp"),
+            ]
+        );
+        assert!(c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|m| m.sub_path.is_none() && m.sub_path_expr.is_none()));
+        let readiness = c
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(readiness.path.as_deref(), Some("/readyz"));
+        assert_eq!(readiness.port, IntOrString::String("metrics".into()));
+        let liveness = c
+            .liveness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(liveness.path.as_deref(), Some("/healthz"));
+        let p = pod(&d);
+        assert_eq!(p.node_selector.as_ref().unwrap()["pool"], "realtime");
+        assert_eq!(p.tolerations.as_ref().unwrap().len(), 1);
+        assert!(p.affinity.is_some());
+        let volumes = p.volumes.as_ref().unwrap();
+        assert_eq!(
+            volumes[0].config_map.as_ref().unwrap().name,
+            format!("{}-gateway", fixtures::ROUTE_NAME)
+        );
+        assert_eq!(
+            volumes[1].config_map.as_ref().unwrap().name,
+            format!("{}-pool", fixtures::ROUTE_NAME)
+        );
+        let keys = volumes[2].secret.as_ref().unwrap();
+        assert_eq!(keys.secret_name.as_deref(), Some("voice-keys"));
+        assert_eq!(keys.items.as_ref().unwrap()[0].path, "keys.toml");
+    }
+
+    #[test]
+    fn the_operator_default_image_is_used_when_the_route_names_none() {
+        let d = build(fixtures::minimal_spec());
+        assert_eq!(gateway(&d).image.as_deref(), Some("patchbay/gateway:test"));
+        assert!(
+            gateway(&d).env.as_ref().unwrap().len() == 1,
+            "no Redis env without a Redis secret"
+        );
+    }
+
+    #[test]
+    fn the_pod_template_carries_the_config_hash_and_the_labels() {
+        let d = build(fixtures::minimal_spec());
+        let meta = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
+        assert_eq!(
+            meta.annotations.as_ref().unwrap()[CONFIG_HASH_ANNOTATION],
+            "abc"
+        );
+        let labels = meta.labels.as_ref().unwrap();
+        let selector = d
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .match_labels
+            .as_ref()
+            .unwrap();
+        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    }
+}

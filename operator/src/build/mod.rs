@@ -1,0 +1,276 @@
+//! The desired child objects of a route, built by pure functions.
+//!
+//! Each child kind has its own builder; [`desired`] calls them all and returns a [`Desired`] that
+//! the apply stage destructures field by field (no `..`), so a new kind does not compile until it
+//! is applied. Builders take the route, the operator's defaults and what was observed (the
+//! Deployment's replica count) and return complete objects ready for server-side apply: the
+//! `apiVersion`/`kind` come from the types, every object carries the route's owner reference and
+//! the `app.kubernetes.io/*` labels.
+
+mod configmap;
+mod deployment;
+mod hpa;
+mod pdb;
+mod service;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    autoscaling::v2::HorizontalPodAutoscaler,
+    core::v1::{ConfigMap, Service},
+    policy::v1::PodDisruptionBudget,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+pub use configmap::{config_hash, gateway_config_map, pool_config_map};
+pub use deployment::{deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION};
+pub use hpa::{hpa, SESSIONS_ACTIVE_METRIC};
+pub use pdb::pdb;
+pub use service::service;
+
+use crate::crd::RealtimeRoute;
+
+/// Field manager of every apply, and the value of `app.kubernetes.io/managed-by`.
+pub const MANAGER: &str = "patchbay-operator";
+/// `app.kubernetes.io/name` of the gateway pods and their objects.
+pub const APP_NAME: &str = "patchbay-gateway";
+/// `app.kubernetes.io/managed-by=patchbay-operator`: the label selector of the operator's watches.
+pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=patchbay-operator";
+
+/// What the builders need besides the route.
+#[derive(Clone, Debug)]
+pub struct BuildInput<'a> {
+    pub route: &'a RealtimeRoute,
+    /// Image used when the route does not name one.
+    pub default_image: &'a str,
+    /// The Deployment's observed `status.replicas`, if it exists and reports one.
+    pub observed_replicas: Option<i32>,
+}
+
+/// Every child object a route should have, in apply order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    pub gateway_config: ConfigMap,
+    pub pool_config: ConfigMap,
+    pub deployment: Deployment,
+    pub service: Service,
+    /// `None` when the replica count is fixed: an existing HPA is then deleted.
+    pub hpa: Option<HorizontalPodAutoscaler>,
+    pub pdb: PodDisruptionBudget,
+    /// The per-pod pool size written to the pool ConfigMap.
+    pub pool_size: i32,
+    /// Hash of the gateway config, also on the pod template.
+    pub config_hash: String,
+}
+
+/// Build every desired child of a route. The route must carry a name, namespace and uid (as any
+/// route read from the API server does).
+pub fn desired(input: &BuildInput<'_>) -> Desired {
+    let gateway_config = gateway_config_map(input.route);
+    let config_hash = config_hash(&gateway_config);
+    let (pool_config, pool_size) = pool_config_map(input.route, input.observed_replicas);
+    Desired {
+        deployment: deployment(input.route, input.default_image, &config_hash),
+        service: service(input.route),
+        hpa: hpa(input.route),
+        pdb: pdb(input.route),
+        gateway_config,
+        pool_config,
+        pool_size,
+        config_hash,
+    }
+}
+
+/// `<name>-gateway`: the gateway ConfigMap, Deployment, HPA and PDB.
+pub fn gateway_name(route: &RealtimeRoute) -> String {
+    format!("{}-gateway", route.name_any())
+}
+
+/// `<name>-pool`: the pool size ConfigMap.
+pub fn pool_name(route: &RealtimeRoute) -> String {
+    format!("{}-pool", route.name_any())
+}
+
+/// `<name>`: the Service.
+pub fn service_name(route: &RealtimeRoute) -> String {
+    route.name_any()
+}
+
+/// In-cluster WebSocket endpoint of a route.
+pub fn endpoint(route: &RealtimeRoute) -> String {
+    format!(
+        "ws://{}.{}.svc:{}/v1/realtime",
+        service_name(route),
+        route.namespace().unwrap_or_default(),
+        crate::gateway_config::HTTP_PORT
+    )
+}
+
+/// The labels that select a route's gateway pods.
+pub fn selector_labels(route: &RealtimeRoute) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), APP_NAME.to_string()),
+        ("app.kubernetes.io/instance".to_string(), route.name_any()),
+    ])
+}
+
+/// The labels of every child object (and the gateway pods).
+pub fn labels(route: &RealtimeRoute) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(route);
+    labels.extend([
+        (
+            "app.kubernetes.io/component".to_string(),
+            "gateway".to_string(),
+        ),
+        (
+            "app.kubernetes.io/part-of".to_string(),
+            "patchbay".to_string(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            MANAGER.to_string(),
+        ),
+    ]);
+    labels
+}
+
+/// Metadata of a child: name, namespace, labels and the controller owner reference.
+pub fn child_meta(route: &RealtimeRoute, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: route.namespace(),
+        labels: Some(labels(route)),
+        owner_references: route.controller_owner_ref(&()).map(|o| vec![o]),
+        ..ObjectMeta::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::RealtimeRouteSpec;
+    use crate::fixtures;
+
+    fn all_metas(d: &Desired) -> Vec<&ObjectMeta> {
+        let mut metas = vec![
+            &d.gateway_config.metadata,
+            &d.pool_config.metadata,
+            &d.deployment.metadata,
+            &d.service.metadata,
+            &d.pdb.metadata,
+        ];
+        if let Some(hpa) = &d.hpa {
+            metas.push(&hpa.metadata);
+        }
+        metas
+    }
+
+    #[test]
+    fn every_child_is_owned_by_the_route_and_labelled() {
+        let route = fixtures::route(fixtures::autoscaled_spec());
+        let d = desired(&BuildInput {
+            route: &route,
+            default_image: "img",
+            observed_replicas: None,
+        });
+        assert!(d.hpa.is_some());
+        for meta in all_metas(&d) {
+            let owner = &meta.owner_references.as_ref().unwrap()[0];
+            assert_eq!(owner.kind, "RealtimeRoute");
+            assert_eq!(owner.api_version, "patchbay.dev/v1alpha1");
+            assert_eq!(owner.name, fixtures::ROUTE_NAME);
+            assert_eq!(owner.uid, fixtures::ROUTE_UID);
+            assert_eq!(owner.controller, Some(true));
+            assert_eq!(meta.namespace.as_deref(), Some(fixtures::NAMESPACE));
+            let labels = meta.labels.as_ref().unwrap();
+            assert_eq!(labels["app.kubernetes.io/managed-by"], MANAGER);
+            assert_eq!(labels["app.kubernetes.io/instance"], fixtures::ROUTE_NAME);
+        }
+    }
+
+    #[test]
+    fn children_are_named_after_the_route() {
+        let route = fixtures::route(fixtures::autoscaled_spec());
+        let d = desired(&BuildInput {
+            route: &route,
+            default_image: "img",
+            observed_replicas: None,
+        });
+        let name = fixtures::ROUTE_NAME;
+        assert_eq!(
+            d.gateway_config.metadata.name,
+            Some(format!("{name}-gateway"))
+        );
+        assert_eq!(d.pool_config.metadata.name, Some(format!("{name}-pool")));
+        assert_eq!(d.deployment.metadata.name, Some(format!("{name}-gateway")));
+        assert_eq!(d.service.metadata.name, Some(name.to_string()));
+        assert_eq!(
+            d.hpa.unwrap().metadata.name,
+            Some(format!("{name}-gateway"))
+        );
+        assert_eq!(d.pdb.metadata.name, Some(format!("{name}-gateway")));
+        assert_eq!(
+            endpoint(&route),
+            format!("ws://{name}.{}.svc:8080/v1/realtime", fixtures::NAMESPACE)
+        );
+    }
+
+    #[test]
+    fn a_replica_change_changes_the_pool_config_map_and_nothing_else() {
+        let route = fixtures::route(fixtures::autoscaled_spec());
+        let at = |observed| {
+            desired(&BuildInput {
+                route: &route,
+                default_image: "img",
+                observed_replicas: observed,
+            })
+        };
+        let (before, after) = (at(Some(2)), at(Some(5)));
+        assert_ne!(before.pool_config, after.pool_config);
+        assert_ne!(before.pool_size, after.pool_size);
+        assert_eq!(before.deployment, after.deployment);
+        assert_eq!(
+            before.deployment.spec.as_ref().unwrap().template,
+            after.deployment.spec.as_ref().unwrap().template
+        );
+        assert_eq!(before.config_hash, after.config_hash);
+        assert_eq!(before.gateway_config, after.gateway_config);
+        assert_eq!(before.service, after.service);
+        assert_eq!(before.hpa, after.hpa);
+        assert_eq!(before.pdb, after.pdb);
+    }
+
+    #[test]
+    fn a_config_change_changes_the_pod_template_hash() {
+        fn build(spec: RealtimeRouteSpec) -> Desired {
+            desired(&BuildInput {
+                route: &fixtures::route(spec),
+                default_image: "img",
+                observed_replicas: Some(2),
+            })
+        }
+        let mut spec = fixtures::autoscaled_spec();
+        let before = build(spec.clone());
+        spec.drain.wait_seconds += 5;
+        let after = build(spec);
+        assert_ne!(before.config_hash, after.config_hash);
+        let hash = |d: &Desired| {
+            d.deployment
+                .spec
+                .as_ref()
+                .unwrap()
+                .template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .annotations
+                .as_ref()
+                .unwrap()[CONFIG_HASH_ANNOTATION]
+                .clone()
+        };
+        assert_eq!(hash(&before), before.config_hash);
+        assert_eq!(hash(&after), after.config_hash);
+    }
+}
