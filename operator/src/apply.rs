@@ -1,0 +1,146 @@
+//! Stage 3 of a reconcile: server-side apply of the desired children, in dependency order.
+//!
+//! ConfigMaps go first (the Deployment's pods mount them), then the Deployment, the Service, the
+//! HPA (which scales the Deployment) and the PDB. Every apply uses field manager
+//! `patchbay-operator` with `force`: the operator is the only writer of the fields it sets, and a
+//! conflict with a stray manager should resolve in the route's favour. Fields it does not set
+//! (`spec.replicas` under an HPA) stay with whoever owns them.
+//!
+//! A child that is no longer desired (the HPA once `replicas.max == min`) is deleted, but only if
+//! the route controls it: a same-named object someone else made is left alone.
+
+use std::fmt::Debug;
+
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    autoscaling::v2::HorizontalPodAutoscaler,
+    core::v1::{ConfigMap, Service},
+    policy::v1::PodDisruptionBudget,
+};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::build::{gateway_name, Desired, MANAGER};
+use crate::context::Context;
+use crate::crd::RealtimeRoute;
+use crate::error::Result;
+
+/// What applying changed beyond the objects themselves.
+#[derive(Debug)]
+pub struct Applied {
+    /// The Deployment as the API server returned it.
+    pub deployment: Deployment,
+    /// An HPA the route no longer wants was deleted.
+    pub hpa_deleted: bool,
+}
+
+/// The `PatchParams` of every apply.
+pub fn apply_params() -> PatchParams {
+    PatchParams::apply(MANAGER).force()
+}
+
+/// Server-side apply one object.
+pub async fn apply_one<K>(ctx: &Context, api: &Api<K>, object: &K) -> Result<K>
+where
+    K: k8s_openapi::Resource
+        + Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + Serialize
+        + DeserializeOwned,
+{
+    let name = object.name_any();
+    ctx.call(
+        "apply",
+        K::KIND,
+        &name,
+        api.patch(&name, &apply_params(), &Patch::Apply(object)),
+    )
+    .await
+}
+
+/// Apply every desired child of `route` in dependency order; delete the HPA when not desired.
+pub async fn apply_all(
+    ctx: &Context,
+    route: &RealtimeRoute,
+    namespace: &str,
+    desired: &Desired,
+) -> Result<Applied> {
+    // No `..`: a new child kind must be applied here before this compiles.
+    let Desired {
+        gateway_config,
+        pool_config,
+        deployment,
+        service,
+        hpa,
+        pdb,
+        pool_size: _,
+        config_hash: _,
+    } = desired;
+    let client = ctx.client.clone();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    apply_one(ctx, &config_maps, gateway_config).await?;
+    apply_one(ctx, &config_maps, pool_config).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let deployment = apply_one(ctx, &deployments, deployment).await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    apply_one(ctx, &services, service).await?;
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), namespace);
+    let hpa_deleted = match hpa {
+        Some(hpa) => {
+            apply_one(ctx, &hpas, hpa).await?;
+            false
+        }
+        None => delete_if_owned(ctx, &hpas, &gateway_name(route), route).await?,
+    };
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client, namespace);
+    apply_one(ctx, &pdbs, pdb).await?;
+    Ok(Applied {
+        deployment,
+        hpa_deleted,
+    })
+}
+
+/// Delete `name` if it exists and `route` is its controller. Returns whether it was deleted.
+pub async fn delete_if_owned<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    name: &str,
+    route: &RealtimeRoute,
+) -> Result<bool>
+where
+    K: k8s_openapi::Resource + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let kind = K::KIND;
+    let Some(existing) = ctx
+        .call("get", kind, name, api.get_metadata_opt(name))
+        .await?
+    else {
+        return Ok(false);
+    };
+    let route_uid = route.uid();
+    let owned = existing
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == route_uid.as_ref());
+    if !owned {
+        return Ok(false);
+    }
+    match ctx
+        .call(
+            "delete",
+            kind,
+            name,
+            api.delete(name, &DeleteParams::background()),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        // Gone between the get and the delete: the outcome wanted.
+        Err(crate::error::Error::Api { source, .. }) if matches!(&*source, kube::Error::Api(s) if s.is_not_found()) => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}

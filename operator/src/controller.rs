@@ -1,0 +1,192 @@
+//! The RealtimeRoute controller: a staged reconcile and the watch wiring.
+//!
+//! A reconcile runs four stages (the shape of Stackable's operators):
+//!
+//! 1. **validate**: the spec is servable and its Secrets exist ([`crate::validate`]);
+//! 2. **build**: every desired child, by pure functions ([`crate::build`]);
+//! 3. **apply**: server-side apply in dependency order, stale children deleted ([`crate::apply`]);
+//! 4. **status**: observed generation, counts, endpoint, conditions ([`crate::status`]).
+//!
+//! Bad input is a condition, not a crash loop: a missing Secret or an unservable spec sets
+//! `Degraded` with the reason, publishes a warning event, leaves the existing children as they are
+//! and returns the error, so [`error_policy`] counts it and retries with exponential backoff (the
+//! operator cannot watch Secrets, so the retry is how it notices one appearing).
+//!
+//! The controller watches routes and, through `.owns()`, every child kind (only objects labelled
+//! `app.kubernetes.io/managed-by=patchbay-operator`), so a Deployment scaled by its HPA triggers a
+//! reconcile that resizes the pool ConfigMap. Every route is also re-reconciled every
+//! [`RESYNC_INTERVAL`] to repair drift.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    autoscaling::v2::HorizontalPodAutoscaler,
+    core::v1::{ConfigMap, Service},
+    policy::v1::PodDisruptionBudget,
+};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::build::{self, gateway_name, BuildInput, MANAGED_BY_SELECTOR};
+use crate::context::Context;
+use crate::crd::RealtimeRoute;
+use crate::error::{Error, Result};
+use crate::status::{self, Observation};
+use crate::{apply, events, validate};
+
+/// Period of the drift-repairing re-reconcile of a healthy route.
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
+
+/// Reconcile one route.
+pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile_started();
+    let namespace = route.namespace().ok_or(Error::MissingNamespace)?;
+    let name = route.name_any();
+    tracing::debug!(route = %name, %namespace, "reconciling");
+
+    // Observe: the Deployment's replica count sizes the pool, its template hash tells whether the
+    // config changed.
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let deployment_name = gateway_name(&route);
+    let before = ctx
+        .call(
+            "get",
+            "Deployment",
+            &deployment_name,
+            deployments.get_opt(&deployment_name),
+        )
+        .await?;
+
+    // 1. validate
+    let checked = match validate::check_spec(&route.spec) {
+        Ok(()) => validate::check_secrets(&ctx, &namespace, &route.spec).await,
+        Err(problem) => Err(problem),
+    };
+    if let Err(problem) = checked {
+        if problem.is_user_error() {
+            tracing::warn!(route = %name, %namespace, reason = problem.reason(), "{problem}");
+            events::publish(&ctx, &route, &[events::problem(&problem)]).await;
+            let seen = Observation {
+                deployment: before.as_ref(),
+                pool_size: None,
+                problem: Some(&problem),
+            };
+            let status = status::compute(&route, &seen, &status::now_rfc3339());
+            status::patch(&ctx, &route, &namespace, &status).await?;
+        }
+        return Err(problem);
+    }
+
+    // 2. build
+    let observed_replicas = before
+        .as_ref()
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.replicas);
+    let desired = build::desired(&BuildInput {
+        route: &route,
+        default_image: &ctx.gateway_image,
+        observed_replicas,
+    });
+
+    // 3. apply
+    let applied = apply::apply_all(&ctx, &route, &namespace, &desired).await?;
+    let changes = events::changes(&route, before.as_ref(), &desired, applied.hpa_deleted);
+    for change in &changes {
+        tracing::info!(route = %name, %namespace, reason = change.reason, "{}", change.note);
+    }
+    events::publish(&ctx, &route, &changes).await;
+
+    // 4. status
+    let seen = Observation {
+        deployment: Some(&applied.deployment),
+        pool_size: Some(desired.pool_size),
+        problem: None,
+    };
+    let status = status::compute(&route, &seen, &status::now_rfc3339());
+    status::patch(&ctx, &route, &namespace, &status).await?;
+
+    ctx.reset_backoff(&ObjectRef::from_obj(&*route));
+    Ok(Action::requeue(RESYNC_INTERVAL))
+}
+
+/// Count the failure by reason and retry the route with exponential backoff.
+pub fn error_policy(route: Arc<RealtimeRoute>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_failed(error.reason());
+    let delay = ctx.next_backoff(ObjectRef::from_obj(&*route));
+    tracing::warn!(
+        route = %route.name_any(),
+        namespace = route.namespace().unwrap_or_default(),
+        reason = error.reason(),
+        retry_in = ?delay,
+        "reconcile failed: {error}"
+    );
+    Action::requeue(delay)
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Run the controller until `shutdown` resolves, then finish in-flight reconciles and return.
+///
+/// `watch_namespace` limits every watch to one namespace; `None` watches all namespaces.
+pub async fn run(
+    ctx: Arc<Context>,
+    watch_namespace: Option<String>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let watch_namespace = watch_namespace.as_deref();
+    let owned = || watcher::Config::default().labels(MANAGED_BY_SELECTOR);
+    let routes: Api<RealtimeRoute> = scoped(&client, watch_namespace);
+    Controller::new(routes, watcher::Config::default())
+        .owns(scoped::<ConfigMap>(&client, watch_namespace), owned())
+        .owns(scoped::<Deployment>(&client, watch_namespace), owned())
+        .owns(scoped::<Service>(&client, watch_namespace), owned())
+        .owns(
+            scoped::<HorizontalPodAutoscaler>(&client, watch_namespace),
+            owned(),
+        )
+        .owns(
+            scoped::<PodDisruptionBudget>(&client, watch_namespace),
+            owned(),
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((route, _)) => tracing::debug!(%route, "reconciled"),
+                // Already counted and logged by error_policy.
+                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                Err(error) => tracing::warn!(%error, "controller"),
+            }
+        })
+        .await;
+}
+
+/// Fail fast with a useful message when the CRD is not installed or not readable.
+pub async fn check_crd_installed(client: &Client, watch_namespace: Option<&str>) -> Result<()> {
+    let routes: Api<RealtimeRoute> = scoped(client, watch_namespace);
+    routes
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::Api {
+            verb: "list",
+            kind: "RealtimeRoute",
+            name: String::new(),
+            source: Box::new(source),
+        })
+}

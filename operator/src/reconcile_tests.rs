@@ -1,0 +1,424 @@
+//! Reconcile tests against a mocked API server: every request the reconciler makes is asserted,
+//! in order, with its method, path (including `fieldManager` and `force`) and body.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use kube::runtime::controller::Action;
+use serde_json::{json, Value};
+
+use crate::controller::{error_policy, reconcile, RESYNC_INTERVAL};
+use crate::crd::{RealtimeRoute, RealtimeRouteSpec};
+use crate::fixtures::{self, secret_metadata, ApiServer, NAMESPACE, ROUTE_NAME, ROUTE_UID};
+use crate::metrics;
+
+const APPLY: &str = "?&force=true&fieldManager=patchbay-operator";
+
+fn core(kind: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{NAMESPACE}/{kind}/{name}")
+}
+
+fn apps(name: &str) -> String {
+    format!("/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{name}")
+}
+
+fn hpa_path(name: &str) -> String {
+    format!("/apis/autoscaling/v2/namespaces/{NAMESPACE}/horizontalpodautoscalers/{name}")
+}
+
+fn pdb_path(name: &str) -> String {
+    format!("/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/{name}")
+}
+
+fn status_path() -> String {
+    format!(
+        "/apis/patchbay.dev/v1alpha1/namespaces/{NAMESPACE}/realtimeroutes/{ROUTE_NAME}/status{APPLY}"
+    )
+}
+
+fn gw() -> String {
+    format!("{ROUTE_NAME}-gateway")
+}
+
+/// A Deployment as the API server returns it after an apply, with a status.
+fn deployment_response(applied: &Value, replicas: i32, ready: i32) -> Value {
+    let mut d = applied.clone();
+    d["metadata"]["generation"] = json!(1);
+    d["status"] = json!({
+        "observedGeneration": 1,
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": ready,
+        "availableReplicas": ready
+    });
+    d
+}
+
+/// Answer the Deployment read and the Secret checks of a route whose Secrets all exist.
+async fn observe(server: &mut ApiServer, deployment: Option<&Value>, spec: &RealtimeRouteSpec) {
+    let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
+    match deployment {
+        Some(d) => reply.ok(d),
+        None => reply.not_found("deployment"),
+    }
+    let mut secrets = vec![
+        spec.upstream.api_key_secret_ref.name.clone(),
+        spec.client_keys_secret_ref.name.clone(),
+    ];
+    if let Some(redis) = &spec.metering.redis_url_secret_ref {
+        secrets.push(redis.name.clone());
+    }
+    for secret in secrets {
+        let (_, reply) = server.expect(Method::GET, &core("secrets", &secret)).await;
+        reply.ok(&secret_metadata(&secret));
+    }
+}
+
+/// Answer one server-side apply on `path`, echoing the body; returns the body.
+async fn expect_apply(server: &mut ApiServer, path: &str) -> Value {
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{path}{APPLY}"))
+        .await;
+    reply.ok(&seen.body);
+    seen.body
+}
+
+/// The route as the API server returns it after a status patch.
+fn patched(route: &RealtimeRoute, status_patch: &Value) -> Value {
+    let mut body = serde_json::to_value(route).unwrap();
+    body["status"] = status_patch["status"].clone();
+    body
+}
+
+fn assert_owned(body: &Value) {
+    let owner = &body["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "RealtimeRoute");
+    assert_eq!(owner["uid"], ROUTE_UID);
+    assert_eq!(owner["controller"], true);
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its_status() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = fixtures::route(fixtures::autoscaled_spec());
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+
+    observe(&mut server, None, &route.spec).await;
+
+    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
+    assert_eq!(config["apiVersion"], "v1");
+    assert_eq!(config["kind"], "ConfigMap");
+    assert!(config["data"]["gateway.toml"]
+        .as_str()
+        .unwrap()
+        .contains("size_file = \"/etc/patchbay/pool/REALTIME_POOL_SIZE\""));
+    assert_owned(&config);
+
+    let pool = expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    // 500 peak sessions over replicas.min = 2 before any observation.
+    assert_eq!(pool["data"], json!({"REALTIME_POOL_SIZE": "250"}));
+    assert_owned(&pool);
+
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    assert_eq!(seen.body["kind"], "Deployment");
+    assert!(
+        seen.body["spec"].get("replicas").is_none(),
+        "the HPA owns replicas"
+    );
+    assert_owned(&seen.body);
+    reply.ok(&deployment_response(&seen.body, 2, 0));
+
+    let service = expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    assert_eq!(service["spec"]["ports"][0]["name"], "http");
+    assert_owned(&service);
+
+    let hpa = expect_apply(&mut server, &hpa_path(&gw())).await;
+    assert_eq!(hpa["apiVersion"], "autoscaling/v2");
+    assert_eq!(hpa["spec"]["minReplicas"], 2);
+    assert_eq!(hpa["spec"]["maxReplicas"], 10);
+    assert_owned(&hpa);
+
+    let pdb = expect_apply(&mut server, &pdb_path(&gw())).await;
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_owned(&pdb);
+
+    assert_eq!(
+        server.expect_event().await,
+        ("Normal".into(), "Created".into())
+    );
+
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    assert_eq!(seen.body["apiVersion"], "patchbay.dev/v1alpha1");
+    assert_eq!(seen.body["kind"], "RealtimeRoute");
+    let status = &seen.body["status"];
+    assert_eq!(status["observedGeneration"], 1);
+    assert_eq!(status["replicas"], 2);
+    assert_eq!(status["readyReplicas"], 0);
+    assert_eq!(status["poolSizePerPod"], 250);
+    assert_eq!(
+        status["endpoint"],
+        format!("ws://{ROUTE_NAME}.{NAMESPACE}.svc:8080/v1/realtime")
+    );
+    assert_eq!(condition(status, "Ready")["status"], "False");
+    assert_eq!(condition(status, "Degraded")["status"], "False");
+    reply.ok(&patched(&route, &seen.body));
+
+    let action = task.await.unwrap().expect("reconcile succeeds");
+    assert_eq!(action, Action::requeue(RESYNC_INTERVAL));
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_fixed_route_sets_replicas_and_deletes_the_hpa_it_owned() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut spec = fixtures::autoscaled_spec();
+    spec.replicas.max = Some(spec.replicas.min);
+    let mut route = fixtures::route(spec);
+    route.status = Some(crate::crd::RealtimeRouteStatus {
+        pool_size_per_pod: Some(250),
+        ..Default::default()
+    });
+    let existing = {
+        let d = crate::build::desired(&crate::build::BuildInput {
+            route: &route,
+            default_image: "patchbay/gateway:test",
+            observed_replicas: Some(2),
+        });
+        deployment_response(&serde_json::to_value(&d.deployment).unwrap(), 2, 2)
+    };
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+
+    observe(&mut server, Some(&existing), &route.spec).await;
+    expect_apply(&mut server, &core("configmaps", &gw())).await;
+    let pool = expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    assert_eq!(pool["data"]["REALTIME_POOL_SIZE"], "250");
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    assert_eq!(seen.body["spec"]["replicas"], 2);
+    reply.ok(&deployment_response(&seen.body, 2, 2));
+    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+
+    // The stale HPA: read by metadata, deleted because the route controls it.
+    let (_, reply) = server.expect(Method::GET, &hpa_path(&gw())).await;
+    reply.ok(&json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": gw(), "namespace": NAMESPACE, "ownerReferences": [{
+            "apiVersion": "patchbay.dev/v1alpha1", "kind": "RealtimeRoute",
+            "name": ROUTE_NAME, "uid": ROUTE_UID, "controller": true
+        }]}
+    }));
+    let (seen, reply) = server
+        .expect(Method::DELETE, &format!("{}?", hpa_path(&gw())))
+        .await;
+    assert_eq!(seen.body["propagationPolicy"], "Background");
+    reply.ok(&json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
+
+    expect_apply(&mut server, &pdb_path(&gw())).await;
+    assert_eq!(
+        server.expect_event().await,
+        ("Normal".into(), "AutoscalerRemoved".into())
+    );
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    assert_eq!(condition(&seen.body["status"], "Ready")["status"], "True");
+    assert_eq!(
+        condition(&seen.body["status"], "Progressing")["reason"],
+        "RolloutComplete"
+    );
+    reply.ok(&patched(&route, &seen.body));
+    task.await.unwrap().expect("reconcile succeeds");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn an_hpa_the_route_does_not_own_is_left_alone() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = fixtures::route(fixtures::minimal_spec());
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, None, &route.spec).await;
+    expect_apply(&mut server, &core("configmaps", &gw())).await;
+    expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    reply.ok(&seen.body);
+    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    let (_, reply) = server.expect(Method::GET, &hpa_path(&gw())).await;
+    reply.ok(&json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": gw(), "namespace": NAMESPACE}
+    }));
+    // No DELETE: straight on to the PDB.
+    expect_apply(&mut server, &pdb_path(&gw())).await;
+    server.expect_event().await;
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    reply.ok(&patched(&route, &seen.body));
+    task.await.unwrap().expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn a_scaled_deployment_resizes_only_the_pool_config_map() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut route = fixtures::route(fixtures::autoscaled_spec());
+    route.status = Some(crate::crd::RealtimeRouteStatus {
+        pool_size_per_pod: Some(250),
+        ..Default::default()
+    });
+    let build = |observed| {
+        crate::build::desired(&crate::build::BuildInput {
+            route: &route,
+            default_image: "patchbay/gateway:test",
+            observed_replicas: observed,
+        })
+    };
+    let at_two = build(Some(2));
+    // The HPA scaled the Deployment to 5.
+    let existing = deployment_response(&serde_json::to_value(&at_two.deployment).unwrap(), 5, 5);
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+
+    observe(&mut server, Some(&existing), &route.spec).await;
+    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
+    assert_eq!(
+        config,
+        serde_json::to_value(&at_two.gateway_config).unwrap()
+    );
+    let pool = expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    assert_eq!(pool["data"]["REALTIME_POOL_SIZE"], "100");
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    assert_eq!(
+        seen.body,
+        serde_json::to_value(&at_two.deployment).unwrap(),
+        "the pod template is untouched by a scale event"
+    );
+    reply.ok(&deployment_response(&seen.body, 5, 5));
+    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    expect_apply(&mut server, &hpa_path(&gw())).await;
+    expect_apply(&mut server, &pdb_path(&gw())).await;
+    assert_eq!(
+        server.expect_event().await,
+        ("Normal".into(), "PoolResized".into())
+    );
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    assert_eq!(seen.body["status"]["poolSizePerPod"], 100);
+    assert_eq!(seen.body["status"]["replicas"], 5);
+    reply.ok(&patched(&route, &seen.body));
+    task.await.unwrap().expect("reconcile succeeds");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_missing_secret_is_degraded_with_a_reason_an_event_and_a_backoff() {
+    let (ctx, mut server, registry) = fixtures::mock_context();
+    let route = Arc::new(fixtures::route(fixtures::minimal_spec()));
+    let task = tokio::spawn(reconcile(route.clone(), ctx.clone()));
+
+    let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
+    reply.not_found("deployment");
+    let (_, reply) = server.expect(Method::GET, &core("secrets", "openai")).await;
+    reply.not_found("secret");
+    assert_eq!(
+        server.expect_event().await,
+        ("Warning".into(), "SecretNotFound".into())
+    );
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    let degraded = condition(&seen.body["status"], "Degraded");
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "SecretNotFound");
+    assert!(degraded["message"]
+        .as_str()
+        .unwrap()
+        .contains("Secret realtime/openai referenced by upstream.apiKeySecretRef"));
+    assert_eq!(condition(&seen.body["status"], "Ready")["status"], "False");
+    reply.ok(&patched(&route, &seen.body));
+
+    // No child was applied.
+    let error = task
+        .await
+        .unwrap()
+        .expect_err("a missing secret fails the reconcile");
+    server.expect_silence().await;
+    assert_eq!(error.reason(), "SecretNotFound");
+
+    assert_eq!(
+        error_policy(route.clone(), &error, ctx.clone()),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(
+        error_policy(route, &error, ctx),
+        Action::requeue(Duration::from_secs(10)),
+        "consecutive failures back off"
+    );
+    let text = metrics::encode(&registry);
+    assert!(
+        text.contains("patchbay_operator_reconcile_failures_total{reason=\"SecretNotFound\"} 2")
+    );
+}
+
+#[tokio::test]
+async fn an_api_server_that_does_not_answer_times_out_and_is_counted() {
+    let (mut ctx, mut server, registry) = fixtures::mock_context();
+    Arc::get_mut(&mut ctx).unwrap().api_timeout = Duration::from_millis(50);
+    let route: Arc<RealtimeRoute> = Arc::new(fixtures::route(fixtures::minimal_spec()));
+    let task = tokio::spawn(reconcile(route, ctx));
+    let (_seen, reply) = server.next().await; // never answered
+    let error = task.await.unwrap().expect_err("timed out");
+    drop(reply);
+    assert_eq!(error.reason(), "ApiTimeout");
+    let text = metrics::encode(&registry);
+    assert!(text.contains(
+        "patchbay_operator_api_calls_total{verb=\"get\",kind=\"Deployment\",outcome=\"timeout\"} 1"
+    ));
+}
+
+#[tokio::test]
+async fn an_api_error_fails_the_reconcile_with_its_facts() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = fixtures::route(fixtures::minimal_spec());
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, None, &route.spec).await;
+    let (_, reply) = server
+        .expect(
+            Method::PATCH,
+            &format!("{}{APPLY}", core("configmaps", &gw())),
+        )
+        .await;
+    reply.json(
+        StatusCode::FORBIDDEN,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "configmaps is forbidden", "reason": "Forbidden", "code": 403}),
+    );
+    let error = task.await.unwrap().expect_err("forbidden");
+    assert_eq!(error.reason(), "ApiError");
+    assert!(error.to_string().contains("apply ConfigMap voice-gateway"));
+    server.expect_silence().await;
+}

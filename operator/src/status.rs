@@ -1,0 +1,310 @@
+//! Stage 4 of a reconcile: the route's status.
+//!
+//! [`compute`] is pure: from the route, what was observed (the Deployment, the pool size) and the
+//! problem that stopped the reconcile (if any) it derives `observedGeneration`, the replica counts,
+//! the endpoint and three conditions:
+//!
+//! | type | True when | reasons |
+//! |---|---|---|
+//! | `Ready` | at least one gateway pod is ready | `GatewayReady`, `NoReadyReplicas` |
+//! | `Progressing` | the Deployment is being created or rolled out | `Creating`, `RollingOut`, `RolloutComplete`, `Blocked` |
+//! | `Degraded` | the spec cannot be served as written | `SecretNotFound`, `InvalidSpec`, `AsExpected` |
+//!
+//! A condition keeps its `lastTransitionTime` while its `status` stays the same, so an unchanged
+//! world yields an identical status and the apply is a no-op (no watch event, no reconcile loop).
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Patch;
+use kube::{Api, Resource, ResourceExt};
+
+use crate::apply::apply_params;
+use crate::build::endpoint;
+use crate::context::Context;
+use crate::crd::{RealtimeRoute, RealtimeRouteStatus, RouteCondition};
+use crate::error::{Error, Result};
+
+pub const READY: &str = "Ready";
+pub const PROGRESSING: &str = "Progressing";
+pub const DEGRADED: &str = "Degraded";
+
+/// What a reconcile saw and decided.
+#[derive(Debug, Default)]
+pub struct Observation<'a> {
+    /// The gateway Deployment, as last read or applied.
+    pub deployment: Option<&'a Deployment>,
+    /// The pool size just applied; `None` keeps the previous status value.
+    pub pool_size: Option<i32>,
+    /// The user error that stopped this reconcile.
+    pub problem: Option<&'a Error>,
+}
+
+/// The current time as `metav1.Time` text (RFC 3339, seconds).
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// Derive the status; `now` stamps conditions whose status changed.
+pub fn compute(route: &RealtimeRoute, seen: &Observation<'_>, now: &str) -> RealtimeRouteStatus {
+    let generation = route.metadata.generation;
+    let previous = route.status.clone().unwrap_or_default();
+    let dep_status = seen
+        .deployment
+        .and_then(|d| d.status.clone())
+        .unwrap_or_default();
+    let replicas = dep_status.replicas.unwrap_or(0);
+    let ready = dep_status.ready_replicas.unwrap_or(0);
+
+    let condition = |type_: &str, status: bool, reason: &str, message: String| {
+        let status = if status { "True" } else { "False" };
+        let last_transition_time = previous
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.to_string());
+        RouteCondition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message,
+            last_transition_time,
+            observed_generation: generation,
+        }
+    };
+
+    let ready_condition = if ready > 0 {
+        condition(
+            READY,
+            true,
+            "GatewayReady",
+            format!("{ready}/{replicas} gateway pods ready"),
+        )
+    } else {
+        condition(
+            READY,
+            false,
+            "NoReadyReplicas",
+            "no gateway pod is ready".into(),
+        )
+    };
+
+    let progressing = match (seen.deployment, seen.problem) {
+        (None, Some(_)) => condition(
+            PROGRESSING,
+            false,
+            "Blocked",
+            "waiting for the spec problem to be fixed".into(),
+        ),
+        (None, None) => condition(PROGRESSING, true, "Creating", "creating the gateway".into()),
+        (Some(d), _) if rollout_complete(d) => condition(
+            PROGRESSING,
+            false,
+            "RolloutComplete",
+            "the gateway Deployment is up to date".into(),
+        ),
+        (Some(d), _) => {
+            let updated = d
+                .status
+                .as_ref()
+                .and_then(|s| s.updated_replicas)
+                .unwrap_or(0);
+            condition(
+                PROGRESSING,
+                true,
+                "RollingOut",
+                format!("{updated}/{} gateway pods updated", desired_replicas(d)),
+            )
+        }
+    };
+
+    let degraded = match seen.problem {
+        Some(problem) => condition(DEGRADED, true, problem.reason(), problem.to_string()),
+        None => condition(DEGRADED, false, "AsExpected", String::new()),
+    };
+
+    RealtimeRouteStatus {
+        observed_generation: generation,
+        replicas: Some(replicas),
+        ready_replicas: Some(ready),
+        pool_size_per_pod: seen.pool_size.or(previous.pool_size_per_pod),
+        endpoint: Some(endpoint(route)),
+        conditions: vec![ready_condition, progressing, degraded],
+    }
+}
+
+/// The Deployment's wanted pod count: its `spec.replicas` (the HPA's choice under an HPA).
+fn desired_replicas(d: &Deployment) -> i32 {
+    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+}
+
+/// The Deployment controller has seen the latest spec and every wanted pod is updated and available.
+fn rollout_complete(d: &Deployment) -> bool {
+    let Some(status) = &d.status else {
+        return false;
+    };
+    let desired = desired_replicas(d);
+    status.observed_generation >= d.metadata.generation
+        && status.updated_replicas.unwrap_or(0) >= desired
+        && status.available_replicas.unwrap_or(0) >= desired
+        && status.replicas.unwrap_or(0) == status.updated_replicas.unwrap_or(0)
+}
+
+/// Server-side apply the status subresource.
+pub async fn patch(
+    ctx: &Context,
+    route: &RealtimeRoute,
+    namespace: &str,
+    status: &RealtimeRouteStatus,
+) -> Result<()> {
+    let api: Api<RealtimeRoute> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = route.name_any();
+    let body = serde_json::json!({
+        "apiVersion": RealtimeRoute::api_version(&()),
+        "kind": RealtimeRoute::kind(&()),
+        "status": status,
+    });
+    ctx.call(
+        "patch_status",
+        "RealtimeRoute",
+        &name,
+        api.patch_status(&name, &apply_params(), &Patch::Apply(body)),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures;
+    use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+
+    fn deployment(
+        generation: i64,
+        observed: i64,
+        replicas: i32,
+        updated: i32,
+        ready: i32,
+    ) -> Deployment {
+        let mut d = Deployment {
+            spec: Some(DeploymentSpec {
+                replicas: Some(replicas),
+                ..DeploymentSpec::default()
+            }),
+            status: Some(DeploymentStatus {
+                observed_generation: Some(observed),
+                replicas: Some(replicas),
+                updated_replicas: Some(updated),
+                ready_replicas: Some(ready),
+                available_replicas: Some(ready),
+                ..DeploymentStatus::default()
+            }),
+            ..Deployment::default()
+        };
+        d.metadata.generation = Some(generation);
+        d
+    }
+
+    fn get<'a>(status: &'a RealtimeRouteStatus, type_: &str) -> &'a RouteCondition {
+        status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn a_rolled_out_ready_gateway_is_ready_and_not_progressing() {
+        let route = fixtures::route(fixtures::minimal_spec());
+        let d = deployment(3, 3, 2, 2, 2);
+        let seen = Observation {
+            deployment: Some(&d),
+            pool_size: Some(4),
+            problem: None,
+        };
+        let status = compute(&route, &seen, "2025-01-01T00:00:00Z");
+        assert_eq!(status.observed_generation, Some(1));
+        assert_eq!((status.replicas, status.ready_replicas), (Some(2), Some(2)));
+        assert_eq!(status.pool_size_per_pod, Some(4));
+        assert_eq!(
+            status.endpoint.as_deref(),
+            Some("ws://voice.realtime.svc:8080/v1/realtime")
+        );
+        assert_eq!(get(&status, READY).status, "True");
+        assert_eq!(get(&status, PROGRESSING).reason, "RolloutComplete");
+        assert_eq!(get(&status, DEGRADED).status, "False");
+        assert!(status
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1)));
+    }
+
+    #[test]
+    fn a_new_generation_not_yet_seen_by_the_deployment_is_rolling_out() {
+        let route = fixtures::route(fixtures::minimal_spec());
+        let d = deployment(4, 3, 2, 1, 2);
+        let seen = Observation {
+            deployment: Some(&d),
+            ..Observation::default()
+        };
+        let status = compute(&route, &seen, "t");
+        assert_eq!(get(&status, PROGRESSING).status, "True");
+        assert_eq!(get(&status, PROGRESSING).reason, "RollingOut");
+    }
+
+    #[test]
+    fn a_missing_secret_is_degraded_with_its_reason() {
+        let route = fixtures::route(fixtures::minimal_spec());
+        let problem = Error::SecretNotFound {
+            namespace: "realtime".into(),
+            name: "openai".into(),
+            field: "upstream.apiKeySecretRef",
+        };
+        let seen = Observation {
+            problem: Some(&problem),
+            ..Observation::default()
+        };
+        let status = compute(&route, &seen, "t");
+        let degraded = get(&status, DEGRADED);
+        assert_eq!(degraded.status, "True");
+        assert_eq!(degraded.reason, "SecretNotFound");
+        assert!(degraded.message.contains("realtime/openai"));
+        assert_eq!(get(&status, READY).status, "False");
+        assert_eq!(get(&status, PROGRESSING).reason, "Blocked");
+    }
+
+    #[test]
+    fn an_unchanged_condition_keeps_its_transition_time() {
+        let mut route = fixtures::route(fixtures::minimal_spec());
+        let d = deployment(1, 1, 1, 1, 1);
+        let seen = Observation {
+            deployment: Some(&d),
+            pool_size: Some(1),
+            problem: None,
+        };
+        let first = compute(&route, &seen, "2025-01-01T00:00:00Z");
+        route.status = Some(first.clone());
+        let second = compute(&route, &seen, "2025-01-02T00:00:00Z");
+        assert_eq!(first, second);
+        let not_ready = deployment(1, 1, 1, 1, 0);
+        let third = compute(
+            &route,
+            &Observation {
+                deployment: Some(&not_ready),
+                ..Observation::default()
+            },
+            "2025-01-03T00:00:00Z",
+        );
+        assert_eq!(
+            get(&third, READY).last_transition_time,
+            "2025-01-03T00:00:00Z"
+        );
+        assert_eq!(
+            get(&third, DEGRADED).last_transition_time,
+            "2025-01-01T00:00:00Z"
+        );
+        assert_eq!(
+            third.pool_size_per_pod,
+            Some(1),
+            "kept from the previous status"
+        );
+    }
+}
