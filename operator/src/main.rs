@@ -1,0 +1,254 @@
+//! `patchbay-operator`: `run` the controller, or print the `crd`.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+use kube::Client;
+use patchbay_operator::controller;
+use patchbay_operator::leader::LeaderElector;
+use patchbay_operator::metrics::Metrics;
+use patchbay_operator::{crd, http, Context};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "patchbay-operator",
+    version,
+    about = "Kubernetes operator for Patchbay RealtimeRoutes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the controller.
+    Run(RunArgs),
+    /// Print the RealtimeRoute CustomResourceDefinition as YAML.
+    Crd,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Gateway image for routes that do not set spec.gateway.image.
+    #[arg(
+        long,
+        env = "PATCHBAY_GATEWAY_IMAGE",
+        default_value = "patchbay/gateway:0.1.0"
+    )]
+    gateway_image: String,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "PATCHBAY_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+    /// Address of the /metrics and /healthz endpoint.
+    #[arg(
+        long,
+        env = "PATCHBAY_OPERATOR_METRICS_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
+    metrics_listen: SocketAddr,
+    /// Elect a leader through a Lease before reconciling (for more than one replica).
+    #[arg(
+        long,
+        env = "PATCHBAY_LEADER_ELECTION",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        value_parser = BoolishValueParser::new(),
+    )]
+    leader_election: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "PATCHBAY_LEASE_NAME", default_value = "patchbay-operator")]
+    lease_name: String,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Log format.
+    #[arg(long, env = "PATCHBAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", crd::crd_yaml());
+            ExitCode::SUCCESS
+        }
+        Command::Run(args) => {
+            init_tracing(args.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            match runtime.block_on(run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    tracing::error!("{message}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// The identity in the Lease: `POD_NAME`, else the hostname.
+fn holder_identity() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| hostname::get().ok().and_then(|h| h.into_string().ok()))
+        .unwrap_or_else(|| "patchbay-operator".into())
+}
+
+async fn run(args: RunArgs) -> Result<(), String> {
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+
+    let metrics = Metrics::default();
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.metrics_listen))?;
+    tracing::info!(listen = %args.metrics_listen, "serving /metrics and /healthz");
+    let server = tokio::spawn(http::serve(listener, Arc::new(registry), shutdown.clone()));
+
+    let client = Client::try_default()
+        .await
+        .map_err(|e| format!("no Kubernetes client configuration: {e}"))?;
+    let watch_namespace = args.watch_namespace.clone().filter(|ns| !ns.is_empty());
+    controller::check_crd_installed(&client, watch_namespace.as_deref())
+        .await
+        .map_err(|e| format!("RealtimeRoutes are not readable ({e}); is the CRD installed? `patchbay-operator crd | kubectl apply -f -`"))?;
+
+    let identity = holder_identity();
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        metrics.clone(),
+        args.gateway_image.clone(),
+        Some(identity.clone()),
+    ));
+
+    let mut lost_leadership = false;
+    if args.leader_election {
+        let elector =
+            LeaderElector::new(client, &args.lease_namespace, &args.lease_name, &identity);
+        tracing::info!(lease = %args.lease_name, namespace = %args.lease_namespace, %identity, "waiting for leadership");
+        if elector.acquire(&shutdown).await {
+            tracing::info!(%identity, "leading");
+            metrics.leader.set(1);
+            let stop = shutdown.clone();
+            let controller = tokio::spawn(async move {
+                controller::run(ctx, watch_namespace, async move { stop.cancelled().await }).await
+            });
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = elector.hold() => {
+                    lost_leadership = true;
+                    shutdown.cancel();
+                }
+            }
+            let _ = controller.await;
+            metrics.leader.set(0);
+            if !lost_leadership {
+                elector.release().await;
+            }
+        }
+    } else {
+        metrics.leader.set(1);
+        let stop = shutdown.clone();
+        controller::run(ctx, watch_namespace, async move { stop.cancelled().await }).await;
+    }
+
+    shutdown.cancel();
+    let _ = server.await;
+    if lost_leadership {
+        return Err("lost leadership; exiting to campaign again".into());
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown signal received; finishing in-flight reconciles");
+    shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> RunArgs {
+        let mut argv = vec!["patchbay-operator", "run"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Run(args) => args,
+            Command::Crd => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn run_defaults_match_the_chart_contract() {
+        let args = parse(&[]);
+        assert_eq!(args.gateway_image, "patchbay/gateway:0.1.0");
+        assert_eq!(args.metrics_listen.to_string(), "0.0.0.0:8080");
+        assert_eq!(args.lease_name, "patchbay-operator");
+        assert_eq!(args.lease_namespace, "default");
+        assert!(args.watch_namespace.is_none());
+        assert!(!args.leader_election);
+    }
+
+    #[test]
+    fn leader_election_accepts_a_bare_flag_or_a_boolean() {
+        assert!(parse(&["--leader-election"]).leader_election);
+        assert!(parse(&["--leader-election=true"]).leader_election);
+        assert!(!parse(&["--leader-election=false"]).leader_election);
+    }
+
+    #[test]
+    fn crd_is_a_subcommand() {
+        assert!(matches!(
+            Cli::try_parse_from(["patchbay-operator", "crd"])
+                .unwrap()
+                .command,
+            Command::Crd
+        ));
+    }
+}
