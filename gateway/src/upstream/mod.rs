@@ -1,0 +1,4 @@
+//! The upstream side: dialling (with TLS) and, in `pool`, warm sockets.
+
+pub mod dial;
+pub mod tls;
