@@ -155,6 +155,12 @@ impl KeySet {
         found
     }
 
+    /// The entry with this id (the meter checks a live session's key is
+    /// still present and enabled after a reload).
+    pub fn by_id(&self, id: &str) -> Option<&KeyEntry> {
+        self.entries.iter().map(|(_, e)| e).find(|e| e.id == id)
+    }
+
     pub fn team(&self, id: &str) -> Option<&TeamEntry> {
         self.teams.iter().find(|t| t.id == id)
     }

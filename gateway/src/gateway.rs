@@ -31,8 +31,8 @@ pub struct Route {
 pub struct Gateway {
     pub config: Config,
     pub routes: Vec<Arc<Route>>,
-    pub keys: KeyStore,
-    pub metrics: Metrics,
+    pub keys: Arc<KeyStore>,
+    pub metrics: Arc<Metrics>,
     pub sessions: Arc<Sessions>,
     /// Cancelled when the process starts draining.
     pub shutdown: CancellationToken,
@@ -78,8 +78,8 @@ impl Gateway {
         Ok(Self {
             config,
             routes,
-            keys: KeyStore::new(keys),
-            metrics: Metrics::new(),
+            keys: Arc::new(KeyStore::new(keys)),
+            metrics: Arc::new(Metrics::new()),
             sessions: Arc::default(),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
