@@ -67,6 +67,8 @@ impl Session {
         let deadline = self.started + Duration::from_secs(gw.config.relay.max_session_secs);
         let mut pending = Vec::new();
         let shutdown = gw.shutdown.clone();
+        let label = model(&self.route.config.model);
+        let dial_started = Instant::now();
         let warm = {
             let dial = self.route.upstream.dial();
             tokio::pin!(dial);
@@ -90,7 +92,10 @@ impl Session {
                 }
             }
         };
-        let label = model(&self.route.config.model);
+        gw.metrics
+            .upstream_dial_seconds
+            .get_or_create(&label)
+            .observe(dial_started.elapsed().as_secs_f64());
         let warm: Warm = match warm {
             Ok(w) => w,
             Err(e) => {
