@@ -195,6 +195,8 @@ pub struct PoolConfig {
     pub max_size: usize,
     /// File holding the live size (a bare number or `REALTIME_POOL_SIZE=N`).
     pub size_file: Option<PathBuf>,
+    /// `/readyz` waits this long at most for the pool to first fill.
+    pub warmup_timeout_secs: u64,
 }
 
 impl Default for PoolConfig {
@@ -204,6 +206,7 @@ impl Default for PoolConfig {
             max_idle_secs: 30,
             max_size: 512,
             size_file: None,
+            warmup_timeout_secs: 10,
         }
     }
 }
@@ -431,6 +434,9 @@ impl Config {
         if self.pool.size > self.pool.max_size {
             self.pool.size = self.pool.max_size;
         }
+        if self.pool.max_idle_secs == 0 {
+            return Err(ConfigError::new("pool.max_idle_secs", "must be at least 1"));
+        }
         if self.relay.max_message_bytes < 1024 {
             return Err(ConfigError::new(
                 "relay.max_message_bytes",
@@ -575,7 +581,13 @@ fn apply_env_overrides(
 fn section_keys(section: &str) -> &'static [&'static str] {
     match section {
         "server" => &["listen", "admin_listen", "upgrade_timeout_secs"],
-        "pool" => &["size", "max_idle_secs", "max_size", "size_file"],
+        "pool" => &[
+            "size",
+            "max_idle_secs",
+            "max_size",
+            "size_file",
+            "warmup_timeout_secs",
+        ],
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
         "limits" => &["max_sessions"],
         "metering" => &["flush_secs", "unpriced", "stream_maxlen"],

@@ -115,6 +115,9 @@ pub struct SimStats {
     pub auth_headers: Mutex<Vec<String>>,
     /// Text frames sent, when [`SimConfig::record`] is set.
     pub sent: Mutex<Vec<String>>,
+    pub pongs: AtomicU64,
+    /// While set, every upgrade is refused with 401 (see [`SimHandle::set_refusing`]).
+    pub refusing: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -147,6 +150,11 @@ impl SimHandle {
     /// Closes every open session with `code`.
     pub fn close_all(&self, code: u16) {
         let _ = self.commands.send(Command::Close(code));
+    }
+
+    /// Refuse (401) or accept new upgrades from now on.
+    pub fn set_refusing(&self, refusing: bool) {
+        self.stats.refusing.store(refusing, Ordering::Relaxed);
     }
 
     pub fn stop(&self) {
@@ -251,6 +259,9 @@ impl Callback for UpgradeCheck<'_> {
         *self.beta = header("openai-beta") == Some("realtime=v1");
         if let Some(SimFault::Refuse { status }) = &self.config.fault {
             return Err(refusal(*status, "simulated refusal"));
+        }
+        if self.stats.refusing.load(Ordering::Relaxed) {
+            return Err(refusal(401, "Incorrect API key provided."));
         }
         let known = self.config.keys.is_empty() || self.config.keys.iter().any(|k| k == key);
         if key.is_empty() || !known {
@@ -386,6 +397,9 @@ impl Session {
                         }
                         let _ = ws.close(None).await;
                         return;
+                    }
+                    Some(Ok(Message::Pong(_))) => {
+                        self.handle.stats.pongs.fetch_add(1, Ordering::Relaxed);
                     }
                     Some(Ok(_)) => {}
                     Some(Err(_)) | None => return,

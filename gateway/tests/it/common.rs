@@ -40,11 +40,18 @@ pub async fn sim(config: SimConfig) -> SimHandle {
     .expect("simulator starts")
 }
 
-/// Gateway TOML for one route to `upstream_url`, plus `extra` appended.
+/// Gateway TOML for one route to `upstream_url`, plus `extra` appended
+/// (route keys first, then tables). The pool is off unless `extra` has a
+/// `[pool]` table, so upstream connections are the sessions' own.
 pub fn gateway_toml(upstream_url: &str, extra: &str) -> String {
+    let pool = if extra.contains("[pool]") {
+        ""
+    } else {
+        "[pool]\nsize = 0\n"
+    };
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nupgrade_timeout_secs = 5\n\
-         [[routes]]\nmodel = \"{MODEL}\"\nupstream_url = \"{upstream_url}\"\napi_key_env = \"SIM_KEY\"\n{extra}"
+         [[routes]]\nmodel = \"{MODEL}\"\nupstream_url = \"{upstream_url}\"\napi_key_env = \"SIM_KEY\"\n{extra}\n{pool}"
     )
 }
 
