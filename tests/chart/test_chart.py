@@ -47,6 +47,7 @@ MANAGED_ENV = {
     "PATCHBAY_GATEWAY_IMAGE",
     "PATCHBAY_WATCH_NAMESPACE",
     "PATCHBAY_OPERATOR_METRICS_LISTEN",
+    "PATCHBAY_LOG_FORMAT",
     "PATCHBAY_LEADER_ELECTION",
     "PATCHBAY_LEASE_NAME",
     "POD_NAME",
@@ -139,7 +140,8 @@ def test_namespaced_objects_land_in_the_release_namespace(chart):
 
 
 def test_chart_passes_helm_lint_in_strict_mode_with_and_without_options():
-    for values in (None, {"watchNamespace": "voice", "serviceMonitor": {"enabled": True}}):
+    everything = {"watchNamespace": "voice", "serviceMonitor": {"enabled": True, "gateways": True}}
+    for values in (None, everything):
         report = lint(CHART_DIR, values, strict=True)
         assert report["errors"] == []
         assert [m for m in report["messages"] if m["severity"] >= 2] == []
@@ -237,6 +239,7 @@ def test_operator_environment_carries_the_contracted_settings(chart, app_version
     assert env(render(chart)) == {
         "PATCHBAY_GATEWAY_IMAGE": f"patchbay/gateway:{app_version}",
         "PATCHBAY_OPERATOR_METRICS_LISTEN": "0.0.0.0:8080",
+        "PATCHBAY_LOG_FORMAT": "json",
         "PATCHBAY_LEADER_ELECTION": "true",
         "PATCHBAY_LEASE_NAME": OPERATOR,
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
@@ -348,8 +351,17 @@ def test_metrics_service_selects_exactly_the_operator_pods(chart):
     assert service["spec"]["selector"].items() <= pod_labels.items()
 
 
-def test_service_monitor_is_rendered_only_when_enabled(chart):
-    assert not [o for o in render(chart) if o["kind"] == "ServiceMonitor"]
+def monitors(objects: list[dict[str, Any]]) -> list[str]:
+    return sorted(o["metadata"]["name"] for o in objects if o["kind"] == "ServiceMonitor")
+
+
+def test_service_monitors_are_rendered_only_when_enabled(chart):
+    assert monitors(render(chart)) == []
+    assert monitors(render(chart, {"serviceMonitor": {"enabled": True}})) == [OPERATOR]
+    assert monitors(render(chart, {"serviceMonitor": {"gateways": True}})) == ["patchbay-gateways"]
+
+
+def test_operator_service_monitor_scrapes_the_operator_metrics_service(chart):
     objects = render(chart, {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}})
     monitor = only(objects, "ServiceMonitor", OPERATOR)
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -360,6 +372,20 @@ def test_service_monitor_is_rendered_only_when_enabled(chart):
     assert monitor["spec"]["endpoints"] == [
         {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
     ]
+
+
+def test_gateway_service_monitor_selects_operator_made_gateway_services_where_routes_live(chart):
+    monitor = only(render(chart, {"serviceMonitor": {"gateways": True}}), "ServiceMonitor")
+    # The labels and port name the operator puts on every route's Service.
+    assert monitor["spec"]["selector"] == {"matchLabels": {
+        "app.kubernetes.io/name": "patchbay-gateway",
+        "app.kubernetes.io/managed-by": "patchbay-operator",
+    }}
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    scoped = only(render(chart, {"serviceMonitor": {"gateways": True}, "watchNamespace": "voice"}),
+                  "ServiceMonitor")
+    assert scoped["spec"]["namespaceSelector"] == {"matchNames": ["voice"]}
 
 
 # --- values.schema.json, enforced by Helm itself -----------------------------------
@@ -376,6 +402,7 @@ BAD_VALUES = [
     ({"gateway": {"image": {"repository": ""}}}, "/gateway/image/repository"),
     ({"watchNamespace": "Not_A_Namespace"}, "/watchNamespace"),
     ({"leaderElection": {"enabled": "yes"}}, "/leaderElection/enabled"),
+    ({"logFormat": "yaml"}, "/logFormat"),
     ({"metrics": {"port": 80}}, "/metrics/port"),
     ({"metrics": {"port": 65536}}, "/metrics/port"),
     ({"serviceMonitor": {"interval": "30"}}, "/serviceMonitor/interval"),
