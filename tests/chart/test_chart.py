@@ -506,7 +506,7 @@ def test_notes_tell_the_user_what_to_do_next(chart):
         "kubectl apply -f examples/realtimeroute.yaml",
         "kubectl get rtr",
         "kubectl port-forward svc/voice 8080:http",
-        "kubectl apply --server-side -f charts/patchbay/crds/realtimeroute.yaml",
+        "kubectl apply --server-side --force-conflicts -f charts/patchbay/crds/realtimeroute.yaml",
     ):
         assert step in text
     assert "every namespace" in text
