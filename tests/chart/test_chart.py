@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 from helm_python import HelmValuesError, lint
@@ -145,6 +146,33 @@ def test_chart_passes_helm_lint_in_strict_mode_with_and_without_options():
         report = lint(CHART_DIR, values, strict=True)
         assert report["errors"] == []
         assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+# Oldest Kubernetes whose schemas kubernetes-validate bundles, and the newest.
+KUBE_VERSIONS = ("1.25.0", kubernetes_validate.utils.latest_version())
+EVERY_OPTION = {
+    "watchNamespace": "voice",
+    "serviceMonitor": {"enabled": True, "gateways": True},
+    "extraEnv": [{"name": "HTTPS_PROXY", "valueFrom": {"secretKeyRef": {"name": "proxy", "key": "url"}}}],
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "podAnnotations": {"example.com/team": "voice"},
+}
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values", [None, EVERY_OPTION], ids=["defaults", "every-option"])
+def test_rendered_objects_are_valid_kubernetes_objects_with_no_unknown_fields(chart, values, kube_version):
+    objects = [o for o in render(chart, values) if o["apiVersion"] != "monitoring.coreos.com/v1"]
+    assert objects
+    for obj in objects:
+        kubernetes_validate.validate(obj, kube_version, strict=True)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_crd_is_a_valid_custom_resource_definition(chart, kube_version):
+    kubernetes_validate.validate(yaml.safe_load(chart.crds[0]["data"]), kube_version, strict=True)
 
 
 # --- RBAC ----------------------------------------------------------------------
