@@ -18,7 +18,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from helm_python import HelmValuesError, lint
+from helm_python import HelmValuesError, lint, package
 from helm_python.chart import Chart
 
 REPO = Path(__file__).resolve().parents[2]
@@ -498,6 +498,12 @@ def test_chart_crd_is_a_relative_symlink_to_the_repository_crd():
     assert link.is_symlink()
     assert link.resolve() == REPO_CRD.resolve()
     assert not Path(os.readlink(link)).is_absolute()
+
+
+def test_packaged_chart_carries_the_crd_contents_not_the_link(tmp_path):
+    archive = package(CHART_DIR, destination=tmp_path)
+    with Chart.load(archive) as packaged:
+        assert [c["data"] for c in packaged.crds] == [REPO_CRD.read_text()]
 
 
 def test_shipped_crd_defines_realtime_route_with_its_short_name_and_status(chart):
