@@ -39,8 +39,12 @@ pub struct Gateway {
     pub keys: Arc<KeyStore>,
     pub metrics: Arc<Metrics>,
     pub sessions: Arc<Sessions>,
-    /// Cancelled when the process starts draining.
+    /// Cancelled when live sessions must close (at once in `close` mode,
+    /// after the linger in `linger` mode).
     pub shutdown: CancellationToken,
+    /// Cancelled as soon as draining starts: pools close their sockets and
+    /// background watchers stop.
+    pub draining: CancellationToken,
     /// Every session task, from admission to its last close frame.
     pub tasks: TaskTracker,
     ready: AtomicBool,
@@ -99,6 +103,7 @@ impl Gateway {
             metrics,
             sessions: Arc::default(),
             shutdown: CancellationToken::new(),
+            draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(ready),
         })
@@ -142,7 +147,7 @@ async fn watch_size_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
     let mut last_text: Option<String> = None;
     loop {
         tokio::select! {
-            _ = gw.shutdown.cancelled() => return,
+            _ = gw.draining.cancelled() => return,
             _ = tick.tick() => {}
         }
         let Ok(text) = tokio::fs::read_to_string(&path).await else {
@@ -219,7 +224,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     for route in &gateway.routes {
         gateway
             .tasks
-            .spawn(route.pool.clone().replenish(gateway.shutdown.clone()));
+            .spawn(route.pool.clone().replenish(gateway.draining.clone()));
     }
     if let Some(path) = gateway.config.pool.size_file.clone() {
         tokio::spawn(watch_size_file(gateway.clone(), path));

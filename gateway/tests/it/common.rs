@@ -242,3 +242,129 @@ pub async fn eventually(mut f: impl FnMut() -> bool) -> bool {
     }
     f()
 }
+
+/// A free port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `patchbay-gateway serve` as a child process, killed on drop.
+pub struct Child {
+    pub process: std::process::Child,
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    _config: TempFile,
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// A file removed on drop.
+pub struct TempFile(pub std::path::PathBuf);
+
+impl TempFile {
+    pub fn new(name: &str, contents: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "patchbay-test-{}-{}-{name}",
+            std::process::id(),
+            patchbay_gateway::ids::short_id()
+        ));
+        std::fs::write(&path, contents).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl Child {
+    /// Starts the binary on free ports with `extra` config appended to a
+    /// route to `upstream_url`, and waits until `/readyz` answers 200.
+    pub async fn start(upstream_url: &str, extra: &str, env: &[(&str, &str)]) -> Child {
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let admin_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let toml = gateway_toml(upstream_url, extra)
+            .replace(
+                "admin_listen = \"127.0.0.1:0\"",
+                &format!("admin_listen = \"{admin_addr}\""),
+            )
+            .replace(
+                "\nlisten = \"127.0.0.1:0\"",
+                &format!("\nlisten = \"{addr}\""),
+            );
+        let config = TempFile::new("gateway.toml", &toml);
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_patchbay-gateway"));
+        cmd.args(["serve", "--config"])
+            .arg(&config.0)
+            .env("SIM_KEY", UPSTREAM_KEY)
+            .env(MASTER_KEY_ENV, CLIENT_KEY)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let process = cmd.spawn().expect("the gateway binary starts");
+        let child = Child {
+            process,
+            addr,
+            admin_addr,
+            _config: config,
+        };
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Ok(Ok(mut s)) =
+                tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(admin_addr))
+                    .await
+            {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let _ = s
+                    .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await;
+                let mut buf = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut buf)).await;
+                if buf.starts_with(b"HTTP/1.1 200") {
+                    return child;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the gateway never became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn sigterm(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.process.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the exit; returns its code and how long it took.
+    pub async fn wait_exit(&mut self, limit: Duration) -> (Option<i32>, Duration) {
+        let started = tokio::time::Instant::now();
+        loop {
+            if let Some(status) = self.process.try_wait().unwrap() {
+                return (status.code(), started.elapsed());
+            }
+            assert!(
+                started.elapsed() < limit,
+                "the gateway did not exit within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! what it needs (simulator, gateway, Redis client) on 127.0.0.1.
 
 mod common;
+mod drain;
 mod pool;
 mod relay;
 mod tls_and_config;
