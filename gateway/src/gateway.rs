@@ -23,6 +23,8 @@ use crate::upstream::pool::{parse_size_file, Pool};
 
 /// How often `[pool] size_file` is re-read.
 pub const SIZE_FILE_POLL: Duration = Duration::from_secs(2);
+/// How often the keys file is checked for changes.
+pub const KEYS_FILE_POLL: Duration = Duration::from_secs(2);
 
 /// A configured route, ready to dial, with its warm pool.
 #[derive(Debug)]
@@ -172,6 +174,46 @@ async fn watch_size_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
     }
 }
 
+/// Re-reads the keys file when its content changes and swaps the key set.
+/// An unreadable or invalid file keeps the previous set (and says why once).
+async fn watch_keys_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
+    let mut tick = tokio::time::interval(KEYS_FILE_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_text = tokio::fs::read_to_string(&path).await.ok();
+    loop {
+        tokio::select! {
+            _ = gw.draining.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let text = match tokio::fs::read_to_string(&path).await {
+            Ok(t) => t,
+            Err(e) => {
+                if last_text.take().is_some() {
+                    tracing::warn!(file = %path.display(), error = %e, "cannot read the keys file; keeping the current keys");
+                }
+                continue;
+            }
+        };
+        if last_text.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        match KeySet::parse(&text) {
+            Ok(set) => {
+                let set = match &gw.config.master_key {
+                    Some(m) => set.with_master(m),
+                    None => set,
+                };
+                tracing::info!(file = %path.display(), keys = set.len(), "keys file reloaded");
+                gw.keys.replace(set);
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "invalid keys file; keeping the current keys");
+            }
+        }
+        last_text = Some(text);
+    }
+}
+
 /// `/readyz` turns ready once every pool first reached its target, or when
 /// the warm-up timeout passes, whichever comes first.
 async fn mark_ready_when_warm(gw: Arc<Gateway>) {
@@ -228,6 +270,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     }
     if let Some(path) = gateway.config.pool.size_file.clone() {
         tokio::spawn(watch_size_file(gateway.clone(), path));
+    }
+    if let Some(path) = gateway.config.keys.file.clone() {
+        tokio::spawn(watch_keys_file(gateway.clone(), path));
     }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));

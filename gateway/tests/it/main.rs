@@ -3,6 +3,7 @@
 
 mod common;
 mod drain;
+mod keys;
 mod pool;
 mod relay;
 mod tls_and_config;
