@@ -255,6 +255,8 @@ pub fn free_port() -> u16 {
 /// `patchbay-gateway serve` as a child process, killed on drop.
 pub struct Child {
     pub process: std::process::Child,
+    /// Everything the child wrote to stderr so far (its logs).
+    pub stderr: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     _config: TempFile,
@@ -310,13 +312,28 @@ impl Child {
             .env("SIM_KEY", UPSTREAM_KEY)
             .env(MASTER_KEY_ENV, CLIENT_KEY)
             .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::piped());
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let process = cmd.spawn().expect("the gateway binary starts");
+        let mut process = cmd.spawn().expect("the gateway binary starts");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut pipe = process.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
         let child = Child {
             process,
+            stderr,
             addr,
             admin_addr,
             _config: config,
@@ -343,6 +360,10 @@ impl Child {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    pub fn logs(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).to_string()
     }
 
     pub fn sigterm(&self) {

@@ -134,3 +134,55 @@ async fn linger_mode_closes_a_session_that_outlives_linger_secs_with_1001() {
     let (code, _) = child.wait_exit(Duration::from_secs(10)).await;
     assert_eq!(code, Some(0));
 }
+
+#[tokio::test]
+async fn logs_carry_one_json_line_per_session_end_and_never_a_key() {
+    let sim = sim(SimConfig::default()).await;
+    let mut child = Child::start(
+        &sim.url(false),
+        "",
+        &[
+            ("RUST_LOG", "patchbay_gateway=debug"),
+            ("PATCHBAY_LOG_FORMAT", "json"),
+        ],
+    )
+    .await;
+    let mut ws = connect(child.addr).await;
+    recv_text(&mut ws).await;
+    one_turn(&mut ws).await;
+    ws.close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+        code: 1000.into(),
+        reason: "".into(),
+    }))
+    .await
+    .unwrap();
+    let _ = until_close(&mut ws).await;
+    let wrong = "pb-wrong-secret-key";
+    let bearer = format!("Bearer {wrong}");
+    let (status, _, _) = refused(
+        child.addr,
+        &format!("?model={MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(status, 401);
+    child.sigterm();
+    assert_eq!(child.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let logs = child.logs();
+    for secret in [CLIENT_KEY, UPSTREAM_KEY, wrong] {
+        assert!(!logs.contains(secret), "a key was logged: {secret}\n{logs}");
+    }
+    let ends: Vec<serde_json::Value> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "session ended")
+        .collect();
+    assert_eq!(ends.len(), 1, "{logs}");
+    let f = &ends[0]["fields"];
+    assert_eq!(f["outcome"], "client_closed");
+    assert_eq!(f["client_close_code"], 1000);
+    assert_eq!(f["upstream_close_code"], 1000);
+    assert!(f["duration_ms"].as_u64().is_some());
+}
