@@ -1,1 +1,21 @@
-//! Patchbay gateway: an authenticated, pooled, metered relay for the OpenAI Realtime API.
+//! Patchbay gateway: an authenticated, pooled, metered relay for the OpenAI
+//! Realtime API. See `DESIGN.md`-style module docs in each file; the path of
+//! a session is `server` (checks before the 101) → `admission` → `session`
+//! (upgrade, upstream, `session.created`) → `relay` (the splice).
+
+pub mod admission;
+pub mod auth;
+pub mod config;
+pub mod demo;
+pub mod drain;
+pub mod event;
+pub mod gateway;
+pub mod ids;
+pub mod logging;
+pub mod metrics;
+pub mod relay;
+pub mod secret;
+pub mod server;
+pub mod session;
+pub mod sim;
+pub mod upstream;

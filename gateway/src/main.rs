@@ -1,1 +1,186 @@
-fn main() {}
+//! `patchbay-gateway`: `serve` (default), `demo`, `sim`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use patchbay_gateway::config::Config;
+use patchbay_gateway::sim::{SimConfig, SimFault};
+use patchbay_gateway::{demo, drain, gateway, sim};
+
+/// Exit code for configuration errors.
+const EXIT_CONFIG: u8 = 2;
+
+#[derive(Parser)]
+#[command(name = "patchbay-gateway", version, about = "OpenAI Realtime gateway")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve client sessions (the default).
+    Serve {
+        /// TOML config; default `patchbay.toml` if present, else built-in defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Start a simulator and a gateway on 127.0.0.1, run a few sessions, keep serving.
+    Demo {
+        /// Client listen address of the demo gateway (falls back to a free port).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Sessions to run through the gateway before serving.
+        #[arg(long, default_value_t = 3)]
+        sessions: usize,
+        /// Exit after the sessions instead of serving.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Run the simulated OpenAI Realtime upstream.
+    Sim {
+        #[arg(long, default_value = "127.0.0.1:9100")]
+        listen: SocketAddr,
+        /// Accepted upstream keys, comma-separated (empty: any key).
+        #[arg(long, value_delimiter = ',')]
+        keys: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        upgrade_delay_ms: u64,
+        #[arg(long, default_value_t = 0)]
+        session_delay_ms: u64,
+        #[arg(long, default_value_t = 0)]
+        inference_delay_ms: u64,
+        #[arg(long, default_value_t = 5)]
+        audio_deltas: usize,
+        /// Decoded bytes of audio per delta.
+        #[arg(long, default_value_t = 2400)]
+        audio_delta_bytes: usize,
+        #[arg(long, default_value_t = 0)]
+        delta_interval_ms: u64,
+        /// `refuse:STATUS`, `error-first`, `drop:N` (after N deltas) or `close:CODE`.
+        #[arg(long)]
+        fault: Option<String>,
+    },
+}
+
+fn parse_fault(s: &str) -> Result<SimFault, String> {
+    let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
+    let num = |what: &str| -> Result<u64, String> {
+        arg.parse()
+            .map_err(|_| format!("--fault {kind}:{what} needs a number, got {arg:?}"))
+    };
+    match kind {
+        "refuse" => Ok(SimFault::Refuse {
+            status: num("STATUS")? as u16,
+        }),
+        "error-first" => Ok(SimFault::ErrorFirst),
+        "drop" => Ok(SimFault::DropMidResponse {
+            after_deltas: num("N")? as usize,
+        }),
+        "close" => Ok(SimFault::CloseAfterResponse {
+            code: num("CODE")? as u16,
+            reason: "simulated close".into(),
+        }),
+        _ => Err(format!(
+            "unknown --fault {s:?}: use refuse:STATUS, error-first, drop:N or close:CODE"
+        )),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    patchbay_gateway::logging::init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("patchbay-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        match cli.command.unwrap_or(Command::Serve { config: None }) {
+            Command::Serve { config } => serve(config).await,
+            Command::Demo {
+                listen,
+                sessions,
+                once,
+            } => match demo::run(listen, sessions, once).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("patchbay-gateway demo: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Command::Sim {
+                listen,
+                keys,
+                upgrade_delay_ms,
+                session_delay_ms,
+                inference_delay_ms,
+                audio_deltas,
+                audio_delta_bytes,
+                delta_interval_ms,
+                fault,
+            } => {
+                let fault = match fault.as_deref().map(parse_fault).transpose() {
+                    Ok(f) => f,
+                    Err(e) => {
+                        eprintln!("patchbay-gateway sim: {e}");
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                };
+                let config = SimConfig {
+                    keys,
+                    upgrade_delay: Duration::from_millis(upgrade_delay_ms),
+                    session_delay: Duration::from_millis(session_delay_ms),
+                    inference_delay: Duration::from_millis(inference_delay_ms),
+                    audio_deltas,
+                    audio_delta_bytes,
+                    delta_interval: Duration::from_millis(delta_interval_ms),
+                    fault,
+                    ..SimConfig::default()
+                };
+                match sim::start(listen, config).await {
+                    Ok(handle) => {
+                        println!("simulator listening on {}", handle.url(false));
+                        let _ = drain::shutdown_signal().await;
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("patchbay-gateway sim: cannot listen on {listen}: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+        }
+    })
+}
+
+async fn serve(path: Option<PathBuf>) -> ExitCode {
+    let config = match Config::load(path.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("patchbay-gateway: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let running = match gateway::start(config).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("patchbay-gateway: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if let Err(e) = drain::shutdown_signal().await {
+        tracing::error!(error = %e, "cannot listen for shutdown signals");
+        return ExitCode::FAILURE;
+    }
+    drain::drain(&running.gateway).await;
+    ExitCode::SUCCESS
+}

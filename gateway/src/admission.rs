@@ -1,0 +1,254 @@
+//! Admission: the ordered checks an upgrade passes before anything is
+//! dialled, and the OpenAI-style JSON refusal each failure becomes.
+//!
+//! Order (first failure wins): draining → 503; process session cap → 429;
+//! per-key session cap → 429. A [`Permit`] is the admitted session's hold on
+//! the counters; dropping it (however the session ends) releases them, so a
+//! panic or a cancelled task cannot leak a slot.
+//!
+//! The session counters are per process on purpose: a cluster-wide count in
+//! a shared store leaks slots whenever a pod dies, and the process cap is
+//! what protects a pod's memory.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::StatusCode;
+use prometheus_client::metrics::gauge::Gauge;
+
+/// Seconds a client is told to wait after a session-cap refusal.
+pub const SESSION_CAP_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Why an upgrade was refused, carrying what the client needs to know.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    /// OpenAI error `type`.
+    pub kind: &'static str,
+    /// OpenAI error `code`; also the `reason` label of the refusal metric.
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after: Option<Duration>,
+}
+
+impl Refusal {
+    pub fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            kind,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn retry_after(mut self, d: Duration) -> Self {
+        self.retry_after = Some(d);
+        self
+    }
+
+    pub fn draining() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "shutting_down",
+            "this gateway is shutting down; reconnect to another instance",
+        )
+        .retry_after(Duration::from_secs(1))
+    }
+
+    pub fn unauthorized(message: &str) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            message,
+        )
+    }
+
+    /// The OpenAI-style body: `{"error":{"message","type","code","param"}}`.
+    pub fn body(&self) -> String {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "code": self.code,
+                "param": null,
+            }
+        })
+        .to_string()
+    }
+}
+
+/// Per-process session counters.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    active: AtomicUsize,
+    per_key: Mutex<HashMap<String, usize>>,
+    draining: AtomicBool,
+}
+
+/// An admitted session's hold on the counters, released on drop.
+#[derive(Debug)]
+pub struct Permit {
+    sessions: Arc<Sessions>,
+    key_id: String,
+    gauge: Gauge,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.sessions.active.fetch_sub(1, Ordering::AcqRel);
+        self.gauge.dec();
+        let mut per_key = lock(&self.sessions.per_key);
+        if let Some(n) = per_key.get_mut(&self.key_id) {
+            *n -= 1;
+            if *n == 0 {
+                per_key.remove(&self.key_id);
+            }
+        }
+    }
+}
+
+impl Permit {
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Sessions {
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    pub fn key_active(&self, key_id: &str) -> usize {
+        lock(&self.per_key).get(key_id).copied().unwrap_or(0)
+    }
+
+    /// The local checks, in order; on success the session holds a slot.
+    pub fn admit(
+        self: &Arc<Self>,
+        max_sessions: usize,
+        key_id: &str,
+        key_max_sessions: Option<usize>,
+        gauge: Gauge,
+    ) -> Result<Permit, Refusal> {
+        if self.is_draining() {
+            return Err(Refusal::draining());
+        }
+        // Reserve the process slot first, then give it back on a refusal.
+        let previous = self.active.fetch_add(1, Ordering::AcqRel);
+        if previous >= max_sessions {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "too_many_sessions",
+                format!(
+                    "this gateway instance is at its limit of {max_sessions} concurrent sessions"
+                ),
+            )
+            .retry_after(SESSION_CAP_RETRY_AFTER));
+        }
+        let mut per_key = lock(&self.per_key);
+        let n = per_key.entry(key_id.to_string()).or_insert(0);
+        if let Some(cap) = key_max_sessions {
+            if *n >= cap {
+                if *n == 0 {
+                    per_key.remove(key_id);
+                }
+                drop(per_key);
+                self.active.fetch_sub(1, Ordering::AcqRel);
+                return Err(Refusal::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    "too_many_sessions",
+                    format!("key '{key_id}' is at its limit of {cap} concurrent sessions"),
+                )
+                .retry_after(SESSION_CAP_RETRY_AFTER));
+            }
+        }
+        *n += 1;
+        drop(per_key);
+        gauge.inc();
+        Ok(Permit {
+            sessions: self.clone(),
+            key_id: key_id.to_string(),
+            gauge,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_cap_refuses_with_429_and_retry_after_and_frees_on_drop() {
+        let s = Arc::new(Sessions::default());
+        let g = Gauge::default();
+        let a = s.admit(2, "k", None, g.clone()).unwrap();
+        let _b = s.admit(2, "k", None, g.clone()).unwrap();
+        let r = s.admit(2, "k", None, g.clone()).unwrap_err();
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(r.retry_after.is_some());
+        assert_eq!(s.active(), 2);
+        assert_eq!(g.get(), 2);
+        drop(a);
+        assert_eq!(s.active(), 1);
+        assert!(s.admit(2, "k", None, g.clone()).is_ok());
+    }
+
+    #[test]
+    fn per_key_cap_applies_to_that_key_only() {
+        let s = Arc::new(Sessions::default());
+        let g = Gauge::default();
+        let _a = s.admit(10, "a", Some(1), g.clone()).unwrap();
+        let r = s.admit(10, "a", Some(1), g.clone()).unwrap_err();
+        assert!(r.message.contains("key 'a'"), "{}", r.message);
+        assert_eq!(
+            s.active(),
+            1,
+            "a refused key must give its process slot back"
+        );
+        assert!(s.admit(10, "b", Some(1), g.clone()).is_ok());
+    }
+
+    #[test]
+    fn draining_refuses_with_503_first() {
+        let s = Arc::new(Sessions::default());
+        s.start_draining();
+        let r = s.admit(10, "a", None, Gauge::default()).unwrap_err();
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(s.active(), 0);
+    }
+
+    #[test]
+    fn refusal_body_is_openai_shaped() {
+        let body: serde_json::Value =
+            serde_json::from_str(&Refusal::unauthorized("bad key").body()).unwrap();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["code"], "invalid_api_key");
+        assert_eq!(body["error"]["message"], "bad key");
+        assert!(body["error"]["param"].is_null());
+    }
+}

@@ -1,0 +1,805 @@
+//! Gateway configuration: one TOML file, every key overridable from the
+//! environment, validated once at start.
+//!
+//! Sources, later wins:
+//! 1. built-in defaults ([`Config::default`]);
+//! 2. the TOML file (`--config`, else `patchbay.toml` when present);
+//! 3. `PATCHBAY_<SECTION>_<KEY>` for the table sections (`server`, `pool`,
+//!    `relay`, `limits`, `metering`, `store`, `keys`, `drain`), parsed as a
+//!    TOML value when it is one (`10`, `true`, `"x"`), else taken as a string;
+//! 4. the well-known `REALTIME_POOL_SIZE` and `REALTIME_POOL_MAX_IDLE_SECS`.
+//!
+//! Unknown keys are errors (`deny_unknown_fields`), so a typo never silently
+//! falls back to a default. Secrets are never in the file: routes name the
+//! environment variable that holds their upstream key (`api_key_env`), Redis
+//! is named by `redis_url_env`, and client keys live in the keys file (hashed)
+//! or `PATCHBAY_MASTER_KEY`. Every validation error names the offending key;
+//! `main` turns it into exit code 2.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use url::Url;
+
+use crate::secret::Secret;
+
+/// The file read when `--config` is not given, if it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "patchbay.toml";
+/// Env var that holds a single client key (one-key setups).
+pub const MASTER_KEY_ENV: &str = "PATCHBAY_MASTER_KEY";
+const ENV_PREFIX: &str = "PATCHBAY_";
+const TABLE_SECTIONS: [&str; 8] = [
+    "server", "pool", "relay", "limits", "metering", "store", "keys", "drain",
+];
+
+#[derive(Debug, thiserror::Error)]
+#[error("config key `{key}`: {message}")]
+pub struct ConfigError {
+    /// Dotted path of the offending key, e.g. `routes[0].upstream_url`.
+    pub key: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub routes: Vec<RouteConfig>,
+    pub pool: PoolConfig,
+    pub relay: RelayConfig,
+    pub limits: LimitsConfig,
+    pub metering: MeteringConfig,
+    pub prices: Vec<PriceRow>,
+    pub store: StoreConfig,
+    pub keys: KeysConfig,
+    pub drain: DrainConfig,
+    /// `PATCHBAY_MASTER_KEY`, when set.
+    #[serde(skip)]
+    pub master_key: Option<Secret>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            server: ServerConfig::default(),
+            routes: vec![RouteConfig::default()],
+            pool: PoolConfig::default(),
+            relay: RelayConfig::default(),
+            limits: LimitsConfig::default(),
+            metering: MeteringConfig::default(),
+            prices: Vec::new(),
+            store: StoreConfig::default(),
+            keys: KeysConfig::default(),
+            drain: DrainConfig::default(),
+            master_key: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// Bound on a client's HTTP upgrade request (headers) and on the
+    /// upstream's connect + handshake.
+    pub upgrade_timeout_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            upgrade_timeout_secs: 10,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    Openai,
+    Azure,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Ga,
+    Beta,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetPeriod {
+    Daily,
+    Monthly,
+    #[default]
+    Total,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// What clients put in `?model=`.
+    pub model: String,
+    #[serde(default = "default_provider")]
+    pub provider: Provider,
+    pub upstream_url: String,
+    /// Model (OpenAI) or deployment (Azure) sent upstream; defaults to `model`.
+    pub upstream_model: Option<String>,
+    #[serde(default = "default_protocol")]
+    pub protocol: Protocol,
+    /// Environment variable holding the upstream key.
+    pub api_key_env: String,
+    /// Extra trust root (PEM) for a wss upstream.
+    pub ca_file: Option<PathBuf>,
+    pub budget_usd: Option<f64>,
+    #[serde(default)]
+    pub budget_period: BudgetPeriod,
+    /// Resolved from `api_key_env` during validation.
+    #[serde(skip)]
+    pub api_key: Secret,
+}
+
+fn default_provider() -> Provider {
+    Provider::Openai
+}
+
+fn default_protocol() -> Protocol {
+    Protocol::Ga
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        Self {
+            model: "gpt-realtime".into(),
+            provider: Provider::Openai,
+            upstream_url: "wss://api.openai.com/v1/realtime".into(),
+            upstream_model: None,
+            protocol: Protocol::Ga,
+            api_key_env: "OPENAI_API_KEY".into(),
+            ca_file: None,
+            budget_usd: None,
+            budget_period: BudgetPeriod::Total,
+            api_key: Secret::default(),
+        }
+    }
+}
+
+impl RouteConfig {
+    pub fn upstream_model(&self) -> &str {
+        self.upstream_model.as_deref().unwrap_or(&self.model)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Warm sockets per route; 0 disables the pool.
+    pub size: usize,
+    pub max_idle_secs: u64,
+    /// Hard cap on `size`, whatever the size file says.
+    pub max_size: usize,
+    /// File holding the live size (a bare number or `REALTIME_POOL_SIZE=N`).
+    pub size_file: Option<PathBuf>,
+    /// `/readyz` waits this long at most for the pool to first fill.
+    pub warmup_timeout_secs: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            size: 4,
+            max_idle_secs: 30,
+            max_size: 512,
+            size_file: None,
+            warmup_timeout_secs: 10,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    pub idle_timeout_secs: u64,
+    pub max_session_secs: u64,
+    pub max_message_bytes: usize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            idle_timeout_secs: 300,
+            max_session_secs: 3600,
+            max_message_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Concurrent sessions per process.
+    pub max_sessions: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self { max_sessions: 1000 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Unpriced {
+    Block,
+    #[default]
+    Allow,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MeteringConfig {
+    /// 0 = flush after every turn, budgets re-read every second.
+    pub flush_secs: u64,
+    pub unpriced: Unpriced,
+    /// Cap of the Redis request-log stream (`XADD MAXLEN ~`).
+    pub stream_maxlen: usize,
+}
+
+impl Default for MeteringConfig {
+    fn default() -> Self {
+        Self {
+            flush_secs: 15,
+            unpriced: Unpriced::Allow,
+            stream_maxlen: 1_000_000,
+        }
+    }
+}
+
+/// USD per 1M tokens for one model.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PriceRow {
+    pub model: String,
+    #[serde(default)]
+    pub text_input: f64,
+    #[serde(default)]
+    pub cached_text_input: f64,
+    #[serde(default)]
+    pub audio_input: f64,
+    #[serde(default)]
+    pub cached_audio_input: f64,
+    #[serde(default)]
+    pub text_output: f64,
+    #[serde(default)]
+    pub audio_output: f64,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Env var holding the Redis URL; unset = in-memory store.
+    pub redis_url_env: Option<String>,
+    /// Resolved from `redis_url_env` during validation.
+    #[serde(skip)]
+    pub redis_url: Option<Secret>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeysConfig {
+    /// TOML file of `[[keys]]` (and `[[teams]]`); re-read when it changes.
+    pub file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DrainMode {
+    #[default]
+    Close,
+    Linger,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DrainConfig {
+    pub wait_secs: u64,
+    pub mode: DrainMode,
+    pub linger_secs: u64,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        Self {
+            wait_secs: 10,
+            mode: DrainMode::Close,
+            linger_secs: 0,
+        }
+    }
+}
+
+impl Config {
+    /// Loads from a file (or `patchbay.toml` if present, or defaults) and the
+    /// process environment, then validates.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let text = match path {
+            Some(p) => Some(std::fs::read_to_string(p).map_err(|e| {
+                ConfigError::new("--config", format!("cannot read {}: {e}", p.display()))
+            })?),
+            None if Path::new(DEFAULT_CONFIG_FILE).exists() => {
+                Some(std::fs::read_to_string(DEFAULT_CONFIG_FILE).map_err(|e| {
+                    ConfigError::new(
+                        "--config",
+                        format!("cannot read {DEFAULT_CONFIG_FILE}: {e}"),
+                    )
+                })?)
+            }
+            None => None,
+        };
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        Self::from_toml_with_env(text.as_deref().unwrap_or(""), &|k| env.get(k).cloned())
+    }
+
+    /// Parses `text` (empty = defaults), applies env overrides from `env`,
+    /// resolves secrets from `env` and validates. Pure apart from reading the
+    /// files the config names (`ca_file`, `keys.file` existence).
+    pub fn from_toml_with_env(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
+        apply_env_overrides(&mut doc, env)?;
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let inner = e.into_inner();
+                let key = match unknown_field(inner.message()) {
+                    Some(field) if path == "." || path.is_empty() => field.to_string(),
+                    Some(field) if !path.ends_with(field) => format!("{path}.{field}"),
+                    _ => path,
+                };
+                ConfigError::new(key, inner.message().to_string())
+            })?;
+        config.master_key = env(MASTER_KEY_ENV)
+            .filter(|v| !v.is_empty())
+            .map(Secret::new);
+        config.validate(env)?;
+        Ok(config)
+    }
+
+    fn validate(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if self.server.upgrade_timeout_secs == 0 {
+            return Err(ConfigError::new(
+                "server.upgrade_timeout_secs",
+                "must be at least 1",
+            ));
+        }
+        if self.routes.is_empty() {
+            return Err(ConfigError::new("routes", "at least one route is required"));
+        }
+        for (i, route) in self.routes.iter_mut().enumerate() {
+            let key = |k: &str| format!("routes[{i}].{k}");
+            if route.model.trim().is_empty() {
+                return Err(ConfigError::new(key("model"), "must not be empty"));
+            }
+            validate_upstream_url(route).map_err(|m| ConfigError::new(key("upstream_url"), m))?;
+            match env(&route.api_key_env) {
+                Some(v) if !v.trim().is_empty() => route.api_key = Secret::new(v.trim()),
+                _ => {
+                    return Err(ConfigError::new(
+                        key("api_key_env"),
+                        format!(
+                            "environment variable {} (the upstream key) is not set",
+                            route.api_key_env
+                        ),
+                    ))
+                }
+            }
+            if let Some(ca) = &route.ca_file {
+                if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
+                    return Err(ConfigError::new(key("ca_file"), e.to_string()));
+                }
+            }
+            if let Some(b) = route.budget_usd {
+                if !(b.is_finite() && b >= 0.0) {
+                    return Err(ConfigError::new(key("budget_usd"), "must be a number >= 0"));
+                }
+            }
+        }
+        for i in 0..self.routes.len() {
+            if self.routes[..i]
+                .iter()
+                .any(|r| r.model == self.routes[i].model)
+            {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].model"),
+                    format!("duplicate route for model {:?}", self.routes[i].model),
+                ));
+            }
+        }
+        if self.pool.size > self.pool.max_size {
+            self.pool.size = self.pool.max_size;
+        }
+        if self.pool.max_idle_secs == 0 {
+            return Err(ConfigError::new("pool.max_idle_secs", "must be at least 1"));
+        }
+        if self.relay.max_message_bytes < 1024 {
+            return Err(ConfigError::new(
+                "relay.max_message_bytes",
+                "must be at least 1024",
+            ));
+        }
+        for (k, v) in [
+            ("relay.idle_timeout_secs", self.relay.idle_timeout_secs),
+            ("relay.max_session_secs", self.relay.max_session_secs),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::new(k, "must be at least 1"));
+            }
+        }
+        if self.limits.max_sessions == 0 {
+            return Err(ConfigError::new(
+                "limits.max_sessions",
+                "must be at least 1",
+            ));
+        }
+        for (i, p) in self.prices.iter().enumerate() {
+            let fields = [
+                ("text_input", p.text_input),
+                ("cached_text_input", p.cached_text_input),
+                ("audio_input", p.audio_input),
+                ("cached_audio_input", p.cached_audio_input),
+                ("text_output", p.text_output),
+                ("audio_output", p.audio_output),
+            ];
+            for (name, v) in fields {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(ConfigError::new(
+                        format!("prices[{i}].{name}"),
+                        "must be a number >= 0",
+                    ));
+                }
+            }
+        }
+        if let Some(var) = &self.store.redis_url_env {
+            match env(var) {
+                Some(v) if !v.trim().is_empty() => {
+                    let url = v.trim();
+                    if !(url.starts_with("redis://")
+                        || url.starts_with("rediss://")
+                        || url.starts_with("unix://"))
+                    {
+                        return Err(ConfigError::new(
+                            "store.redis_url_env",
+                            format!("{var} must hold a redis:// or rediss:// URL"),
+                        ));
+                    }
+                    self.store.redis_url = Some(Secret::new(url));
+                }
+                _ => {
+                    return Err(ConfigError::new(
+                        "store.redis_url_env",
+                        format!("environment variable {var} (the Redis URL) is not set"),
+                    ))
+                }
+            }
+        }
+        match &self.keys.file {
+            Some(f) if !f.exists() => {
+                return Err(ConfigError::new(
+                    "keys.file",
+                    format!("{} does not exist", f.display()),
+                ))
+            }
+            None if self.master_key.is_none() => {
+                return Err(ConfigError::new(
+                    "keys.file",
+                    format!("no client keys: set [keys] file or {MASTER_KEY_ENV}"),
+                ))
+            }
+            _ => {}
+        }
+        if self.drain.wait_secs == 0 {
+            return Err(ConfigError::new("drain.wait_secs", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    pub fn route(&self, model: &str) -> Option<&RouteConfig> {
+        self.routes.iter().find(|r| r.model == model)
+    }
+}
+
+fn validate_upstream_url(route: &RouteConfig) -> Result<(), String> {
+    let url = Url::parse(&route.upstream_url).map_err(|e| format!("invalid URL: {e}"))?;
+    if !matches!(url.scheme(), "ws" | "wss") {
+        return Err(format!("scheme must be ws or wss, not {}", url.scheme()));
+    }
+    if url.host_str().is_none() {
+        return Err("URL has no host".into());
+    }
+    if route.provider == Provider::Azure
+        && !url.path().ends_with("/openai/v1/realtime")
+        && !url.query_pairs().any(|(k, _)| k == "api-version")
+    {
+        return Err("an Azure /openai/realtime URL needs ?api-version=…".into());
+    }
+    Ok(())
+}
+
+/// Applies `PATCHBAY_<SECTION>_<KEY>` and the well-known pool variables.
+fn apply_env_overrides(
+    doc: &mut toml::Table,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    // The closure interface cannot enumerate, so probe the known keys of each
+    // section: unknown env names are simply not looked at.
+    for section in TABLE_SECTIONS {
+        for key in section_keys(section) {
+            let var = format!(
+                "{ENV_PREFIX}{}_{}",
+                section.to_uppercase(),
+                key.to_uppercase()
+            );
+            if let Some(raw) = env(&var) {
+                set_key(doc, section, key, &raw)?;
+            }
+        }
+    }
+    for (var, key) in [
+        ("REALTIME_POOL_SIZE", "size"),
+        ("REALTIME_POOL_MAX_IDLE_SECS", "max_idle_secs"),
+    ] {
+        if let Some(raw) = env(var) {
+            let n: i64 = raw
+                .trim()
+                .parse()
+                .map_err(|_| ConfigError::new(var, format!("not a whole number: {raw:?}")))?;
+            if n < 0 {
+                return Err(ConfigError::new(var, "must be >= 0"));
+            }
+            set_value(doc, "pool", key, toml::Value::Integer(n));
+        }
+    }
+    Ok(())
+}
+
+fn section_keys(section: &str) -> &'static [&'static str] {
+    match section {
+        "server" => &["listen", "admin_listen", "upgrade_timeout_secs"],
+        "pool" => &[
+            "size",
+            "max_idle_secs",
+            "max_size",
+            "size_file",
+            "warmup_timeout_secs",
+        ],
+        "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
+        "limits" => &["max_sessions"],
+        "metering" => &["flush_secs", "unpriced", "stream_maxlen"],
+        "store" => &["redis_url_env"],
+        "keys" => &["file"],
+        "drain" => &["wait_secs", "mode", "linger_secs"],
+        _ => &[],
+    }
+}
+
+fn set_key(doc: &mut toml::Table, section: &str, key: &str, raw: &str) -> Result<(), ConfigError> {
+    let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.into())),
+        Err(_) => toml::Value::String(raw.into()),
+    };
+    set_value(doc, section, key, value);
+    Ok(())
+}
+
+fn set_value(doc: &mut toml::Table, section: &str, key: &str, value: toml::Value) {
+    let table = doc
+        .entry(section)
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let toml::Value::Table(t) = table {
+        t.insert(key.to_string(), value);
+    }
+}
+
+fn toml_error(e: &toml::de::Error) -> ConfigError {
+    ConfigError::new(
+        unknown_field(e.message()).unwrap_or("config"),
+        e.to_string().trim().to_string(),
+    )
+}
+
+/// The field name of serde's "unknown field `x`, expected …" message.
+fn unknown_field(msg: &str) -> Option<&str> {
+    let rest = msg.strip_prefix("unknown field `")?;
+    rest.find('`').map(|end| &rest[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    const BASE_ENV: &[(&str, &str)] = &[("OPENAI_API_KEY", "sk-up"), (MASTER_KEY_ENV, "pb-master")];
+
+    #[test]
+    fn empty_file_gives_the_documented_defaults() {
+        let c = Config::from_toml_with_env("", &env_of(BASE_ENV)).unwrap();
+        assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9090");
+        assert_eq!(c.relay.idle_timeout_secs, 300);
+        assert_eq!(c.pool.size, 4);
+        assert_eq!(c.metering.flush_secs, 15);
+        assert_eq!(c.drain.wait_secs, 10);
+        assert_eq!(c.routes[0].model, "gpt-realtime");
+        assert_eq!(c.routes[0].api_key.expose(), "sk-up");
+        assert_eq!(c.master_key.as_ref().unwrap().expose(), "pb-master");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = Config::from_toml_with_env("[server]\nlisten_addr = \"x\"\n", &env_of(BASE_ENV))
+            .unwrap_err();
+        assert_eq!(e.key, "server.listen_addr", "{e}");
+        let e = Config::from_toml_with_env("[serverx]\n", &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "serverx", "{e}");
+        let e =
+            Config::from_toml_with_env("[limits]\nmax_sessions = \"many\"\n", &env_of(BASE_ENV))
+                .unwrap_err();
+        assert_eq!(e.key, "limits.max_sessions", "{e}");
+    }
+
+    #[test]
+    fn bad_upstream_url_is_named() {
+        let toml = r#"
+            [[routes]]
+            model = "m"
+            upstream_url = "https://example.invalid/v1/realtime"
+            api_key_env = "OPENAI_API_KEY"
+        "#;
+        let e = Config::from_toml_with_env(toml, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "routes[0].upstream_url");
+        let toml = toml.replace("https://example.invalid/v1/realtime", "not a url");
+        let e = Config::from_toml_with_env(&toml, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "routes[0].upstream_url");
+    }
+
+    #[test]
+    fn missing_upstream_key_variable_is_named() {
+        let e = Config::from_toml_with_env("", &env_of(&[(MASTER_KEY_ENV, "k")])).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_env");
+        assert!(e.to_string().contains("OPENAI_API_KEY"), "{e}");
+    }
+
+    #[test]
+    fn no_client_keys_at_all_is_an_error() {
+        let e = Config::from_toml_with_env("", &env_of(&[("OPENAI_API_KEY", "sk")])).unwrap_err();
+        assert_eq!(e.key, "keys.file");
+    }
+
+    #[test]
+    fn env_overrides_beat_the_file_and_wellknown_pool_names_apply() {
+        let toml = "[server]\nlisten = \"127.0.0.1:1\"\n[pool]\nsize = 2\n";
+        let mut env: Vec<(&str, &str)> = BASE_ENV.to_vec();
+        env.extend([
+            ("PATCHBAY_SERVER_LISTEN", "0.0.0.0:7000"),
+            ("PATCHBAY_RELAY_IDLE_TIMEOUT_SECS", "42"),
+            ("PATCHBAY_DRAIN_MODE", "linger"),
+            ("REALTIME_POOL_SIZE", "9"),
+            ("REALTIME_POOL_MAX_IDLE_SECS", "11"),
+        ]);
+        let c = Config::from_toml_with_env(toml, &env_of(&env)).unwrap();
+        assert_eq!(c.server.listen.to_string(), "0.0.0.0:7000");
+        assert_eq!(c.relay.idle_timeout_secs, 42);
+        assert_eq!(c.drain.mode, DrainMode::Linger);
+        assert_eq!(c.pool.size, 9);
+        assert_eq!(c.pool.max_idle_secs, 11);
+    }
+
+    #[test]
+    fn env_override_of_wrong_type_is_named() {
+        let mut env: Vec<(&str, &str)> = BASE_ENV.to_vec();
+        env.push(("PATCHBAY_LIMITS_MAX_SESSIONS", "lots"));
+        let e = Config::from_toml_with_env("", &env_of(&env)).unwrap_err();
+        assert!(e.to_string().contains("max_sessions"), "{e}");
+    }
+
+    #[test]
+    fn azure_route_without_api_version_is_refused() {
+        let toml = r#"
+            [[routes]]
+            model = "m"
+            provider = "azure"
+            upstream_url = "wss://res.openai.azure.com/openai/realtime"
+            api_key_env = "OPENAI_API_KEY"
+        "#;
+        let e = Config::from_toml_with_env(toml, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "routes[0].upstream_url");
+    }
+
+    #[test]
+    fn full_documented_config_loads() {
+        let toml = r#"
+            [server]
+            listen = "0.0.0.0:8080"
+            admin_listen = "0.0.0.0:9090"
+            upgrade_timeout_secs = 10
+            [[routes]]
+            model = "gpt-realtime"
+            provider = "openai"
+            upstream_url = "wss://api.openai.com/v1/realtime"
+            upstream_model = "gpt-realtime-2025-08-28"
+            protocol = "beta"
+            api_key_env = "UP"
+            budget_usd = 100.0
+            budget_period = "daily"
+            [pool]
+            size = 4
+            max_idle_secs = 30
+            max_size = 512
+            size_file = "/etc/patchbay/pool/REALTIME_POOL_SIZE"
+            [relay]
+            idle_timeout_secs = 300
+            max_session_secs = 3600
+            max_message_bytes = 16777216
+            [limits]
+            max_sessions = 1000
+            [metering]
+            flush_secs = 15
+            unpriced = "block"
+            [[prices]]
+            model = "gpt-realtime"
+            text_input = 4.0
+            cached_text_input = 0.4
+            audio_input = 32.0
+            cached_audio_input = 0.4
+            text_output = 16.0
+            audio_output = 64.0
+            [store]
+            redis_url_env = "REDIS"
+            [drain]
+            wait_secs = 10
+            mode = "close"
+            linger_secs = 0
+        "#;
+        let c = Config::from_toml_with_env(
+            toml,
+            &env_of(&[
+                ("UP", "sk"),
+                ("REDIS", "redis://127.0.0.1:6379"),
+                (MASTER_KEY_ENV, "k"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.routes[0].upstream_model(), "gpt-realtime-2025-08-28");
+        assert_eq!(c.routes[0].protocol, Protocol::Beta);
+        assert_eq!(c.routes[0].budget_period, BudgetPeriod::Daily);
+        assert_eq!(c.prices[0].audio_output, 64.0);
+        assert_eq!(c.metering.unpriced, Unpriced::Block);
+        assert!(c.store.redis_url.is_some());
+    }
+}

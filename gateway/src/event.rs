@@ -1,0 +1,168 @@
+//! Realtime event helpers: finding an event's `type` without parsing the
+//! event, and building the gateway's own `error` events.
+//!
+//! The relay never parses and re-serialises what it forwards; it only needs
+//! the type of some frames (the first upstream event, the metered ones).
+//! [`event_type`] reads it from the leading bytes: the first key, or the
+//! second behind `event_id` (both the OpenAI server and its SDKs write one of
+//! those two shapes). Anything else falls back to a borrowing serde parse that
+//! skips every other value, which is still correct for any key order.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+
+/// The top-level `type` of a Realtime event, or `None` if `text` is not a
+/// JSON object with a string `type`.
+pub fn event_type(text: &str) -> Option<Cow<'_, str>> {
+    if let Some(t) = leading_type(text.as_bytes()) {
+        return Some(Cow::Borrowed(t_str(text, t)));
+    }
+    #[derive(Deserialize)]
+    struct Typed<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Cow<'a, str>,
+    }
+    serde_json::from_str::<Typed<'_>>(text).ok().map(|t| t.kind)
+}
+
+fn t_str(text: &str, (start, end): (usize, usize)) -> &str {
+    &text[start..end]
+}
+
+/// Byte range of the type value when it is the first key, or the second
+/// behind `event_id`, and holds no escapes.
+fn leading_type(b: &[u8]) -> Option<(usize, usize)> {
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    for _ in 0..2 {
+        i = skip_ws(b, i + 1);
+        let (ks, ke) = plain_string(b, i)?;
+        i = skip_ws(b, ke + 1);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let (vs, ve) = plain_string(b, i)?;
+        match &b[ks..ke] {
+            b"type" => return Some((vs, ve)),
+            b"event_id" => {
+                i = skip_ws(b, ve + 1);
+                if b.get(i) != Some(&b',') {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// A JSON string starting at `i` (the quote) without escapes: returns the
+/// byte range of its content.
+fn plain_string(b: &[u8], i: usize) -> Option<(usize, usize)> {
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let start = i + 1;
+    let len = b
+        .get(start..)?
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')?;
+    if b[start + len] == b'\\' {
+        return None;
+    }
+    Some((start, start + len))
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        i += 1;
+    }
+    i
+}
+
+/// A gateway-generated `error` event, in the shape the Realtime API uses.
+pub fn error_event(kind: &str, code: &str, message: &str) -> String {
+    serde_json::json!({
+        "type": "error",
+        "event_id": format!("event_patchbay_{}", crate::ids::short_id()),
+        "error": {
+            "type": kind,
+            "code": code,
+            "message": message,
+            "param": null,
+            "event_id": null,
+        }
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_as_first_key() {
+        assert_eq!(
+            event_type(r#"{"type":"session.created","event_id":"e1"}"#).as_deref(),
+            Some("session.created")
+        );
+    }
+
+    #[test]
+    fn type_behind_event_id() {
+        assert_eq!(
+            event_type(r#"{ "event_id" : "evt_1", "type" : "response.done", "response":{}}"#)
+                .as_deref(),
+            Some("response.done")
+        );
+    }
+
+    #[test]
+    fn type_elsewhere_is_found_by_the_fallback_and_nested_types_are_ignored() {
+        let t = r#"{"session":{"type":"realtime"},"event_id":"e","type":"session.updated"}"#;
+        assert_eq!(event_type(t).as_deref(), Some("session.updated"));
+        let t = r#"{"error":{"type":"invalid_request_error"},"type":"error"}"#;
+        assert_eq!(event_type(t).as_deref(), Some("error"));
+    }
+
+    #[test]
+    fn escaped_type_value_is_decoded() {
+        assert_eq!(event_type(r#"{"type":"a\u002eb"}"#).as_deref(), Some("a.b"));
+    }
+
+    #[test]
+    fn not_an_event() {
+        // The fast path reads only the leading bytes and does not validate
+        // the rest of a frame: a truncated `{"type":"x"` still yields "x".
+        for t in [
+            "",
+            "[]",
+            "{}",
+            "null",
+            "{\"type\":1}",
+            "{\"type\":",
+            "\u{0}",
+        ] {
+            assert_eq!(event_type(t), None, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn error_event_has_the_realtime_shape() {
+        let e: serde_json::Value =
+            serde_json::from_str(&error_event("invalid_request_error", "c", "m")).unwrap();
+        assert_eq!(e["type"], "error");
+        assert!(e["event_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("event_patchbay_"));
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+        assert_eq!(e["error"]["code"], "c");
+        assert_eq!(e["error"]["message"], "m");
+        assert!(e["error"]["param"].is_null());
+    }
+}

@@ -1,0 +1,237 @@
+//! Prometheus metrics (prefix `patchbay_`), served on the admin listener.
+//!
+//! Labels carry the route's model and an outcome or result, never a key or
+//! a key id. Histograms use buckets from 1 ms to 10 s, which cover a pooled
+//! session start (sub-millisecond to a few ms) and a cold upstream dial.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub model: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub model: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub model: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub model: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    pub model: String,
+    pub direction: String,
+    pub modality: String,
+}
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
+}
+
+type HistogramFamily = Family<ModelLabel, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub sessions_active: Family<ModelLabel, Gauge>,
+    pub sessions_total: Family<OutcomeLabels, Counter>,
+    pub upstream_dial_seconds: HistogramFamily,
+    pub session_setup_seconds: HistogramFamily,
+    pub pool_hits: Family<ModelLabel, Counter>,
+    pub pool_misses: Family<ReasonLabels, Counter>,
+    pub pool_warm_sockets: Family<ModelLabel, Gauge>,
+    pub pool_dials: Family<ResultLabels, Counter>,
+    pub refusals: Family<ReasonLabels, Counter>,
+    pub turns: Family<StatusLabels, Counter>,
+    pub tokens: Family<TokenLabels, Counter>,
+    pub cost_usd: Family<ModelLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
+    pub budget_blocks: Family<ModelLabel, Counter>,
+    pub rate_limit_blocks: Family<ModelLabel, Counter>,
+    pub client_disconnects: Family<ModelLabel, Counter>,
+    pub usage_records_dropped: Family<ModelLabel, Counter>,
+    pub store_errors: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("patchbay");
+        let m = Self {
+            sessions_active: Family::default(),
+            sessions_total: Family::default(),
+            upstream_dial_seconds: Family::new_with_constructor(seconds_histogram),
+            session_setup_seconds: Family::new_with_constructor(seconds_histogram),
+            pool_hits: Family::default(),
+            pool_misses: Family::default(),
+            pool_warm_sockets: Family::default(),
+            pool_dials: Family::default(),
+            refusals: Family::default(),
+            turns: Family::default(),
+            tokens: Family::default(),
+            cost_usd: Family::default(),
+            budget_blocks: Family::default(),
+            rate_limit_blocks: Family::default(),
+            client_disconnects: Family::default(),
+            usage_records_dropped: Family::default(),
+            store_errors: Counter::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "realtime_sessions_active",
+            "Live client sessions",
+            m.sessions_active.clone(),
+        );
+        r.register(
+            "realtime_sessions",
+            "Client sessions ended, by outcome",
+            m.sessions_total.clone(),
+        );
+        r.register(
+            "upstream_dial_seconds",
+            "Upstream connect + upgrade + session.created",
+            m.upstream_dial_seconds.clone(),
+        );
+        r.register(
+            "session_setup_seconds",
+            "Client upgrade to session.created sent to the client",
+            m.session_setup_seconds.clone(),
+        );
+        r.register(
+            "pool_hits",
+            "Sessions served a warm socket",
+            m.pool_hits.clone(),
+        );
+        r.register(
+            "pool_misses",
+            "Sessions that dialled fresh, by reason",
+            m.pool_misses.clone(),
+        );
+        r.register(
+            "pool_warm_sockets",
+            "Warm upstream sockets waiting",
+            m.pool_warm_sockets.clone(),
+        );
+        r.register("pool_dials", "Pool dials, by result", m.pool_dials.clone());
+        r.register(
+            "admission_refusals",
+            "Upgrades refused before any upstream dial, by reason",
+            m.refusals.clone(),
+        );
+        r.register(
+            "turns",
+            "Response turns metered, by status",
+            m.turns.clone(),
+        );
+        r.register("tokens", "Tokens metered", m.tokens.clone());
+        r.register("cost_usd", "Metered cost in USD", m.cost_usd.clone());
+        r.register(
+            "budget_blocks",
+            "Sessions refused or closed for a spent budget",
+            m.budget_blocks.clone(),
+        );
+        r.register(
+            "rate_limit_blocks",
+            "Sessions refused by rpm/tpm",
+            m.rate_limit_blocks.clone(),
+        );
+        r.register(
+            "client_disconnects",
+            "Clients that left without a close handshake",
+            m.client_disconnects.clone(),
+        );
+        r.register(
+            "usage_records_dropped",
+            "Turns dropped because the meter's channel was full",
+            m.usage_records_dropped.clone(),
+        );
+        r.register(
+            "store_errors",
+            "Failed or timed-out store calls (fail open)",
+            m.store_errors.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+pub fn model(m: &str) -> ModelLabel {
+    ModelLabel { model: m.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_carries_the_documented_names() {
+        let m = Metrics::new();
+        m.sessions_active.get_or_create(&model("m")).set(2);
+        m.sessions_total
+            .get_or_create(&OutcomeLabels {
+                model: "m".into(),
+                outcome: "client_closed".into(),
+            })
+            .inc();
+        m.upstream_dial_seconds
+            .get_or_create(&model("m"))
+            .observe(0.01);
+        let text = m.encode();
+        assert!(
+            text.contains("patchbay_realtime_sessions_active{model=\"m\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "patchbay_realtime_sessions_total{model=\"m\",outcome=\"client_closed\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("patchbay_upstream_dial_seconds_count{model=\"m\"} 1"),
+            "{text}"
+        );
+    }
+}

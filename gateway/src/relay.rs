@@ -1,0 +1,351 @@
+//! The splice: client ⇄ upstream until one side ends, then a clean close of
+//! both legs with the right codes.
+//!
+//! Guarantees:
+//! - Text and binary frames are forwarded as received (the `Utf8Bytes` /
+//!   `Bytes` buffers move, they are never parsed and re-serialised). The
+//!   [`Tap`] sees each upstream text frame by reference before it is sent.
+//! - Ping/Pong are hop-by-hop: each leg's peer is answered by tungstenite on
+//!   that leg, and the frames count as activity for the idle timeout.
+//! - A Close is forwarded with its code and reason; codes that may not be
+//!   sent on the wire (1005, 1006, 1015) become a bare close or 1011.
+//! - Each direction is its own future: a peer that stops reading stalls only
+//!   the direction towards it, and since a frame is read only after the
+//!   previous one was written and flushed, what the gateway holds per
+//!   direction is one message plus the sockets' kernel buffers. The kernel's
+//!   window then pushes back on the sender.
+//! - Oversize messages (`max_message_bytes`) end the session: the sender gets
+//!   1009, the other side 1011 (upstream too big) or 1001 (client too big).
+//! - No lock or atomic per frame apart from one relaxed store of the
+//!   last-activity time, read by the idle timer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::error::CapacityError;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
+
+/// How long a leg is given to answer our close before the socket is dropped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Sees upstream text frames on their way to the client.
+pub trait Tap {
+    fn on_upstream_text(&mut self, _text: &str) {}
+}
+
+impl Tap for () {}
+
+/// A request, from outside the relay, to end the session now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kill {
+    /// Close code for the client (1001 shutdown, 1008 policy).
+    pub code: u16,
+    pub reason: String,
+    /// An `error` event sent to the client before the close.
+    pub error_event: Option<String>,
+    /// Label for `realtime_sessions_total{outcome}`.
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum End {
+    /// The client sent a close; it was forwarded upstream.
+    ClientClosed(Option<u16>),
+    /// The upstream sent a close; it was forwarded to the client.
+    UpstreamClosed(Option<u16>),
+    /// The client's connection ended without a close handshake.
+    ClientGone,
+    /// The upstream's connection ended without a close handshake.
+    UpstreamGone,
+    ClientTooBig,
+    UpstreamTooBig,
+    IdleTimeout,
+    MaxDuration,
+    Killed(Kill),
+}
+
+impl End {
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            End::ClientClosed(_) => "client_closed",
+            End::UpstreamClosed(_) => "upstream_closed",
+            End::ClientGone => "client_gone",
+            End::UpstreamGone => "upstream_gone",
+            End::ClientTooBig => "client_message_too_big",
+            End::UpstreamTooBig => "upstream_message_too_big",
+            End::IdleTimeout => "idle_timeout",
+            End::MaxDuration => "max_duration",
+            End::Killed(k) => k.outcome,
+        }
+    }
+}
+
+/// How the session ended and the close code each leg saw (sent or received).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spliced {
+    pub end: End,
+    pub client_code: Option<u16>,
+    pub upstream_code: Option<u16>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub idle_timeout: Duration,
+    /// Deadline of the whole session (from its start, not the splice's).
+    pub deadline: Instant,
+}
+
+/// Frames the client sent before the upstream was ready, forwarded first.
+pub type Pending = Vec<Message>;
+
+pub async fn splice<C, U, T, K>(
+    client: WebSocketStream<C>,
+    upstream: WebSocketStream<U>,
+    pending: Pending,
+    limits: Limits,
+    tap: &mut T,
+    kill: K,
+) -> Spliced
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: Tap,
+    K: std::future::Future<Output = Kill>,
+{
+    let (mut c_tx, mut c_rx) = client.split();
+    let (mut u_tx, mut u_rx) = upstream.split();
+    let started = Instant::now();
+    let last_activity_ms = AtomicU64::new(0);
+
+    let end = {
+        let touch = || {
+            let ms = started.elapsed().as_millis() as u64;
+            last_activity_ms.store(ms, Ordering::Relaxed);
+        };
+        let client_to_upstream = async {
+            for msg in pending {
+                if u_tx.send(msg).await.is_err() {
+                    return End::UpstreamGone;
+                }
+            }
+            loop {
+                match c_rx.next().await {
+                    Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => {
+                        touch();
+                        if u_tx.send(msg).await.is_err() {
+                            return End::UpstreamGone;
+                        }
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => touch(),
+                    Some(Ok(Message::Close(frame))) => {
+                        let code = frame.as_ref().map(|f| u16::from(f.code));
+                        let _ = u_tx.send(Message::Close(sendable(frame))).await;
+                        return End::ClientClosed(code);
+                    }
+                    Some(Ok(Message::Frame(_))) => {}
+                    Some(Err(e)) if too_big(&e) => return End::ClientTooBig,
+                    Some(Err(_)) | None => return End::ClientGone,
+                }
+            }
+        };
+        let upstream_to_client = async {
+            loop {
+                match u_rx.next().await {
+                    Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => {
+                        touch();
+                        if let Message::Text(t) = &msg {
+                            tap.on_upstream_text(t);
+                        }
+                        if c_tx.send(msg).await.is_err() {
+                            return End::ClientGone;
+                        }
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => touch(),
+                    Some(Ok(Message::Close(frame))) => {
+                        let code = frame.as_ref().map(|f| u16::from(f.code));
+                        let _ = c_tx.send(Message::Close(sendable(frame))).await;
+                        return End::UpstreamClosed(code);
+                    }
+                    Some(Ok(Message::Frame(_))) => {}
+                    Some(Err(e)) if too_big(&e) => return End::UpstreamTooBig,
+                    Some(Err(_)) | None => return End::UpstreamGone,
+                }
+            }
+        };
+        let idle = async {
+            loop {
+                let last = Duration::from_millis(last_activity_ms.load(Ordering::Relaxed));
+                let due = started + last + limits.idle_timeout;
+                if Instant::now() >= due {
+                    return End::IdleTimeout;
+                }
+                tokio::time::sleep_until(due).await;
+            }
+        };
+        tokio::select! {
+            e = client_to_upstream => e,
+            e = upstream_to_client => e,
+            e = idle => e,
+            _ = tokio::time::sleep_until(limits.deadline) => End::MaxDuration,
+            k = kill => End::Killed(k),
+        }
+    };
+
+    let (client_code, upstream_code) = match &end {
+        End::ClientClosed(code) => {
+            // The close went upstream already; tungstenite queued the reply
+            // to the client. Flush it and let the upstream answer.
+            tokio::join!(
+                finish(&mut c_tx, &mut c_rx, None),
+                finish(&mut u_tx, &mut u_rx, None)
+            );
+            (*code, *code)
+        }
+        End::UpstreamClosed(code) => {
+            tokio::join!(
+                finish(&mut c_tx, &mut c_rx, None),
+                finish(&mut u_tx, &mut u_rx, None)
+            );
+            (*code, *code)
+        }
+        End::ClientGone => {
+            finish(
+                &mut u_tx,
+                &mut u_rx,
+                Some(close(1001, "client disconnected")),
+            )
+            .await;
+            (None, Some(1001))
+        }
+        End::UpstreamGone => {
+            finish(
+                &mut c_tx,
+                &mut c_rx,
+                Some(close(1011, "upstream connection lost")),
+            )
+            .await;
+            (Some(1011), None)
+        }
+        End::ClientTooBig => {
+            tokio::join!(
+                finish(&mut c_tx, &mut c_rx, Some(close(1009, "message too big"))),
+                finish(&mut u_tx, &mut u_rx, Some(close(1001, "client closed")))
+            );
+            (Some(1009), Some(1001))
+        }
+        End::UpstreamTooBig => {
+            tokio::join!(
+                finish(
+                    &mut c_tx,
+                    &mut c_rx,
+                    Some(close(1011, "upstream message too big"))
+                ),
+                finish(&mut u_tx, &mut u_rx, Some(close(1009, "message too big")))
+            );
+            (Some(1011), Some(1009))
+        }
+        End::IdleTimeout => {
+            tokio::join!(
+                finish(&mut c_tx, &mut c_rx, Some(close(1001, "idle timeout"))),
+                finish(&mut u_tx, &mut u_rx, Some(close(1001, "idle timeout")))
+            );
+            (Some(1001), Some(1001))
+        }
+        End::MaxDuration => {
+            let event = crate::event::error_event(
+                "invalid_request_error",
+                "session_expired",
+                "the session reached this gateway's maximum duration",
+            );
+            let _ = c_tx.feed(Message::text(event)).await;
+            tokio::join!(
+                finish(
+                    &mut c_tx,
+                    &mut c_rx,
+                    Some(close(1001, "maximum session duration"))
+                ),
+                finish(
+                    &mut u_tx,
+                    &mut u_rx,
+                    Some(close(1000, "maximum session duration"))
+                )
+            );
+            (Some(1001), Some(1000))
+        }
+        End::Killed(kill) => {
+            if let Some(event) = &kill.error_event {
+                let _ = c_tx.feed(Message::text(event.clone())).await;
+            }
+            let upstream_close = if kill.code == 1001 { 1001 } else { 1000 };
+            tokio::join!(
+                finish(&mut c_tx, &mut c_rx, Some(close(kill.code, &kill.reason))),
+                finish(
+                    &mut u_tx,
+                    &mut u_rx,
+                    Some(close(upstream_close, &kill.reason))
+                )
+            );
+            (Some(kill.code), Some(upstream_close))
+        }
+    };
+    Spliced {
+        end,
+        client_code,
+        upstream_code,
+    }
+}
+
+pub fn close(code: u16, reason: &str) -> CloseFrame {
+    CloseFrame {
+        code: CloseCode::from(code),
+        reason: reason.to_string().into(),
+    }
+}
+
+/// A received close frame made fit to send on: 1005/1006/1015 may not
+/// appear on the wire.
+fn sendable(frame: Option<CloseFrame>) -> Option<CloseFrame> {
+    match frame {
+        Some(f) => match u16::from(f.code) {
+            1005 => None,
+            1006 | 1015 => Some(close(1011, "upstream connection lost")),
+            _ => Some(f),
+        },
+        None => None,
+    }
+}
+
+fn too_big(e: &WsError) -> bool {
+    matches!(e, WsError::Capacity(CapacityError::MessageTooLong { .. }))
+}
+
+/// Sends our close (if any), flushes, then reads until the peer's close
+/// reply or EOF, at most [`CLOSE_GRACE`]. Reading the reply matters: closing
+/// a socket with unread data makes the kernel send a reset, which can
+/// destroy the close frame before the peer reads it.
+async fn finish<S>(
+    tx: &mut SplitSink<WebSocketStream<S>, Message>,
+    rx: &mut SplitStream<WebSocketStream<S>>,
+    frame: Option<CloseFrame>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let _ = tokio::time::timeout(CLOSE_GRACE, async {
+        match frame {
+            Some(f) => {
+                let _ = tx.send(Message::Close(Some(f))).await;
+            }
+            None => {
+                let _ = tx.flush().await;
+            }
+        }
+        while let Some(Ok(_)) = rx.next().await {}
+    })
+    .await;
+}

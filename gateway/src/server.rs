@@ -1,0 +1,297 @@
+//! The HTTP edges: the client listener (`GET /v1/realtime` WebSocket
+//! upgrades) and the admin listener (`/healthz`, `/readyz`, `/metrics`).
+//!
+//! hyper's HTTP/1 connection builder is used directly rather than a router:
+//! the gateway has one client route, and owning the accept loop gives the
+//! knobs it needs: a listen backlog of [`LISTEN_BACKLOG`] for connect bursts,
+//! `TCP_NODELAY` on every accepted socket, and a header read timeout
+//! (`upgrade_timeout_secs`) so half-open upgrades are dropped instead of
+//! piling up. Each connection is its own task, so a stalled one never delays
+//! another.
+//!
+//! Checks before the 101, in order: WebSocket handshake → 400; draining →
+//! 503; credential → 401; `?model=` → 400 missing / 404 unknown; then
+//! admission ([`crate::admission`]). Nothing is dialled before all pass.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+
+use crate::admission::Refusal;
+use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
+use crate::gateway::Gateway;
+use crate::metrics::{model, ReasonLabels};
+use crate::session::Session;
+
+/// Pending-connection queue length; connect bursts of hundreds of sessions
+/// must not overflow it (the kernel caps it at `net.core.somaxconn`).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Paths a Realtime client may use: OpenAI's, and Azure's two.
+const REALTIME_PATHS: [&str; 3] = ["/v1/realtime", "/openai/realtime", "/openai/v1/realtime"];
+
+type Body = Full<Bytes>;
+
+/// Binds with `SO_REUSEADDR` and a deep backlog.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+fn http1(gw: &Gateway) -> hyper::server::conn::http1::Builder {
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(
+            gw.config.server.upgrade_timeout_secs,
+        ))
+        .keep_alive(true);
+    b
+}
+
+pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
+    let builder = http1(&gw);
+    loop {
+        // Accepting goes on while draining, so that new upgrades get a clear
+        // 503 (and SDKs retry elsewhere) rather than a refused connection.
+        let (tcp, _peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: back off briefly rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let gw = gw.clone();
+        let conn = builder
+            .serve_connection(
+                TokioIo::new(tcp),
+                service_fn(move |req| {
+                    let gw = gw.clone();
+                    async move { Ok::<_, Infallible>(handle_client(req, gw)) }
+                }),
+            )
+            .with_upgrades();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+}
+
+pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
+    let builder = http1(&gw);
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let gw = gw.clone();
+        let conn = builder.serve_connection(
+            TokioIo::new(tcp),
+            service_fn(move |req| {
+                let gw = gw.clone();
+                async move { Ok::<_, Infallible>(handle_admin(&req, &gw)) }
+            }),
+        );
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+}
+
+fn handle_admin(req: &Request<Incoming>, gw: &Gateway) -> Response<Body> {
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if gw.is_ready() => text(StatusCode::OK, "ready\n"),
+        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, gw.metrics.encode());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            r
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+fn refuse(gw: &Gateway, model_name: &str, refusal: Refusal) -> Response<Body> {
+    gw.metrics
+        .refusals
+        .get_or_create(&ReasonLabels {
+            model: model_name.into(),
+            reason: refusal.code.into(),
+        })
+        .inc();
+    let mut r = text(refusal.status, refusal.body());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(after) = refusal.retry_after {
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(after.as_secs().max(1)),
+        );
+    }
+    r
+}
+
+fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
+    let has_token = |name: header::HeaderName, token: &str| {
+        req.headers().get_all(name).iter().any(|v| {
+            v.to_str()
+                .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+                .unwrap_or(false)
+        })
+    };
+    req.method() == Method::GET
+        && has_token(header::CONNECTION, "upgrade")
+        && has_token(header::UPGRADE, "websocket")
+        && req.headers().get(header::SEC_WEBSOCKET_VERSION) == Some(&HeaderValue::from_static("13"))
+        && req.headers().contains_key(header::SEC_WEBSOCKET_KEY)
+}
+
+fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body> {
+    let started = Instant::now();
+    if !REALTIME_PATHS.contains(&req.uri().path()) {
+        let r = Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            format!(
+                "no route for {}; use GET /v1/realtime?model=…",
+                req.uri().path()
+            ),
+        );
+        return refuse(&gw, "", r);
+    }
+    if !is_websocket_upgrade(&req) {
+        let r = Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "websocket_required",
+            "this endpoint only accepts WebSocket upgrades (GET with Upgrade: websocket, version 13)",
+        );
+        return refuse(&gw, "", r);
+    }
+    if gw.sessions.is_draining() {
+        return refuse(&gw, "", Refusal::draining());
+    }
+    let presented = presented_key(req.headers());
+    let keys = gw.keys.get();
+    let key = match presented.key.as_ref().map(|k| keys.lookup(k)) {
+        None => {
+            return refuse(
+                &gw,
+                "",
+                Refusal::unauthorized(
+                    "missing API key: send Authorization: Bearer <key>, api-key, or the openai-insecure-api-key subprotocol",
+                ),
+            )
+        }
+        Some(None) => return refuse(&gw, "", Refusal::unauthorized("incorrect API key provided")),
+        Some(Some(k)) if k.disabled => {
+            return refuse(&gw, "", Refusal::unauthorized("this API key is disabled"))
+        }
+        Some(Some(k)) => k.clone(),
+    };
+    let wants_realtime = presented.wants_realtime_subprotocol;
+    drop(presented);
+    let query = req.uri().query().unwrap_or("");
+    let model_name = url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "model" || k == "deployment")
+        .map(|(_, v)| v.into_owned())
+        .filter(|m| !m.is_empty());
+    let Some(model_name) = model_name else {
+        let r = Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "missing_model",
+            "missing required query parameter: model",
+        );
+        return refuse(&gw, "", r);
+    };
+    let Some(route) = gw.route(&model_name).cloned() else {
+        let r = Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("the model '{model_name}' is not served by this gateway"),
+        );
+        return refuse(&gw, "", r);
+    };
+    let gauge = gw
+        .metrics
+        .sessions_active
+        .get_or_create(&model(&model_name))
+        .clone();
+    let permit = match gw.sessions.admit(
+        gw.config.limits.max_sessions,
+        &key.id,
+        key.max_sessions,
+        gauge,
+    ) {
+        Ok(p) => p,
+        Err(r) => return refuse(&gw, &model_name, r),
+    };
+
+    // Everything passed: answer 101 and run the session in a tracked task.
+    let accept = req
+        .headers()
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| derive_accept_key(k.as_bytes()))
+        .unwrap_or_default();
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let session = Session {
+        id: crate::ids::short_id(),
+        gateway: gw.clone(),
+        route,
+        key,
+        permit,
+        started,
+    };
+    gw.tasks.spawn(session.run(on_upgrade));
+
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    if wants_realtime {
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static(SUBPROTOCOL_REALTIME),
+        );
+    }
+    r
+}

@@ -1,0 +1,620 @@
+//! A simulated OpenAI Realtime upstream (GA protocol, beta names when the
+//! client sends `OpenAI-Beta: realtime=v1`), for the demo, the tests and the
+//! benchmarks. Event shapes follow openai-python's
+//! `src/openai/types/realtime/*.py`.
+//!
+//! Behaviour per connection: optional upgrade delay (before the 101), key
+//! check (`Authorization: Bearer` or `api-key`), `session.created` after the
+//! session delay, then:
+//! - `session.update` → `session.updated`;
+//! - `conversation.item.create` → `conversation.item.added` + `.done`
+//!   (beta: `conversation.item.created`);
+//! - `input_audio_buffer.commit` → `input_audio_buffer.committed`,
+//!   `conversation.item.added`, then
+//!   `conversation.item.input_audio_transcription.completed` with token usage;
+//! - `response.create` → `response.created`, after the inference delay N
+//!   `response.output_audio.delta` (base64 PCM16 silence of a set size) each
+//!   followed by a `response.output_audio_transcript.delta`, the `.done`
+//!   events and `response.done` with deterministic usage ([`usage_for`]);
+//! - `response.cancel` → the response in flight ends `cancelled`.
+//!
+//! Faults ([`SimFault`]): refuse the upgrade with a status, send an `error`
+//! as the first event, drop the TCP connection mid-response, or close with a
+//! given code after a response. [`SimHandle`] exposes counters and commands
+//! (ping or close every open session) for tests.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use futures_util::{SinkExt, StreamExt};
+use http::StatusCode;
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::broadcast;
+use tokio_tungstenite::tungstenite::handshake::server::{
+    Callback, ErrorResponse, Request, Response,
+};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Bytes, Message};
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::either::Either;
+use tokio_util::sync::CancellationToken;
+
+use crate::event::event_type;
+
+/// Tokens the simulator reports per audio delta it sent.
+pub const AUDIO_TOKENS_PER_DELTA: u64 = 10;
+/// Text (transcript) output tokens per response.
+pub const TEXT_OUTPUT_TOKENS: u64 = 12;
+
+#[derive(Debug, Clone)]
+pub enum SimFault {
+    /// Answer the upgrade with this HTTP status and an OpenAI-style body.
+    Refuse { status: u16 },
+    /// Send an `error` event instead of `session.created`, then close.
+    ErrorFirst,
+    /// Drop the TCP connection (no close frame) after this many audio deltas.
+    DropMidResponse { after_deltas: usize },
+    /// Close with this code and reason after each `response.done`.
+    CloseAfterResponse { code: u16, reason: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Accepted upstream keys; empty accepts any non-empty key.
+    pub keys: Vec<String>,
+    pub upgrade_delay: Duration,
+    pub session_delay: Duration,
+    /// `response.create` → first audio delta.
+    pub inference_delay: Duration,
+    pub audio_deltas: usize,
+    /// Decoded bytes of audio per delta (PCM16 24 kHz: 2400 bytes = 50 ms).
+    pub audio_delta_bytes: usize,
+    pub delta_interval: Duration,
+    pub fault: Option<SimFault>,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub max_message_bytes: usize,
+    /// Keep a copy of every text frame sent, in [`SimStats::sent`].
+    pub record: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            upgrade_delay: Duration::ZERO,
+            session_delay: Duration::ZERO,
+            inference_delay: Duration::ZERO,
+            audio_deltas: 5,
+            audio_delta_bytes: 2400,
+            delta_interval: Duration::ZERO,
+            fault: None,
+            tls: None,
+            max_message_bytes: 64 << 20,
+            record: false,
+        }
+    }
+}
+
+/// Counters a test can read.
+#[derive(Debug, Default)]
+pub struct SimStats {
+    pub tcp_accepted: AtomicU64,
+    pub upgrades: AtomicU64,
+    pub refused: AtomicU64,
+    pub sessions_active: AtomicUsize,
+    pub audio_bytes_sent: AtomicU64,
+    pub responses_done: AtomicU64,
+    /// Close codes received from clients (the gateway's upstream leg).
+    pub close_codes: Mutex<Vec<u16>>,
+    /// The credential headers of every upgrade request, as received.
+    pub auth_headers: Mutex<Vec<String>>,
+    /// Text frames sent, when [`SimConfig::record`] is set.
+    pub sent: Mutex<Vec<String>>,
+    pub pongs: AtomicU64,
+    /// While set, every upgrade is refused with 401 (see [`SimHandle::set_refusing`]).
+    pub refusing: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug, Clone)]
+enum Command {
+    Ping,
+    Close(u16),
+}
+
+/// A running simulator.
+#[derive(Debug, Clone)]
+pub struct SimHandle {
+    pub addr: SocketAddr,
+    pub stats: Arc<SimStats>,
+    commands: broadcast::Sender<Command>,
+    shutdown: CancellationToken,
+}
+
+impl SimHandle {
+    /// `ws://addr/v1/realtime` (or `wss://` with TLS).
+    pub fn url(&self, tls: bool) -> String {
+        let scheme = if tls { "wss" } else { "ws" };
+        format!("{scheme}://{}/v1/realtime", self.addr)
+    }
+
+    /// Sends a Ping to every open session.
+    pub fn ping_all(&self) {
+        let _ = self.commands.send(Command::Ping);
+    }
+
+    /// Closes every open session with `code`.
+    pub fn close_all(&self, code: u16) {
+        let _ = self.commands.send(Command::Close(code));
+    }
+
+    /// Refuse (401) or accept new upgrades from now on.
+    pub fn set_refusing(&self, refusing: bool) {
+        self.stats.refusing.store(refusing, Ordering::Relaxed);
+    }
+
+    pub fn stop(&self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Binds and serves until [`SimHandle::stop`].
+pub async fn start(listen: SocketAddr, config: SimConfig) -> std::io::Result<SimHandle> {
+    let listener = crate::server::bind(listen)?;
+    let addr = listener.local_addr()?;
+    let (commands, _) = broadcast::channel(16);
+    let handle = SimHandle {
+        addr,
+        stats: Arc::default(),
+        commands,
+        shutdown: CancellationToken::new(),
+    };
+    tokio::spawn(accept_loop(listener, Arc::new(config), handle.clone()));
+    Ok(handle)
+}
+
+async fn accept_loop(listener: TcpListener, config: Arc<SimConfig>, handle: SimHandle) {
+    loop {
+        let accepted = tokio::select! {
+            _ = handle.shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((tcp, _)) = accepted else { continue };
+        let _ = tcp.set_nodelay(true);
+        handle.stats.tcp_accepted.fetch_add(1, Ordering::Relaxed);
+        let config = config.clone();
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let shutdown = handle.shutdown.clone();
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = connection(tcp, config, handle) => {}
+            }
+        });
+    }
+}
+
+type SimIo = Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>;
+
+async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
+    let io: SimIo = match &config.tls {
+        Some(tls) => match tokio_rustls::TlsAcceptor::from(tls.clone())
+            .accept(tcp)
+            .await
+        {
+            Ok(s) => Either::Right(s),
+            Err(_) => return,
+        },
+        None => Either::Left(tcp),
+    };
+    if !config.upgrade_delay.is_zero() {
+        tokio::time::sleep(config.upgrade_delay).await;
+    }
+    let mut beta = false;
+    let check = UpgradeCheck {
+        config: &config,
+        stats: &handle.stats,
+        beta: &mut beta,
+    };
+    let ws_config = WebSocketConfig::default()
+        .max_message_size(Some(config.max_message_bytes))
+        .max_frame_size(Some(config.max_message_bytes));
+    let ws = match tokio_tungstenite::accept_hdr_async_with_config(io, check, Some(ws_config)).await
+    {
+        Ok(ws) => ws,
+        Err(_) => {
+            handle.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
+    handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
+    let mut session = Session::new(config, handle.clone(), beta);
+    session.run(ws).await;
+    handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The upgrade's key check (a `Callback` rather than a closure: the return
+/// type is tungstenite's, fixed by the trait).
+struct UpgradeCheck<'a> {
+    config: &'a SimConfig,
+    stats: &'a SimStats,
+    beta: &'a mut bool,
+}
+
+impl Callback for UpgradeCheck<'_> {
+    fn on_request(self, req: &Request, resp: Response) -> Result<Response, ErrorResponse> {
+        let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+        let key = header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| header("api-key"))
+            .unwrap_or("");
+        if let Ok(mut seen) = self.stats.auth_headers.lock() {
+            seen.push(key.to_string());
+        }
+        *self.beta = header("openai-beta") == Some("realtime=v1");
+        if let Some(SimFault::Refuse { status }) = &self.config.fault {
+            return Err(refusal(*status, "simulated refusal"));
+        }
+        if self.stats.refusing.load(Ordering::Relaxed) {
+            return Err(refusal(401, "Incorrect API key provided."));
+        }
+        let known = self.config.keys.is_empty() || self.config.keys.iter().any(|k| k == key);
+        if key.is_empty() || !known {
+            return Err(refusal(401, "Incorrect API key provided."));
+        }
+        Ok(resp)
+    }
+}
+
+fn refusal(status: u16, message: &str) -> ErrorResponse {
+    let code = match status {
+        401 => "invalid_api_key",
+        429 => "rate_limit_exceeded",
+        _ => "server_error",
+    };
+    let body = json!({"error": {"message": message, "type": "invalid_request_error", "code": code, "param": null}});
+    let mut resp = http::Response::new(Some(body.to_string()));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    if status == 429 {
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("2"),
+        );
+    }
+    resp
+}
+
+/// Deterministic usage of the `n`-th response (1-based) of a session.
+pub fn usage_for(n: u64, audio_deltas: usize) -> Value {
+    let text_in = 20 + 5 * n;
+    let audio_in = 100;
+    let cached = if n > 1 { 64 } else { 0 };
+    let text_out = TEXT_OUTPUT_TOKENS;
+    let audio_out = AUDIO_TOKENS_PER_DELTA * audio_deltas as u64;
+    let input = text_in + audio_in;
+    let output = text_out + audio_out;
+    json!({
+        "total_tokens": input + output,
+        "input_tokens": input,
+        "output_tokens": output,
+        "input_token_details": {
+            "text_tokens": text_in,
+            "audio_tokens": audio_in,
+            "image_tokens": 0,
+            "cached_tokens": cached,
+            "cached_tokens_details": {"text_tokens": 0, "audio_tokens": cached, "image_tokens": 0}
+        },
+        "output_token_details": {"text_tokens": text_out, "audio_tokens": audio_out}
+    })
+}
+
+struct Session {
+    config: Arc<SimConfig>,
+    handle: SimHandle,
+    beta: bool,
+    id: String,
+    seq: u64,
+    responses: u64,
+    items: u64,
+}
+
+type Ws = WebSocketStream<SimIo>;
+
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Session {
+    fn new(config: Arc<SimConfig>, handle: SimHandle, beta: bool) -> Self {
+        Self {
+            config,
+            handle,
+            beta,
+            id: format!("sess_{}", crate::ids::short_id()),
+            seq: 0,
+            responses: 0,
+            items: 0,
+        }
+    }
+
+    fn event_id(&mut self) -> String {
+        self.seq += 1;
+        format!("event_{}_{}", &self.id[5..13], self.seq)
+    }
+
+    async fn send(&mut self, ws: &mut Ws, mut event: Value) -> bool {
+        event["event_id"] = Value::String(self.event_id());
+        let text = event.to_string();
+        if self.config.record {
+            if let Ok(mut sent) = self.handle.stats.sent.lock() {
+                sent.push(text.clone());
+            }
+        }
+        ws.send(Message::text(text)).await.is_ok()
+    }
+
+    async fn run(&mut self, mut ws: Ws) {
+        let mut commands = self.handle.commands.subscribe();
+        if !self.config.session_delay.is_zero() {
+            tokio::time::sleep(self.config.session_delay).await;
+        }
+        if let Some(SimFault::ErrorFirst) = self.config.fault {
+            let error = json!({"type": "error", "error": {"type": "invalid_request_error",
+                "code": "simulated_error", "message": "simulated first-event error",
+                "param": null, "event_id": null}});
+            self.send(&mut ws, error).await;
+            let _ = ws.close(None).await;
+            return;
+        }
+        let created = json!({"type": "session.created", "session": self.session_object()});
+        if !self.send(&mut ws, created).await {
+            return;
+        }
+        loop {
+            tokio::select! {
+                cmd = commands.recv() => match cmd {
+                    Ok(Command::Ping) => { let _ = ws.send(Message::Ping(Bytes::from_static(b"sim"))).await; }
+                    Ok(Command::Close(code)) => { close(&mut ws, code, "simulator closed the session").await; return; }
+                    Err(_) => {}
+                },
+                msg = ws.next() => match msg {
+                    Some(Ok(Message::Text(text))) => {
+                        if let Flow::Stop = self.on_event(&mut ws, &text).await { return; }
+                    }
+                    Some(Ok(Message::Close(frame))) => {
+                        if let (Some(f), Ok(mut codes)) = (frame, self.handle.stats.close_codes.lock()) {
+                            codes.push(u16::from(f.code));
+                        }
+                        let _ = ws.close(None).await;
+                        return;
+                    }
+                    Some(Ok(Message::Pong(_))) => {
+                        self.handle.stats.pongs.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => return,
+                },
+            }
+        }
+    }
+
+    fn session_object(&self) -> Value {
+        json!({
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": self.id,
+            "model": "gpt-realtime",
+            "output_modalities": ["audio"],
+            "instructions": "You are a helpful assistant.",
+            "tools": [],
+            "tool_choice": "auto",
+            "max_output_tokens": "inf",
+            "tracing": null,
+            "prompt": null,
+            "expires_at": 0,
+            "audio": {
+                "input": {"format": {"type": "audio/pcm", "rate": 24000}, "transcription": null,
+                          "noise_reduction": null,
+                          "turn_detection": {"type": "server_vad", "threshold": 0.5,
+                                              "prefix_padding_ms": 300, "silence_duration_ms": 200}},
+                "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy", "speed": 1.0}
+            },
+            "include": null
+        })
+    }
+
+    fn name<'a>(&self, ga: &'a str, beta: &'a str) -> &'a str {
+        if self.beta {
+            beta
+        } else {
+            ga
+        }
+    }
+
+    async fn on_event(&mut self, ws: &mut Ws, text: &str) -> Flow {
+        let kind = event_type(text).map(|t| t.into_owned());
+        let ok = match kind.as_deref() {
+            Some("session.update") => {
+                let mut session = self.session_object();
+                if let Ok(v) = serde_json::from_str::<Value>(text) {
+                    if let Some(instr) = v["session"]["instructions"].as_str() {
+                        session["instructions"] = Value::String(instr.into());
+                    }
+                }
+                self.send(ws, json!({"type": "session.updated", "session": session}))
+                    .await
+            }
+            Some("conversation.item.create") => {
+                self.items += 1;
+                let item = json!({"id": format!("item_{}", self.items), "type": "message",
+                    "object": "realtime.item", "status": "completed", "role": "user",
+                    "content": [{"type": "input_text", "text": "hello"}]});
+                let added = self.name("conversation.item.added", "conversation.item.created");
+                let ok = self
+                    .send(
+                        ws,
+                        json!({"type": added, "previous_item_id": null, "item": item.clone()}),
+                    )
+                    .await;
+                if ok && !self.beta {
+                    self.send(ws, json!({"type": "conversation.item.done", "previous_item_id": null, "item": item}))
+                        .await
+                } else {
+                    ok
+                }
+            }
+            Some("input_audio_buffer.commit") => {
+                self.items += 1;
+                let item_id = format!("item_{}", self.items);
+                let item = json!({"id": item_id, "type": "message", "object": "realtime.item",
+                    "status": "completed", "role": "user",
+                    "content": [{"type": "input_audio", "transcript": null}]});
+                let added = self.name("conversation.item.added", "conversation.item.created");
+                self.send(ws, json!({"type": "input_audio_buffer.committed", "previous_item_id": null, "item_id": item_id}))
+                    .await
+                    && self.send(ws, json!({"type": added, "previous_item_id": null, "item": item})).await
+                    && self
+                        .send(ws, json!({
+                            "type": "conversation.item.input_audio_transcription.completed",
+                            "item_id": item_id, "content_index": 0, "transcript": "hello there",
+                            "usage": {"type": "tokens", "input_tokens": 30, "output_tokens": 5,
+                                      "total_tokens": 35,
+                                      "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}
+                        }))
+                        .await
+            }
+            Some("response.create") => return self.respond(ws).await,
+            Some(_) => true,
+            None => {
+                let error = json!({"type": "error", "error": {"type": "invalid_request_error",
+                    "code": "invalid_json", "message": "The event could not be parsed.",
+                    "param": null, "event_id": null}});
+                self.send(ws, error).await
+            }
+        };
+        if ok {
+            Flow::Continue
+        } else {
+            Flow::Stop
+        }
+    }
+
+    async fn respond(&mut self, ws: &mut Ws) -> Flow {
+        self.responses += 1;
+        let n = self.responses;
+        let resp_id = format!("resp_{}_{n}", &self.id[5..13]);
+        let item_id = format!("item_out_{n}");
+        let response = |status: &str, usage: Value| {
+            json!({"object": "realtime.response", "id": resp_id, "status": status,
+                   "status_details": null, "output": [], "conversation_id": "conv_sim",
+                   "output_modalities": ["audio"], "max_output_tokens": "inf",
+                   "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy"}},
+                   "usage": usage, "metadata": null})
+        };
+        if !self
+            .send(ws, json!({"type": "response.created", "response": response("in_progress", Value::Null)}))
+            .await
+        {
+            return Flow::Stop;
+        }
+        if !self.config.inference_delay.is_zero() {
+            tokio::time::sleep(self.config.inference_delay).await;
+        }
+        let audio =
+            base64::engine::general_purpose::STANDARD
+                .encode(vec![0u8; self.config.audio_delta_bytes]);
+        let audio_delta = self.name("response.output_audio.delta", "response.audio.delta");
+        let transcript_delta = self.name(
+            "response.output_audio_transcript.delta",
+            "response.audio_transcript.delta",
+        );
+        for i in 0..self.config.audio_deltas {
+            if let Some(SimFault::DropMidResponse { after_deltas }) = self.config.fault {
+                if i == after_deltas {
+                    // Drop the TCP connection without a close frame.
+                    return Flow::Stop;
+                }
+            }
+            let delta = json!({"type": audio_delta, "response_id": resp_id, "item_id": item_id,
+                "output_index": 0, "content_index": 0, "delta": audio});
+            if !self.send(ws, delta).await {
+                return Flow::Stop;
+            }
+            self.handle
+                .stats
+                .audio_bytes_sent
+                .fetch_add(audio.len() as u64, Ordering::Relaxed);
+            let t = json!({"type": transcript_delta, "response_id": resp_id, "item_id": item_id,
+                "output_index": 0, "content_index": 0, "delta": "la "});
+            if !self.send(ws, t).await {
+                return Flow::Stop;
+            }
+            if !self.config.delta_interval.is_zero() {
+                tokio::time::sleep(self.config.delta_interval).await;
+            }
+        }
+        let audio_done = self.name("response.output_audio.done", "response.audio.done");
+        let transcript_done = self.name(
+            "response.output_audio_transcript.done",
+            "response.audio_transcript.done",
+        );
+        let ok = self
+            .send(
+                ws,
+                json!({"type": audio_done, "response_id": resp_id, "item_id": item_id,
+                "output_index": 0, "content_index": 0}),
+            )
+            .await
+            && self
+                .send(
+                    ws,
+                    json!({"type": transcript_done, "response_id": resp_id, "item_id": item_id,
+                    "output_index": 0, "content_index": 0, "transcript": "la la la"}),
+                )
+                .await
+            && self
+                .send(
+                    ws,
+                    json!({"type": "response.done",
+                    "response": response("completed", usage_for(n, self.config.audio_deltas))}),
+                )
+                .await;
+        if !ok {
+            return Flow::Stop;
+        }
+        self.handle
+            .stats
+            .responses_done
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(SimFault::CloseAfterResponse { code, reason }) = &self.config.fault {
+            let (code, reason) = (*code, reason.clone());
+            close(ws, code, &reason).await;
+            return Flow::Stop;
+        }
+        Flow::Continue
+    }
+}
+
+async fn close(ws: &mut Ws, code: u16, reason: &str) {
+    let _ = ws
+        .close(Some(CloseFrame {
+            code: CloseCode::from(code),
+            reason: reason.to_string().into(),
+        }))
+        .await;
+    // Drain until the peer answers the close (or goes away).
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+}

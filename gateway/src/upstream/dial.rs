@@ -1,0 +1,448 @@
+//! Dialling the upstream Realtime API and reading its `session.created`.
+//!
+//! [`Upstream`] is built once per route at start (URL, headers, TLS config)
+//! and [`Upstream::dial`] returns a [`Warm`] socket: connected, upgraded, and
+//! past its first event, which must be `session.created`. That event is kept
+//! as received so the client gets it byte-for-byte, whether the socket came
+//! from the pool or from a fresh dial.
+//!
+//! Every network wait is bounded by the route's `upgrade_timeout` (connect,
+//! TLS, upgrade, first event, each). `TCP_NODELAY` is set (Nagle would hold
+//! small audio deltas back for tens of milliseconds), and no
+//! `Sec-WebSocket-Extensions` is offered, so permessage-deflate is never
+//! negotiated. The upstream key is a sensitive header value: `http`'s `Debug`
+//! prints it as `Sensitive`, and [`Upstream`]'s own `Debug` leaves it out.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use http::{HeaderName, HeaderValue, Request};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::either::Either;
+use url::Url;
+
+use crate::config::{Protocol, Provider, RouteConfig};
+use crate::event::event_type;
+use crate::upstream::tls;
+
+pub type UpstreamIo = Either<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
+pub type UpstreamSocket = WebSocketStream<UpstreamIo>;
+
+/// How much of a refusal's body is kept for the client's error message.
+const REFUSAL_BODY_MAX: usize = 512;
+
+/// An upstream socket that has received `session.created` and nothing else.
+pub struct Warm {
+    pub ws: UpstreamSocket,
+    /// The `session.created` frame exactly as the upstream sent it.
+    pub session_created: Utf8Bytes,
+    /// When the upstream session started (its expiry clock runs from here).
+    pub connected_at: Instant,
+}
+
+impl fmt::Debug for Warm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Warm")
+            .field("connected_at", &self.connected_at)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("cannot connect to {authority}: {source}")]
+    Connect {
+        authority: String,
+        source: std::io::Error,
+    },
+    #[error("timed out during {phase}")]
+    Timeout { phase: &'static str },
+    #[error("TLS handshake failed: {source}")]
+    Tls { source: std::io::Error },
+    #[error("upstream refused the connection: HTTP {status}{}", body_suffix(.body))]
+    Refused {
+        status: u16,
+        retry_after: Option<String>,
+        body: String,
+    },
+    #[error("WebSocket handshake failed: {message}")]
+    Handshake { message: String },
+    #[error("upstream's first event was {} instead of session.created", .event_type.as_deref().unwrap_or("not an event"))]
+    FirstEvent {
+        event_type: Option<String>,
+        /// The offending text frame, forwarded to the client as is.
+        frame: Option<Utf8Bytes>,
+    },
+    #[error("upstream closed before session.created (code {code:?})")]
+    ClosedEarly { code: Option<u16> },
+}
+
+fn body_suffix(body: &str) -> String {
+    if body.is_empty() {
+        String::new()
+    } else {
+        format!(": {body}")
+    }
+}
+
+impl DialError {
+    /// Label for `patchbay_pool_dials_total{result}` and the dial histogram.
+    pub fn result_label(&self) -> &'static str {
+        match self {
+            DialError::Connect { .. } | DialError::Tls { .. } | DialError::Handshake { .. } => {
+                "unreachable"
+            }
+            DialError::Timeout { .. } => "timeout",
+            DialError::Refused { .. } => "refused",
+            DialError::FirstEvent { .. } | DialError::ClosedEarly { .. } => "bad_first_event",
+        }
+    }
+}
+
+/// One route's upstream, ready to dial.
+#[derive(Clone)]
+pub struct Upstream {
+    url: Url,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    tls: Option<(TlsConnector, rustls_pki_types::ServerName<'static>)>,
+    host: String,
+    port: u16,
+    timeout: Duration,
+    ws_config: WebSocketConfig,
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Upstream")
+            .field("url", &self.url.as_str())
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    pub fn new(
+        route: &RouteConfig,
+        timeout: Duration,
+        max_message_bytes: usize,
+    ) -> Result<Self, String> {
+        let url = upstream_url(route)?;
+        let headers = upstream_headers(route)?;
+        let host = url
+            .host_str()
+            .ok_or("upstream URL has no host")?
+            .to_string();
+        let port = url
+            .port_or_known_default()
+            .ok_or("upstream URL has no port")?;
+        let tls = if url.scheme() == "wss" {
+            let config = tls::client_config(route.ca_file.as_deref()).map_err(|e| e.to_string())?;
+            let name = rustls_pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| format!("invalid TLS server name {host}: {e}"))?;
+            Some((TlsConnector::from(config), name))
+        } else {
+            None
+        };
+        let ws_config = WebSocketConfig::default()
+            .max_message_size(Some(max_message_bytes))
+            .max_frame_size(Some(max_message_bytes));
+        Ok(Self {
+            url,
+            headers,
+            tls,
+            host,
+            port,
+            timeout,
+            ws_config,
+        })
+    }
+
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// Connects, upgrades and reads `session.created`.
+    pub async fn dial(&self) -> Result<Warm, DialError> {
+        let ws = self.connect().await?;
+        read_session_created(ws, self.timeout).await
+    }
+
+    /// Connects and upgrades; the first event is not read yet.
+    pub async fn connect(&self) -> Result<UpstreamSocket, DialError> {
+        let authority = format!("{}:{}", self.host, self.port);
+        let tcp = within(self.timeout, "connect", TcpStream::connect(&authority))
+            .await?
+            .map_err(|source| DialError::Connect {
+                authority: authority.clone(),
+                source,
+            })?;
+        // Nagle would hold small frames back; never fatal if it fails.
+        let _ = tcp.set_nodelay(true);
+        let io = match &self.tls {
+            Some((connector, name)) => {
+                let tls = within(self.timeout, "tls", connector.connect(name.clone(), tcp))
+                    .await?
+                    .map_err(|source| DialError::Tls { source })?;
+                Either::Right(tls)
+            }
+            None => Either::Left(tcp),
+        };
+        let request = self.request()?;
+        let (ws, _response) = within(
+            self.timeout,
+            "upgrade",
+            tokio_tungstenite::client_async_with_config(request, io, Some(self.ws_config)),
+        )
+        .await?
+        .map_err(handshake_error)?;
+        Ok(ws)
+    }
+
+    fn request(&self) -> Result<Request<()>, DialError> {
+        let mut request =
+            self.url
+                .as_str()
+                .into_client_request()
+                .map_err(|e| DialError::Handshake {
+                    message: e.to_string(),
+                })?;
+        for (name, value) in &self.headers {
+            request.headers_mut().insert(name.clone(), value.clone());
+        }
+        Ok(request)
+    }
+}
+
+async fn within<F: std::future::Future>(
+    timeout: Duration,
+    phase: &'static str,
+    fut: F,
+) -> Result<F::Output, DialError> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| DialError::Timeout { phase })
+}
+
+fn handshake_error(e: WsError) -> DialError {
+    match e {
+        WsError::Http(response) => {
+            let retry_after = response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let body = response
+                .body()
+                .as_deref()
+                .map(|b| {
+                    let end = b.len().min(REFUSAL_BODY_MAX);
+                    String::from_utf8_lossy(&b[..end]).trim().to_string()
+                })
+                .unwrap_or_default();
+            DialError::Refused {
+                status: response.status().as_u16(),
+                retry_after,
+                body,
+            }
+        }
+        other => DialError::Handshake {
+            message: other.to_string(),
+        },
+    }
+}
+
+/// Reads the first event; it must be `session.created`. Pings before it are
+/// answered (tungstenite queues the pong) and skipped.
+pub async fn read_session_created(
+    mut ws: UpstreamSocket,
+    timeout: Duration,
+) -> Result<Warm, DialError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let next = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .map_err(|_| DialError::Timeout {
+                phase: "session.created",
+            })?;
+        match next {
+            Some(Ok(Message::Text(text))) => {
+                return match event_type(&text).as_deref() {
+                    Some("session.created") => Ok(Warm {
+                        ws,
+                        session_created: text,
+                        connected_at: Instant::now(),
+                    }),
+                    other => Err(DialError::FirstEvent {
+                        event_type: other.map(str::to_string),
+                        frame: Some(text),
+                    }),
+                };
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Close(frame))) => {
+                return Err(DialError::ClosedEarly {
+                    code: frame.map(|f| u16::from(f.code)),
+                })
+            }
+            Some(Ok(Message::Binary(_) | Message::Frame(_))) => {
+                return Err(DialError::FirstEvent {
+                    event_type: None,
+                    frame: None,
+                })
+            }
+            Some(Err(e)) => {
+                return Err(DialError::Handshake {
+                    message: e.to_string(),
+                })
+            }
+            None => return Err(DialError::ClosedEarly { code: None }),
+        }
+    }
+}
+
+/// The upstream URL with the model (OpenAI, Azure GA) or deployment (Azure
+/// preview) in the query; other query parameters (`api-version`) are kept.
+pub fn upstream_url(route: &RouteConfig) -> Result<Url, String> {
+    let mut url =
+        Url::parse(&route.upstream_url).map_err(|e| format!("invalid upstream_url: {e}"))?;
+    let param = match route.provider {
+        Provider::Azure if !url.path().ends_with("/openai/v1/realtime") => "deployment",
+        _ => "model",
+    };
+    let kept: Vec<(String, String)> = url
+        .query_pairs()
+        .filter(|(k, _)| k != param)
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    url.query_pairs_mut()
+        .clear()
+        .extend_pairs(kept)
+        .append_pair(param, route.upstream_model());
+    Ok(url)
+}
+
+/// Authentication and protocol headers for the upstream request.
+pub fn upstream_headers(route: &RouteConfig) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    let key = route.api_key.expose();
+    let (name, value) = match route.provider {
+        Provider::Openai => (http::header::AUTHORIZATION, format!("Bearer {key}")),
+        Provider::Azure => (HeaderName::from_static("api-key"), key.to_string()),
+    };
+    let mut value = HeaderValue::from_str(&value)
+        .map_err(|_| "the upstream key holds characters not allowed in a header".to_string())?;
+    value.set_sensitive(true);
+    let mut headers = vec![(name, value)];
+    if route.protocol == Protocol::Beta {
+        headers.push((
+            HeaderName::from_static("openai-beta"),
+            HeaderValue::from_static("realtime=v1"),
+        ));
+    }
+    headers.push((
+        http::header::USER_AGENT,
+        HeaderValue::from_static(concat!("patchbay-gateway/", env!("CARGO_PKG_VERSION"))),
+    ));
+    Ok(headers)
+}
+
+/// A shared, immutable upstream.
+pub type SharedUpstream = Arc<Upstream>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secret::Secret;
+
+    fn route(provider: Provider, url: &str, protocol: Protocol) -> RouteConfig {
+        RouteConfig {
+            model: "gpt-realtime".into(),
+            provider,
+            upstream_url: url.into(),
+            upstream_model: Some("dep-1".into()),
+            protocol,
+            api_key: Secret::new("sk-up"),
+            ..RouteConfig::default()
+        }
+    }
+
+    #[test]
+    fn openai_ga_request_carries_bearer_and_model_and_no_beta_header() {
+        let r = route(
+            Provider::Openai,
+            "wss://api.openai.com/v1/realtime",
+            Protocol::Ga,
+        );
+        assert_eq!(
+            upstream_url(&r).unwrap().as_str(),
+            "wss://api.openai.com/v1/realtime?model=dep-1"
+        );
+        let h = upstream_headers(&r).unwrap();
+        assert_eq!(h[0].0, http::header::AUTHORIZATION);
+        assert_eq!(h[0].1, "Bearer sk-up");
+        assert!(h[0].1.is_sensitive());
+        assert!(!h.iter().any(|(n, _)| n == "openai-beta"));
+    }
+
+    #[test]
+    fn beta_protocol_adds_the_openai_beta_header() {
+        let r = route(
+            Provider::Openai,
+            "wss://api.openai.com/v1/realtime",
+            Protocol::Beta,
+        );
+        let h = upstream_headers(&r).unwrap();
+        assert!(h
+            .iter()
+            .any(|(n, v)| n == "openai-beta" && v == "realtime=v1"));
+    }
+
+    #[test]
+    fn azure_preview_uses_deployment_and_api_key_header() {
+        let r = route(
+            Provider::Azure,
+            "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview",
+            Protocol::Beta,
+        );
+        assert_eq!(
+            upstream_url(&r).unwrap().as_str(),
+            "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview&deployment=dep-1"
+        );
+        let h = upstream_headers(&r).unwrap();
+        assert_eq!(h[0].0, "api-key");
+        assert_eq!(h[0].1, "sk-up");
+        assert!(!h.iter().any(|(n, _)| n == http::header::AUTHORIZATION));
+    }
+
+    #[test]
+    fn azure_ga_uses_model() {
+        let r = route(
+            Provider::Azure,
+            "wss://res.openai.azure.com/openai/v1/realtime",
+            Protocol::Ga,
+        );
+        assert_eq!(
+            upstream_url(&r).unwrap().as_str(),
+            "wss://res.openai.azure.com/openai/v1/realtime?model=dep-1"
+        );
+    }
+
+    #[test]
+    fn upstream_debug_never_shows_the_key() {
+        let r = route(
+            Provider::Openai,
+            "ws://127.0.0.1:1/v1/realtime",
+            Protocol::Ga,
+        );
+        let u = Upstream::new(&r, Duration::from_secs(1), 1 << 20).unwrap();
+        assert!(!format!("{u:?}").contains("sk-up"));
+        let h = upstream_headers(&r).unwrap();
+        assert!(!format!("{h:?}").contains("sk-up"));
+    }
+}
