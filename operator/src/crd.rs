@@ -268,8 +268,9 @@ pub struct Price {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Drain {
+    /// Seconds the gateway drains live sessions after SIGTERM (at least 1).
     #[serde(default = "default_drain_wait_seconds")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 1))]
     pub wait_seconds: i32,
     #[serde(default = "default_pre_stop_sleep_seconds")]
     #[schemars(range(min = 0))]

@@ -39,7 +39,10 @@ use crate::gateway_config::{
 pub const CONFIG_HASH_ANNOTATION: &str = "patchbay.dev/config-hash";
 /// Seconds of grace beyond the drain budget, for the last flush of usage records and exit.
 pub const GRACE_MARGIN_SECONDS: i64 = 10;
-const _: () = assert!(GRACE_MARGIN_SECONDS >= 5, "the grace margin is at least 5 s");
+const _: () = assert!(
+    GRACE_MARGIN_SECONDS >= 5,
+    "the grace margin is at least 5 s"
+);
 /// Name of the gateway container.
 pub const CONTAINER_NAME: &str = "gateway";
 /// UID/GID the gateway runs as (the distroless `nonroot` user).

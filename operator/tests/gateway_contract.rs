@@ -1,0 +1,115 @@
+//! The operator ⇄ gateway contract: the `gateway.toml` the operator renders for a route loads
+//! with the gateway's own config loader, for every example and for the extremes of the spec.
+//!
+//! The loader checks that `[keys] file` exists. Inside a pod that is the mounted Secret; here
+//! the test writes the example's key file to a temporary directory and points the gateway at it
+//! with its own env override (`PATCHBAY_KEYS_FILE`), after asserting the rendered path is the
+//! mount path.
+
+use std::path::{Path, PathBuf};
+
+use patchbay_gateway::auth::KeySet;
+use patchbay_gateway::config::Config;
+use patchbay_operator::crd::{DrainMode, Protocol, RealtimeRoute, SecretKeyRef};
+use patchbay_operator::gateway_config;
+use serde::Deserialize;
+
+fn example_docs(file: &str) -> Vec<serde_yaml::Value> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(file);
+    let text = std::fs::read_to_string(&path).expect("example file");
+    let docs = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("YAML document"))
+        .collect();
+    docs
+}
+
+fn example_route(file: &str) -> RealtimeRoute {
+    example_docs(file)
+        .into_iter()
+        .find(|doc| doc["kind"] == "RealtimeRoute")
+        .map(|doc| serde_yaml::from_value(doc).expect("a valid RealtimeRoute"))
+        .expect("a RealtimeRoute in the example")
+}
+
+/// The client key file of `examples/realtimeroute.yaml`, written to a temporary file.
+fn example_keys_file() -> PathBuf {
+    let docs = example_docs("realtimeroute.yaml");
+    let keys = docs
+        .iter()
+        .find(|doc| doc["kind"] == "Secret" && doc["metadata"]["name"] == "voice-keys")
+        .and_then(|doc| doc["stringData"]["keys.toml"].as_str())
+        .expect("the voice-keys Secret");
+    let dir =
+        std::env::temp_dir().join(format!("patchbay-operator-contract-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("keys.toml");
+    std::fs::write(&path, keys).expect("write keys file");
+    path
+}
+
+fn assert_loads(what: &str, route: &RealtimeRoute, keys_file: &Path) {
+    let text = gateway_config::render(&route.spec);
+    let doc: toml::Table = toml::from_str(&text).expect("TOML");
+    assert_eq!(
+        doc["keys"]["file"].as_str(),
+        Some(
+            format!(
+                "/etc/patchbay/keys/{}",
+                route.spec.client_keys_secret_ref.key
+            )
+            .as_str()
+        ),
+        "{what}: keys.file is the Secret's mount path"
+    );
+    let keys_file = keys_file.display().to_string();
+    let env = |name: &str| match name {
+        "PATCHBAY_UPSTREAM_API_KEY" => Some("sk-test-upstream".to_string()),
+        "PATCHBAY_REDIS_URL" => Some("redis://127.0.0.1:6379".to_string()),
+        "PATCHBAY_KEYS_FILE" => Some(keys_file.clone()),
+        _ => None,
+    };
+    if let Err(e) = Config::from_toml_with_env(&text, &env) {
+        panic!("{what}: the gateway rejects the rendered config: {e}\n---\n{text}");
+    }
+}
+
+#[test]
+fn the_gateway_loads_the_config_rendered_for_every_example() {
+    let keys = example_keys_file();
+    for file in [
+        "realtimeroute.yaml",
+        "realtimeroute-minimal.yaml",
+        "realtimeroute-full.yaml",
+    ] {
+        assert_loads(file, &example_route(file), &keys);
+    }
+}
+
+#[test]
+fn the_gateway_loads_the_config_of_a_beta_close_mode_route_with_a_pool_override() {
+    let keys = example_keys_file();
+    let mut route = example_route("realtimeroute-full.yaml");
+    route.spec.upstream.protocol = Protocol::Beta;
+    route.spec.upstream.model = None;
+    route.spec.drain.mode = DrainMode::Close;
+    route.spec.drain.linger_seconds = 0;
+    route.spec.drain.wait_seconds = 1;
+    route.spec.pool.size = Some(0);
+    route.spec.pool.max_idle_seconds = 1;
+    route.spec.metering.flush_seconds = 0;
+    route.spec.metering.prices.clear();
+    route.spec.metering.redis_url_secret_ref = None;
+    route.spec.client_keys_secret_ref = SecretKeyRef {
+        name: "keys".into(),
+        key: "virtual-keys.toml".into(),
+    };
+    assert_loads("beta/close/override", &route, &keys);
+}
+
+#[test]
+fn the_example_client_keys_file_parses_with_the_gateway() {
+    let text = std::fs::read_to_string(example_keys_file()).expect("keys file");
+    KeySet::parse(&text).expect("the gateway accepts the example key file");
+}
