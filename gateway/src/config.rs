@@ -195,6 +195,8 @@ pub struct PoolConfig {
     pub max_size: usize,
     /// File holding the live size (a bare number or `REALTIME_POOL_SIZE=N`).
     pub size_file: Option<PathBuf>,
+    /// `/readyz` waits this long at most for the pool to first fill.
+    pub warmup_timeout_secs: u64,
 }
 
 impl Default for PoolConfig {
@@ -204,6 +206,7 @@ impl Default for PoolConfig {
             max_idle_secs: 30,
             max_size: 512,
             size_file: None,
+            warmup_timeout_secs: 10,
         }
     }
 }
@@ -360,8 +363,17 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
         apply_env_overrides(&mut doc, env)?;
-        let mut config: Config = Config::deserialize(toml::Value::Table(doc))
-            .map_err(|e| ConfigError::new(toml_error_key(&e), e.message().to_string()))?;
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let inner = e.into_inner();
+                let key = match unknown_field(inner.message()) {
+                    Some(field) if path == "." || path.is_empty() => field.to_string(),
+                    Some(field) if !path.ends_with(field) => format!("{path}.{field}"),
+                    _ => path,
+                };
+                ConfigError::new(key, inner.message().to_string())
+            })?;
         config.master_key = env(MASTER_KEY_ENV)
             .filter(|v| !v.is_empty())
             .map(Secret::new);
@@ -421,6 +433,9 @@ impl Config {
         }
         if self.pool.size > self.pool.max_size {
             self.pool.size = self.pool.max_size;
+        }
+        if self.pool.max_idle_secs == 0 {
+            return Err(ConfigError::new("pool.max_idle_secs", "must be at least 1"));
         }
         if self.relay.max_message_bytes < 1024 {
             return Err(ConfigError::new(
@@ -566,7 +581,13 @@ fn apply_env_overrides(
 fn section_keys(section: &str) -> &'static [&'static str] {
     match section {
         "server" => &["listen", "admin_listen", "upgrade_timeout_secs"],
-        "pool" => &["size", "max_idle_secs", "max_size", "size_file"],
+        "pool" => &[
+            "size",
+            "max_idle_secs",
+            "max_size",
+            "size_file",
+            "warmup_timeout_secs",
+        ],
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
         "limits" => &["max_sessions"],
         "metering" => &["flush_secs", "unpriced", "stream_maxlen"],
@@ -598,26 +619,16 @@ fn set_value(doc: &mut toml::Table, section: &str, key: &str, value: toml::Value
 }
 
 fn toml_error(e: &toml::de::Error) -> ConfigError {
-    ConfigError::new(toml_error_key(e), e.message().to_string())
+    ConfigError::new(
+        unknown_field(e.message()).unwrap_or("config"),
+        e.to_string().trim().to_string(),
+    )
 }
 
-/// The toml crate reports the unknown or mistyped key in the message
-/// (`unknown field `x``); spans are not available once env overrides have
-/// been merged, so extract the field name when there is one.
-fn toml_error_key(e: &toml::de::Error) -> String {
-    let msg = e.message();
-    if let Some(rest) = msg.strip_prefix("unknown field `") {
-        if let Some(end) = rest.find('`') {
-            return rest[..end].to_string();
-        }
-    }
-    if let Some(start) = msg.find("for key `") {
-        let rest = &msg[start + 9..];
-        if let Some(end) = rest.find('`') {
-            return rest[..end].to_string();
-        }
-    }
-    "config".into()
+/// The field name of serde's "unknown field `x`, expected …" message.
+fn unknown_field(msg: &str) -> Option<&str> {
+    let rest = msg.strip_prefix("unknown field `")?;
+    rest.find('`').map(|end| &rest[..end])
 }
 
 #[cfg(test)]
@@ -653,9 +664,13 @@ mod tests {
     fn unknown_key_is_named() {
         let e = Config::from_toml_with_env("[server]\nlisten_addr = \"x\"\n", &env_of(BASE_ENV))
             .unwrap_err();
-        assert_eq!(e.key, "listen_addr", "{e}");
+        assert_eq!(e.key, "server.listen_addr", "{e}");
         let e = Config::from_toml_with_env("[serverx]\n", &env_of(BASE_ENV)).unwrap_err();
         assert_eq!(e.key, "serverx", "{e}");
+        let e =
+            Config::from_toml_with_env("[limits]\nmax_sessions = \"many\"\n", &env_of(BASE_ENV))
+                .unwrap_err();
+        assert_eq!(e.key, "limits.max_sessions", "{e}");
     }
 
     #[test]

@@ -1,17 +1,28 @@
 //! Shutdown: the signal, and the drain sequence.
 //!
-//! A session outlives the HTTP request that opened it, so the process must
-//! track sessions itself: every session task is spawned on the gateway's
-//! `TaskTracker` at admission (before the 101), and every session selects on
-//! the gateway's `CancellationToken`. On SIGTERM or Ctrl-C:
-//! 1. admission starts refusing (503) and `/readyz` fails at once;
-//! 2. the token is cancelled: each session sends its client close 1001 (so
-//!    SDKs reconnect elsewhere) and closes its upstream leg;
+//! A session outlives the HTTP request that opened it, so the process tracks
+//! sessions itself: every session task (and, with metering, its meter) is
+//! spawned on the gateway's `TaskTracker` at admission, before the 101, and
+//! every session selects on the gateway's `CancellationToken`. On SIGTERM or
+//! Ctrl-C:
+//! 1. admission refuses new upgrades with 503 (the listener keeps accepting
+//!    so clients get that answer, not a refused connection) and `/readyz`
+//!    fails at once; pooled upstream sockets are closed;
+//! 2. `close` mode: every session is told to close now: its client gets
+//!    close 1001 (going away, so SDKs reconnect elsewhere), its upstream leg
+//!    is closed, its meter runs its final flush. `linger` mode: live
+//!    sessions run on until they end or `linger_secs` pass, then close the
+//!    same way;
 //! 3. the process waits up to `[drain] wait_secs` for the tracked tasks,
-//!    then returns; a task still running is reported as a warning.
+//!    then exits 0; a task still running is reported as a warning.
+//!
+//! In Kubernetes: preStop sleep (endpoints are removed meanwhile) → SIGTERM
+//! → drain (≤ linger_secs + wait_secs) → exit, all inside
+//! `terminationGracePeriodSeconds`.
 
 use std::time::Duration;
 
+use crate::config::DrainMode;
 use crate::gateway::Gateway;
 
 /// Resolves on SIGTERM or Ctrl-C.
@@ -37,16 +48,24 @@ pub async fn drain(gw: &Gateway) {
     let wait = Duration::from_secs(gw.config.drain.wait_secs);
     tracing::info!(
         active = gw.sessions.active(),
+        mode = ?gw.config.drain.mode,
         wait_secs = wait.as_secs(),
         "draining"
     );
     gw.sessions.start_draining();
-    gw.shutdown.cancel();
+    gw.draining.cancel();
     gw.tasks.close();
+    if gw.config.drain.mode == DrainMode::Linger {
+        let linger = Duration::from_secs(gw.config.drain.linger_secs);
+        if tokio::time::timeout(linger, gw.tasks.wait()).await.is_ok() {
+            tracing::info!("every session ended while lingering");
+        }
+    }
+    gw.shutdown.cancel();
     if tokio::time::timeout(wait, gw.tasks.wait()).await.is_err() {
         tracing::warn!(
             still_running = gw.tasks.len(),
-            "drain wait ran out with sessions still running"
+            "drain wait ran out with tasks still running"
         );
     } else {
         tracing::info!("drained");

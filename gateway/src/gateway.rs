@@ -19,12 +19,19 @@ use crate::config::{Config, RouteConfig};
 use crate::metrics::Metrics;
 use crate::server;
 use crate::upstream::dial::Upstream;
+use crate::upstream::pool::{parse_size_file, Pool};
 
-/// A configured route, ready to dial.
+/// How often `[pool] size_file` is re-read.
+pub const SIZE_FILE_POLL: Duration = Duration::from_secs(2);
+/// How often the keys file is checked for changes.
+pub const KEYS_FILE_POLL: Duration = Duration::from_secs(2);
+
+/// A configured route, ready to dial, with its warm pool.
 #[derive(Debug)]
 pub struct Route {
     pub config: RouteConfig,
-    pub upstream: Upstream,
+    pub upstream: Arc<Upstream>,
+    pub pool: Arc<Pool>,
 }
 
 #[derive(Debug)]
@@ -34,8 +41,12 @@ pub struct Gateway {
     pub keys: Arc<KeyStore>,
     pub metrics: Arc<Metrics>,
     pub sessions: Arc<Sessions>,
-    /// Cancelled when the process starts draining.
+    /// Cancelled when live sessions must close (at once in `close` mode,
+    /// after the linger in `linger` mode).
     pub shutdown: CancellationToken,
+    /// Cancelled as soon as draining starts: pools close their sockets and
+    /// background watchers stop.
+    pub draining: CancellationToken,
     /// Every session task, from admission to its last close frame.
     pub tasks: TaskTracker,
     ready: AtomicBool,
@@ -57,34 +68,55 @@ pub enum StartError {
 impl Gateway {
     pub fn new(config: Config) -> Result<Self, StartError> {
         let timeout = Duration::from_secs(config.server.upgrade_timeout_secs);
+        let metrics = Arc::new(Metrics::new());
+        let pool_size = initial_pool_size(&config);
+        let max_idle = Duration::from_secs(config.pool.max_idle_secs);
         let routes = config
             .routes
             .iter()
             .map(|r| {
-                Upstream::new(r, timeout, config.relay.max_message_bytes)
-                    .map(|upstream| {
-                        Arc::new(Route {
-                            config: r.clone(),
-                            upstream,
-                        })
-                    })
-                    .map_err(|message| StartError::Route {
+                let upstream = Upstream::new(r, timeout, config.relay.max_message_bytes).map_err(
+                    |message| StartError::Route {
                         model: r.model.clone(),
                         message,
-                    })
+                    },
+                )?;
+                let upstream = Arc::new(upstream);
+                let pool = Pool::new(
+                    upstream.clone(),
+                    &r.model,
+                    pool_size,
+                    max_idle,
+                    metrics.clone(),
+                );
+                Ok(Arc::new(Route {
+                    config: r.clone(),
+                    upstream,
+                    pool: Arc::new(pool),
+                }))
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, StartError>>()?;
         let keys = load_keys(&config)?;
+        let ready = routes.iter().all(|r| r.pool.target() == 0);
         Ok(Self {
             config,
             routes,
             keys: Arc::new(KeyStore::new(keys)),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             sessions: Arc::default(),
             shutdown: CancellationToken::new(),
+            draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
-            ready: AtomicBool::new(true),
+            ready: AtomicBool::new(ready),
         })
+    }
+
+    /// Sets every route's pool target (clamped to `[pool] max_size`).
+    pub fn set_pool_size(&self, n: usize) {
+        let n = n.min(self.config.pool.max_size);
+        for r in &self.routes {
+            r.pool.set_target(n);
+        }
     }
 
     pub fn route(&self, model: &str) -> Option<&Arc<Route>> {
@@ -94,6 +126,106 @@ impl Gateway {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire) && !self.sessions.is_draining()
     }
+}
+
+/// The configured size, or the size file's when it is present and valid.
+fn initial_pool_size(config: &Config) -> usize {
+    let from_file = config
+        .pool
+        .size_file
+        .as_deref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| parse_size_file(&t).ok());
+    from_file
+        .unwrap_or(config.pool.size)
+        .min(config.pool.max_size)
+}
+
+/// Re-reads the size file and applies a changed, valid size. A missing file
+/// keeps the current size; a bad value is logged once and ignored.
+async fn watch_size_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
+    let mut tick = tokio::time::interval(SIZE_FILE_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_text: Option<String> = None;
+    loop {
+        tokio::select! {
+            _ = gw.draining.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Ok(text) = tokio::fs::read_to_string(&path).await else {
+            continue;
+        };
+        if last_text.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        match parse_size_file(&text) {
+            Ok(n) => {
+                let n = n.min(gw.config.pool.max_size);
+                if gw.routes.first().is_some_and(|r| r.pool.target() != n) {
+                    tracing::info!(size = n, file = %path.display(), "pool size changed");
+                    gw.set_pool_size(n);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "ignoring invalid pool size file");
+            }
+        }
+        last_text = Some(text);
+    }
+}
+
+/// Re-reads the keys file when its content changes and swaps the key set.
+/// An unreadable or invalid file keeps the previous set (and says why once).
+async fn watch_keys_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
+    let mut tick = tokio::time::interval(KEYS_FILE_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_text = tokio::fs::read_to_string(&path).await.ok();
+    loop {
+        tokio::select! {
+            _ = gw.draining.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let text = match tokio::fs::read_to_string(&path).await {
+            Ok(t) => t,
+            Err(e) => {
+                if last_text.take().is_some() {
+                    tracing::warn!(file = %path.display(), error = %e, "cannot read the keys file; keeping the current keys");
+                }
+                continue;
+            }
+        };
+        if last_text.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        match KeySet::parse(&text) {
+            Ok(set) => {
+                let set = match &gw.config.master_key {
+                    Some(m) => set.with_master(m),
+                    None => set,
+                };
+                tracing::info!(file = %path.display(), keys = set.len(), "keys file reloaded");
+                gw.keys.replace(set);
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "invalid keys file; keeping the current keys");
+            }
+        }
+        last_text = Some(text);
+    }
+}
+
+/// `/readyz` turns ready once every pool first reached its target, or when
+/// the warm-up timeout passes, whichever comes first.
+async fn mark_ready_when_warm(gw: Arc<Gateway>) {
+    let warm = futures_util::future::join_all(gw.routes.iter().map(|r| r.pool.wait_warm()));
+    let timeout = Duration::from_secs(gw.config.pool.warmup_timeout_secs);
+    if tokio::time::timeout(timeout, warm).await.is_err() {
+        tracing::warn!(
+            timeout_secs = timeout.as_secs(),
+            "pool warm-up timed out; ready anyway"
+        );
+    }
+    gw.ready.store(true, Ordering::Release);
 }
 
 /// The key set from the keys file and/or the master key.
@@ -131,6 +263,18 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         addr: gateway.config.server.admin_listen,
         source,
     })?;
+    for route in &gateway.routes {
+        gateway
+            .tasks
+            .spawn(route.pool.clone().replenish(gateway.draining.clone()));
+    }
+    if let Some(path) = gateway.config.pool.size_file.clone() {
+        tokio::spawn(watch_size_file(gateway.clone(), path));
+    }
+    if let Some(path) = gateway.config.keys.file.clone() {
+        tokio::spawn(watch_keys_file(gateway.clone(), path));
+    }
+    tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));
     tokio::spawn(server::serve_admin(admin, gateway.clone()));
     tracing::info!(%addr, %admin_addr, routes = gateway.routes.len(), "gateway listening");

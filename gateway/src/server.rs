@@ -67,17 +67,16 @@ fn http1(gw: &Gateway) -> hyper::server::conn::http1::Builder {
 pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
     let builder = http1(&gw);
     loop {
-        let (tcp, _peer) = tokio::select! {
-            _ = gw.shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        // Accepting goes on while draining, so that new upgrades get a clear
+        // 503 (and SDKs retry elsewhere) rather than a refused connection.
+        let (tcp, _peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: back off briefly rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let _ = tcp.set_nodelay(true);
         let gw = gw.clone();
@@ -94,8 +93,6 @@ pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
             let _ = conn.await;
         });
     }
-    // Draining: the listener is dropped here; later connects are refused by
-    // the kernel. Connections already accepted keep answering 503.
 }
 
 pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {

@@ -67,30 +67,39 @@ impl Session {
         let deadline = self.started + Duration::from_secs(gw.config.relay.max_session_secs);
         let mut pending = Vec::new();
         let shutdown = gw.shutdown.clone();
-        let warm = {
-            let dial = self.route.upstream.dial();
-            tokio::pin!(dial);
-            loop {
-                tokio::select! {
-                    r = &mut dial => break r,
-                    msg = client.next(), if pending.len() < MAX_PENDING_FRAMES => match msg {
-                        Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => pending.push(m),
-                        Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
-                            let _ = client.close(None).await;
-                            self.log_end("client_left_before_session", None, None, None);
+        let label = model(&self.route.config.model);
+        let warm = match self.route.pool.take() {
+            Ok(w) => Ok(w),
+            Err(_) => {
+                let dial_started = Instant::now();
+                let dial = self.route.upstream.dial();
+                tokio::pin!(dial);
+                let result = loop {
+                    tokio::select! {
+                        r = &mut dial => break r,
+                        msg = client.next(), if pending.len() < MAX_PENDING_FRAMES => match msg {
+                            Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => pending.push(m),
+                            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                                let _ = client.close(None).await;
+                                self.log_end("client_left_before_session", None, None, None);
+                                return;
+                            }
+                            Some(Ok(_)) => {}
+                        },
+                        _ = shutdown.cancelled() => {
+                            let _ = client.send(Message::Close(Some(relay::close(1001, "server shutting down")))).await;
+                            self.log_end("shutdown", Some(1001), None, None);
                             return;
                         }
-                        Some(Ok(_)) => {}
-                    },
-                    _ = shutdown.cancelled() => {
-                        let _ = client.send(Message::Close(Some(relay::close(1001, "server shutting down")))).await;
-                        self.log_end("shutdown", Some(1001), None, None);
-                        return;
                     }
-                }
+                };
+                gw.metrics
+                    .upstream_dial_seconds
+                    .get_or_create(&label)
+                    .observe(dial_started.elapsed().as_secs_f64());
+                result
             }
         };
-        let label = model(&self.route.config.model);
         let warm: Warm = match warm {
             Ok(w) => w,
             Err(e) => {

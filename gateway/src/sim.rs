@@ -34,7 +34,9 @@ use http::StatusCode;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
-use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::handshake::server::{
+    Callback, ErrorResponse, Request, Response,
+};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Bytes, Message};
@@ -76,6 +78,8 @@ pub struct SimConfig {
     pub fault: Option<SimFault>,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub max_message_bytes: usize,
+    /// Keep a copy of every text frame sent, in [`SimStats::sent`].
+    pub record: bool,
 }
 
 impl Default for SimConfig {
@@ -91,6 +95,7 @@ impl Default for SimConfig {
             fault: None,
             tls: None,
             max_message_bytes: 64 << 20,
+            record: false,
         }
     }
 }
@@ -108,6 +113,11 @@ pub struct SimStats {
     pub close_codes: Mutex<Vec<u16>>,
     /// The credential headers of every upgrade request, as received.
     pub auth_headers: Mutex<Vec<String>>,
+    /// Text frames sent, when [`SimConfig::record`] is set.
+    pub sent: Mutex<Vec<String>>,
+    pub pongs: AtomicU64,
+    /// While set, every upgrade is refused with 401 (see [`SimHandle::set_refusing`]).
+    pub refusing: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -140,6 +150,11 @@ impl SimHandle {
     /// Closes every open session with `code`.
     pub fn close_all(&self, code: u16) {
         let _ = self.commands.send(Command::Close(code));
+    }
+
+    /// Refuse (401) or accept new upgrades from now on.
+    pub fn set_refusing(&self, refusing: bool) {
+        self.stats.refusing.store(refusing, Ordering::Relaxed);
     }
 
     pub fn stop(&self) {
@@ -199,25 +214,11 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     if !config.upgrade_delay.is_zero() {
         tokio::time::sleep(config.upgrade_delay).await;
     }
-    let stats = handle.stats.clone();
     let mut beta = false;
-    let check = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
-        let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
-        let key = header("authorization")
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .or_else(|| header("api-key"))
-            .unwrap_or("");
-        if let Ok(mut seen) = stats.auth_headers.lock() {
-            seen.push(key.to_string());
-        }
-        beta = header("openai-beta") == Some("realtime=v1");
-        if let Some(SimFault::Refuse { status }) = &config.fault {
-            return Err(refusal(*status, "simulated refusal"));
-        }
-        if key.is_empty() || (!config.keys.is_empty() && !config.keys.iter().any(|k| k == key)) {
-            return Err(refusal(401, "Incorrect API key provided."));
-        }
-        Ok(resp)
+    let check = UpgradeCheck {
+        config: &config,
+        stats: &handle.stats,
+        beta: &mut beta,
     };
     let ws_config = WebSocketConfig::default()
         .max_message_size(Some(config.max_message_bytes))
@@ -235,6 +236,39 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     let mut session = Session::new(config, handle.clone(), beta);
     session.run(ws).await;
     handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The upgrade's key check (a `Callback` rather than a closure: the return
+/// type is tungstenite's, fixed by the trait).
+struct UpgradeCheck<'a> {
+    config: &'a SimConfig,
+    stats: &'a SimStats,
+    beta: &'a mut bool,
+}
+
+impl Callback for UpgradeCheck<'_> {
+    fn on_request(self, req: &Request, resp: Response) -> Result<Response, ErrorResponse> {
+        let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+        let key = header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| header("api-key"))
+            .unwrap_or("");
+        if let Ok(mut seen) = self.stats.auth_headers.lock() {
+            seen.push(key.to_string());
+        }
+        *self.beta = header("openai-beta") == Some("realtime=v1");
+        if let Some(SimFault::Refuse { status }) = &self.config.fault {
+            return Err(refusal(*status, "simulated refusal"));
+        }
+        if self.stats.refusing.load(Ordering::Relaxed) {
+            return Err(refusal(401, "Incorrect API key provided."));
+        }
+        let known = self.config.keys.is_empty() || self.config.keys.iter().any(|k| k == key);
+        if key.is_empty() || !known {
+            return Err(refusal(401, "Incorrect API key provided."));
+        }
+        Ok(resp)
+    }
 }
 
 fn refusal(status: u16, message: &str) -> ErrorResponse {
@@ -320,7 +354,13 @@ impl Session {
 
     async fn send(&mut self, ws: &mut Ws, mut event: Value) -> bool {
         event["event_id"] = Value::String(self.event_id());
-        ws.send(Message::text(event.to_string())).await.is_ok()
+        let text = event.to_string();
+        if self.config.record {
+            if let Ok(mut sent) = self.handle.stats.sent.lock() {
+                sent.push(text.clone());
+            }
+        }
+        ws.send(Message::text(text)).await.is_ok()
     }
 
     async fn run(&mut self, mut ws: Ws) {
@@ -357,6 +397,9 @@ impl Session {
                         }
                         let _ = ws.close(None).await;
                         return;
+                    }
+                    Some(Ok(Message::Pong(_))) => {
+                        self.handle.stats.pongs.fetch_add(1, Ordering::Relaxed);
                     }
                     Some(Ok(_)) => {}
                     Some(Err(_)) | None => return,

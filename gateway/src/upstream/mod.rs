@@ -1,4 +1,5 @@
 //! The upstream side: dialling (with TLS) and, in `pool`, warm sockets.
 
 pub mod dial;
+pub mod pool;
 pub mod tls;

@@ -1,0 +1,624 @@
+//! The warm pool: upstream sockets that are connected, upgraded and past
+//! `session.created`, waiting for a client.
+//!
+//! The pool is never on the correctness path. [`Pool::take`] does not await
+//! anything: it pops the freshest socket, discarding those older than
+//! `max_idle` (the upstream's session clock runs while a socket waits) or no
+//! longer alive, and returns `None` on a miss, when the session dials fresh.
+//! A warm socket has read exactly one event, `session.created`, kept as
+//! received, so a client cannot tell a warm socket from a cold one.
+//!
+//! Liveness without awaiting: a pooled socket is polled once with a no-op
+//! waker. Pending means nothing arrived (alive); Ping/Pong are alive (the pong
+//! tungstenite queues is flushed on the same poll); a text, binary or close
+//! frame, an error or EOF mean dead (an upstream `session_expired` error is
+//! exactly such a frame). The replenisher does the same check on every tick,
+//! so pings are answered while a socket waits and dead sockets are reaped
+//! before a client could get them.
+//!
+//! Refill: every `take` wakes the replenisher at once; missing sockets are
+//! dialled concurrently (at most [`MAX_DIALS_IN_FLIGHT`] at a time); a
+//! [`REPLENISH_TICK`] reaps stale and dead sockets and tops up
+//! (`MissedTickBehavior::Skip`). A failed dial backs the pool off
+//! exponentially ([`BACKOFF_BASE`], doubling, [`BACKOFF_CAP`]); the first
+//! success resets it. Dials carry the generation (pass) they started in and
+//! only the first failure of a pass doubles the backoff, so a bad key costs
+//! one pass of dials per backoff period instead of hammering the upstream,
+//! and no new dial starts while backing off.
+//!
+//! One pool per route: a route is exactly one (model, upstream key, upstream
+//! URL) triple, which is what must not be mixed between clients.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::MissedTickBehavior;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{model, Metrics, ReasonLabels, ResultLabels};
+use crate::upstream::dial::{DialError, Upstream, Warm};
+
+pub const REPLENISH_TICK: Duration = Duration::from_millis(250);
+pub const BACKOFF_BASE: Duration = Duration::from_millis(500);
+pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// Bound on concurrent pool dials per route.
+pub const MAX_DIALS_IN_FLIGHT: usize = 1024;
+/// How long a discarded socket is given to close politely.
+const DISCARD_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why `take` found nothing usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    Empty,
+    Stale,
+    Dead,
+}
+
+impl Miss {
+    pub fn label(self) -> &'static str {
+        match self {
+            Miss::Empty => "empty",
+            Miss::Stale => "stale",
+            Miss::Dead => "dead",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    Alive,
+    Dead,
+}
+
+pub struct Pool {
+    upstream: Arc<Upstream>,
+    model: String,
+    max_idle: Duration,
+    /// Freshest at the back.
+    warm: Mutex<VecDeque<Warm>>,
+    target: AtomicUsize,
+    in_flight: AtomicUsize,
+    wake: Notify,
+    /// Notified whenever the pool reaches its target.
+    filled: Notify,
+    reached_target_once: AtomicBool,
+    metrics: Arc<Metrics>,
+    gauge: Gauge,
+    tick: Duration,
+    /// Current backoff in ms (0 = none), for tests and logs.
+    backoff_ms: AtomicU64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("model", &self.model)
+            .field("target", &self.target())
+            .field("warm", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    pub fn new(
+        upstream: Arc<Upstream>,
+        model_name: &str,
+        target: usize,
+        max_idle: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let gauge = metrics
+            .pool_warm_sockets
+            .get_or_create(&model(model_name))
+            .clone();
+        Self {
+            upstream,
+            model: model_name.to_string(),
+            max_idle,
+            warm: Mutex::new(VecDeque::new()),
+            target: AtomicUsize::new(target),
+            in_flight: AtomicUsize::new(0),
+            wake: Notify::new(),
+            filled: Notify::new(),
+            reached_target_once: AtomicBool::new(target == 0),
+            metrics,
+            gauge,
+            tick: REPLENISH_TICK,
+            backoff_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Replaces [`REPLENISH_TICK`] (tests use a long tick to show that a
+    /// `take` alone triggers the refill).
+    pub fn with_tick(mut self, tick: Duration) -> Self {
+        self.tick = tick;
+        self
+    }
+
+    /// The current backoff after failed passes (zero when healthy).
+    pub fn backoff(&self) -> Duration {
+        Duration::from_millis(self.backoff_ms.load(Ordering::Acquire))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Warm>> {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn target(&self) -> usize {
+        self.target.load(Ordering::Acquire)
+    }
+
+    /// Changes the target size; the replenisher grows or shrinks the pool.
+    pub fn set_target(&self, n: usize) {
+        if self.target.swap(n, Ordering::AcqRel) != n {
+            self.wake.notify_one();
+        }
+    }
+
+    /// True once the pool has reached its target at least once.
+    pub fn warmed_up(&self) -> bool {
+        self.reached_target_once.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the pool has reached its target at least once.
+    pub async fn wait_warm(&self) {
+        loop {
+            let notified = self.filled.notified();
+            if self.warmed_up() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// A warm socket, or why there is none. Never awaits; always wakes the
+    /// replenisher. With a target of 0 the pool is off: `Err(Miss::Empty)`
+    /// and no metrics.
+    pub fn take(&self) -> Result<Warm, Miss> {
+        let enabled = self.target() > 0 || !self.is_empty();
+        let mut miss = Miss::Empty;
+        let mut discarded = Vec::new();
+        let found = {
+            let mut warm = self.lock();
+            loop {
+                let Some(mut w) = warm.pop_back() else {
+                    break None;
+                };
+                if w.connected_at.elapsed() >= self.max_idle {
+                    miss = Miss::Stale;
+                    discarded.push(w);
+                    // Everything in front of a stale socket is older still.
+                    discarded.extend(warm.drain(..));
+                    continue;
+                }
+                if check(&mut w) == Health::Dead {
+                    miss = Miss::Dead;
+                    discarded.push(w);
+                    continue;
+                }
+                break Some(w);
+            }
+        };
+        self.wake.notify_one();
+        self.update_gauge();
+        close_in_background(discarded);
+        match found {
+            Some(w) => {
+                self.metrics
+                    .pool_hits
+                    .get_or_create(&model(&self.model))
+                    .inc();
+                Ok(w)
+            }
+            None => {
+                if enabled {
+                    self.metrics
+                        .pool_misses
+                        .get_or_create(&ReasonLabels {
+                            model: self.model.clone(),
+                            reason: miss.label().into(),
+                        })
+                        .inc();
+                }
+                Err(miss)
+            }
+        }
+    }
+
+    fn update_gauge(&self) {
+        self.gauge.set(self.len() as i64);
+    }
+
+    /// Drops stale and dead sockets and, past the target, the oldest ones.
+    fn reap(&self) {
+        let target = self.target();
+        let discarded: Vec<Warm> = {
+            let mut warm = self.lock();
+            let mut out = Vec::new();
+            let mut keep = VecDeque::with_capacity(warm.len());
+            for mut w in warm.drain(..) {
+                if w.connected_at.elapsed() >= self.max_idle || check(&mut w) == Health::Dead {
+                    out.push(w);
+                } else {
+                    keep.push_back(w);
+                }
+            }
+            while keep.len() > target {
+                if let Some(w) = keep.pop_front() {
+                    out.push(w);
+                }
+            }
+            *warm = keep;
+            out
+        };
+        self.update_gauge();
+        close_in_background(discarded);
+    }
+
+    fn push(&self, w: Warm) {
+        let full = {
+            let mut warm = self.lock();
+            warm.push_back(w);
+            warm.len() >= self.target()
+        };
+        self.update_gauge();
+        if full {
+            self.reached_target_once.store(true, Ordering::Release);
+            self.filled.notify_waiters();
+        }
+    }
+
+    async fn dial(&self) -> Result<Warm, DialError> {
+        let started = Instant::now();
+        let result = self.upstream.dial().await;
+        self.metrics
+            .upstream_dial_seconds
+            .get_or_create(&model(&self.model))
+            .observe(started.elapsed().as_secs_f64());
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.result_label(),
+        };
+        self.metrics
+            .pool_dials
+            .get_or_create(&ResultLabels {
+                model: self.model.clone(),
+                result: label.into(),
+            })
+            .inc();
+        result
+    }
+
+    /// Keeps the pool at its target until `shutdown`, then closes every
+    /// pooled socket.
+    pub async fn replenish(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.tick);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        // Each dial carries the generation it was started in; a generation
+        // is a pass. The first failure of a pass with no success backs off
+        // and opens a new generation, so the rest of that pass's failures do
+        // not double the backoff again.
+        let mut dials: JoinSet<(u64, Result<Warm, DialError>)> = JoinSet::new();
+        let mut generation = 0u64;
+        let mut backoff = Duration::ZERO;
+        let mut backoff_until: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = self.wake.notified() => {}
+                _ = tick.tick() => self.reap(),
+                Some(done) = dials.join_next(), if !dials.is_empty() => {
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                    match done {
+                        Ok((_, Ok(w))) => {
+                            if !backoff.is_zero() {
+                                generation += 1;
+                            }
+                            backoff = Duration::ZERO;
+                            backoff_until = None;
+                            self.backoff_ms.store(0, Ordering::Release);
+                            self.push(w);
+                        }
+                        Ok((g, Err(e))) => {
+                            tracing::debug!(model = %self.model, error = %e, "pool dial failed");
+                            if g == generation {
+                                generation += 1;
+                                backoff = (backoff * 2).clamp(BACKOFF_BASE, BACKOFF_CAP);
+                                backoff_until = Some(tokio::time::Instant::now() + backoff);
+                                self.backoff_ms.store(backoff.as_millis() as u64, Ordering::Release);
+                                tracing::warn!(model = %self.model, error = %e,
+                                    backoff_ms = backoff.as_millis() as u64, "pool dial failed; backing off");
+                            }
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+            if backoff_until.is_some_and(|t| tokio::time::Instant::now() < t) {
+                continue;
+            }
+            let have = self.len() + self.in_flight.load(Ordering::Acquire);
+            let missing = self.target().saturating_sub(have);
+            let room = MAX_DIALS_IN_FLIGHT.saturating_sub(dials.len());
+            for _ in 0..missing.min(room) {
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
+                let pool = self.clone();
+                dials.spawn(async move { (generation, pool.dial().await) });
+            }
+        }
+        dials.abort_all();
+        let all: Vec<Warm> = self.lock().drain(..).collect();
+        self.update_gauge();
+        close_all(all).await;
+    }
+}
+
+/// Polls a pooled socket without awaiting: see the module doc.
+fn check(w: &mut Warm) -> Health {
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        match w.ws.poll_next_unpin(&mut cx) {
+            Poll::Pending => break,
+            Poll::Ready(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+            Poll::Ready(_) => return Health::Dead,
+        }
+    }
+    // Push out any pong tungstenite queued.
+    match w.ws.poll_flush_unpin(&mut cx) {
+        Poll::Ready(Err(_)) => Health::Dead,
+        _ => Health::Alive,
+    }
+}
+
+fn close_in_background(sockets: Vec<Warm>) {
+    if !sockets.is_empty() {
+        tokio::spawn(close_all(sockets));
+    }
+}
+
+async fn close_all(sockets: Vec<Warm>) {
+    let closes = sockets.into_iter().map(|mut w| async move {
+        let _ = tokio::time::timeout(DISCARD_CLOSE_TIMEOUT, w.ws.close(None)).await;
+    });
+    futures_util::future::join_all(closes).await;
+}
+
+/// Parses a size file: a bare number or a line `REALTIME_POOL_SIZE=N`
+/// (comments and blank lines ignored).
+pub fn parse_size_file(text: &str) -> Result<usize, String> {
+    let mut found = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let value = match line.split_once('=') {
+            Some((k, v)) if k.trim() == "REALTIME_POOL_SIZE" => v.trim(),
+            Some((k, _)) => return Err(format!("unexpected key {:?}", k.trim())),
+            None => line,
+        };
+        let n = value
+            .trim_matches('"')
+            .parse::<usize>()
+            .map_err(|_| format!("not a whole number: {value:?}"))?;
+        if found.replace(n).is_some() {
+            return Err("more than one size".into());
+        }
+    }
+    found.ok_or_else(|| "empty".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RouteConfig;
+    use crate::secret::Secret;
+    use crate::sim::{self, SimConfig, SimHandle};
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    async fn sim_and_upstream(config: SimConfig) -> (SimHandle, Arc<Upstream>) {
+        let sim = sim::start(([127, 0, 0, 1], 0).into(), config)
+            .await
+            .unwrap();
+        let route = RouteConfig {
+            upstream_url: sim.url(false),
+            api_key: Secret::new("sk-test"),
+            ..RouteConfig::default()
+        };
+        let upstream = Upstream::new(&route, Duration::from_secs(5), 1 << 20).unwrap();
+        (sim, Arc::new(upstream))
+    }
+
+    fn pool(upstream: Arc<Upstream>, target: usize, max_idle: Duration) -> Arc<Pool> {
+        Arc::new(Pool::new(
+            upstream,
+            "m",
+            target,
+            max_idle,
+            Arc::new(Metrics::new()),
+        ))
+    }
+
+    async fn until(mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !f() {
+            assert!(
+                Instant::now() < deadline,
+                "condition not met within {WAIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn misses(p: &Pool, reason: &str) -> u64 {
+        p.metrics
+            .pool_misses
+            .get_or_create(&ReasonLabels {
+                model: "m".into(),
+                reason: reason.into(),
+            })
+            .get()
+    }
+
+    #[tokio::test]
+    async fn stale_socket_is_discarded_not_handed_out() {
+        let (_sim, up) = sim_and_upstream(SimConfig::default()).await;
+        let p = pool(up.clone(), 0, Duration::from_millis(100));
+        p.push(up.dial().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(p.take().err(), Some(Miss::Stale));
+        assert!(p.is_empty());
+    }
+
+    #[tokio::test]
+    async fn socket_closed_by_the_upstream_while_pooled_is_never_handed_out() {
+        let (sim, up) = sim_and_upstream(SimConfig::default()).await;
+        let p = pool(up.clone(), 0, Duration::from_secs(30));
+        p.push(up.dial().await.unwrap());
+        sim.close_all(1001);
+        until(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(p.take().err(), Some(Miss::Dead));
+    }
+
+    #[tokio::test]
+    async fn pooled_socket_that_received_a_ping_answers_it_and_stays_pooled() {
+        let (sim, up) = sim_and_upstream(SimConfig::default()).await;
+        let p = pool(up.clone(), 1, Duration::from_secs(30));
+        p.push(up.dial().await.unwrap());
+        sim.ping_all();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        p.reap();
+        assert_eq!(p.len(), 1, "a ping is not a dead socket");
+        until(|| sim.stats.pongs.load(Ordering::Relaxed) == 1).await;
+        assert!(p.take().is_ok());
+    }
+
+    #[tokio::test]
+    async fn take_alone_triggers_the_refill() {
+        let (sim, up) = sim_and_upstream(SimConfig::default()).await;
+        // A tick far longer than the test: only the wake from `take` refills.
+        let p = Arc::new(
+            Pool::new(
+                up,
+                "m",
+                2,
+                Duration::from_secs(30),
+                Arc::new(Metrics::new()),
+            )
+            .with_tick(Duration::from_secs(3600)),
+        );
+        let stop = CancellationToken::new();
+        tokio::spawn(p.clone().replenish(stop.clone()));
+        until(|| p.len() == 2).await;
+        let _a = p.take().unwrap();
+        let _b = p.take().unwrap();
+        until(|| p.len() == 2).await;
+        assert_eq!(sim.stats.upgrades.load(Ordering::Relaxed), 4);
+        assert_eq!(p.backoff(), Duration::ZERO, "a healthy key never backs off");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn failing_key_backs_off_exponentially_and_resets_on_success() {
+        let (sim, up) = sim_and_upstream(SimConfig::default()).await;
+        sim.set_refusing(true);
+        let p = pool(up, 2, Duration::from_secs(30));
+        let stop = CancellationToken::new();
+        tokio::spawn(p.clone().replenish(stop.clone()));
+        until(|| p.backoff() >= BACKOFF_BASE * 2).await;
+        // Two dials per pass; passes are 0.5 s, then 1 s apart: a bounded count.
+        let refused = sim.stats.refused.load(Ordering::Relaxed);
+        assert!((4..=8).contains(&refused), "{refused} refused dials");
+        assert!(p.is_empty());
+        sim.set_refusing(false);
+        until(|| p.len() == 2).await;
+        assert_eq!(p.backoff(), Duration::ZERO);
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn upstream_whose_first_event_is_an_error_never_enters_the_pool() {
+        let (sim, up) = sim_and_upstream(SimConfig {
+            fault: Some(crate::sim::SimFault::ErrorFirst),
+            ..SimConfig::default()
+        })
+        .await;
+        let p = pool(up, 2, Duration::from_secs(30));
+        let stop = CancellationToken::new();
+        tokio::spawn(p.clone().replenish(stop.clone()));
+        until(|| p.backoff() >= BACKOFF_BASE).await;
+        assert!(p.is_empty());
+        assert!(sim.stats.upgrades.load(Ordering::Relaxed) >= 2);
+        let failed = p
+            .metrics
+            .pool_dials
+            .get_or_create(&ResultLabels {
+                model: "m".into(),
+                result: "bad_first_event".into(),
+            })
+            .get();
+        assert!(failed >= 2, "{failed}");
+        assert_eq!(p.take().err(), Some(Miss::Empty));
+        assert_eq!(misses(&p, "empty"), 1);
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn shrinking_the_target_closes_the_oldest_sockets() {
+        let (sim, up) = sim_and_upstream(SimConfig::default()).await;
+        let p = pool(up, 3, Duration::from_secs(30));
+        let stop = CancellationToken::new();
+        tokio::spawn(p.clone().replenish(stop.clone()));
+        until(|| p.len() == 3).await;
+        p.set_target(1);
+        until(|| p.len() == 1).await;
+        until(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 1).await;
+        stop.cancel();
+        until(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await;
+    }
+
+    #[test]
+    fn size_file_accepts_a_bare_number_or_the_env_line() {
+        assert_eq!(parse_size_file("12\n"), Ok(12));
+        assert_eq!(parse_size_file("REALTIME_POOL_SIZE=7"), Ok(7));
+        assert_eq!(
+            parse_size_file("# pool\nREALTIME_POOL_SIZE = \"3\"\n"),
+            Ok(3)
+        );
+        assert_eq!(parse_size_file("0"), Ok(0));
+    }
+
+    #[test]
+    fn size_file_rejects_garbage() {
+        assert!(parse_size_file("").is_err());
+        assert!(parse_size_file("-1").is_err());
+        assert!(parse_size_file("ten").is_err());
+        assert!(parse_size_file("OTHER=3").is_err());
+        assert!(parse_size_file("3\n4").is_err());
+    }
+
+    #[test]
+    fn miss_labels_are_the_documented_ones() {
+        assert_eq!(Miss::Empty.label(), "empty");
+        assert_eq!(Miss::Stale.label(), "stale");
+        assert_eq!(Miss::Dead.label(), "dead");
+    }
+}

@@ -1,0 +1,99 @@
+//! Client keys from a keys file: hashed entries, per-key session caps,
+//! disabled keys, and live reloads.
+
+use std::time::Duration;
+
+use crate::common::*;
+use patchbay_gateway::secret::Secret;
+use patchbay_gateway::sim::SimConfig;
+
+fn entry(id: &str, key: &str, extra: &str) -> String {
+    format!(
+        "[[keys]]\nid = \"{id}\"\nsha256 = \"{}\"\nteam = \"support\"\n{extra}\n",
+        hex::encode(Secret::new(key).sha256())
+    )
+}
+
+async fn status_for(addr: std::net::SocketAddr, key: &str) -> u16 {
+    let bearer = format!("Bearer {key}");
+    match connect_with(
+        addr,
+        &format!("?model={MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await
+    {
+        Ok(_) => 101,
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn keys_file_entries_authenticate_and_reload_live() {
+    let sim = sim(SimConfig::default()).await;
+    let file = TempFile::new(
+        "keys.toml",
+        &(entry("a", "pb-a", "") + &entry("b", "pb-b", "disabled = true")),
+    );
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("[keys]\nfile = \"{}\"\n", file.0.display()),
+    ))
+    .await;
+    assert_eq!(status_for(gw.addr, "pb-a").await, 101);
+    assert_eq!(
+        status_for(gw.addr, "pb-b").await,
+        401,
+        "a disabled key is refused"
+    );
+    assert_eq!(status_for(gw.addr, "pb-c").await, 401);
+    assert_eq!(
+        status_for(gw.addr, CLIENT_KEY).await,
+        101,
+        "the master key still works"
+    );
+
+    std::fs::write(&file.0, entry("c", "pb-c", "")).unwrap();
+    assert!(eventually(|| gw.gateway.keys.get().by_id("c").is_some()).await);
+    assert_eq!(status_for(gw.addr, "pb-c").await, 101);
+    assert_eq!(
+        status_for(gw.addr, "pb-a").await,
+        401,
+        "a removed key is refused"
+    );
+
+    // A broken file keeps the keys that were loaded.
+    std::fs::write(&file.0, "[[keys]]\nid = 1\n").unwrap();
+    tokio::time::sleep(patchbay_gateway::gateway::KEYS_FILE_POLL * 2).await;
+    assert_eq!(status_for(gw.addr, "pb-c").await, 101);
+}
+
+#[tokio::test]
+async fn per_key_session_cap_is_enforced_with_429() {
+    let sim = sim(SimConfig::default()).await;
+    let file = TempFile::new("keys.toml", &entry("a", "pb-a", "max_sessions = 1"));
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("[keys]\nfile = \"{}\"\n", file.0.display()),
+    ))
+    .await;
+    let bearer = "Bearer pb-a".to_string();
+    let q = format!("?model={MODEL}");
+    let (mut first, _) = connect_with(gw.addr, &q, &[("authorization", &bearer)])
+        .await
+        .unwrap();
+    recv_text(&mut first).await;
+    let (status, _, body) = refused(gw.addr, &q, &[("authorization", &bearer)]).await;
+    assert_eq!(status, 429);
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("key 'a'"));
+    // Other keys are not affected.
+    assert_eq!(status_for(gw.addr, CLIENT_KEY).await, 101);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(eventually(|| gw.gateway.sessions.key_active("a") == 0).await);
+    assert_eq!(status_for(gw.addr, "pb-a").await, 101);
+}

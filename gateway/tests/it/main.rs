@@ -1,0 +1,9 @@
+//! The gateway's integration tests, as one test binary: each module starts
+//! what it needs (simulator, gateway, Redis client) on 127.0.0.1.
+
+mod common;
+mod drain;
+mod keys;
+mod pool;
+mod relay;
+mod tls_and_config;

@@ -1,0 +1,175 @@
+//! The warm pool through the whole gateway: hand-off, misses, live resizing
+//! from the size file, readiness, and size 0.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::common::*;
+use patchbay_gateway::sim::SimConfig;
+
+#[tokio::test]
+async fn warm_socket_hands_over_its_buffered_session_created_byte_for_byte() {
+    let (sim, gw) = sim_and_gateway(
+        SimConfig {
+            record: true,
+            ..SimConfig::default()
+        },
+        "[pool]\nsize = 1\n",
+    )
+    .await;
+    let pool = gw.gateway.routes[0].pool.clone();
+    assert!(eventually(|| pool.len() == 1).await);
+    let first_sent = sim.stats.sent.lock().unwrap()[0].clone();
+    let mut ws = connect(gw.addr).await;
+    let created = recv_text(&mut ws).await;
+    assert_eq!(
+        created, first_sent,
+        "the pooled socket's session.created, as sent"
+    );
+    let turn = one_turn(&mut ws).await;
+    assert_eq!(kind(turn.last().unwrap()), "response.done");
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_pool_hits_total", "").await,
+        1.0
+    );
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_pool_misses_total", "").await,
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_miss_falls_back_to_a_fresh_dial() {
+    let (sim, gw) = sim_and_gateway(
+        SimConfig {
+            // Slow refills: the second session finds the pool empty.
+            upgrade_delay: Duration::from_millis(400),
+            ..SimConfig::default()
+        },
+        "[pool]\nsize = 1\n",
+    )
+    .await;
+    let pool = gw.gateway.routes[0].pool.clone();
+    assert!(eventually(|| pool.len() == 1).await);
+    let mut a = connect(gw.addr).await;
+    let mut b = connect(gw.addr).await;
+    assert_eq!(kind(&recv_text(&mut a).await), "session.created");
+    assert_eq!(kind(&recv_text(&mut b).await), "session.created");
+    assert_eq!(
+        kind(one_turn(&mut b).await.last().unwrap()),
+        "response.done"
+    );
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_pool_hits_total", "").await,
+        1.0
+    );
+    assert_eq!(
+        metric(
+            gw.admin_addr,
+            "patchbay_pool_misses_total",
+            "reason=\"empty\""
+        )
+        .await,
+        1.0
+    );
+    assert!(sim.stats.upgrades.load(Ordering::Relaxed) >= 2);
+}
+
+#[tokio::test]
+async fn size_file_grows_and_shrinks_the_pool_live_and_bad_values_are_ignored() {
+    let sim = sim(SimConfig::default()).await;
+    let file = std::env::temp_dir().join(format!(
+        "patchbay-pool-size-{}",
+        patchbay_gateway::ids::short_id()
+    ));
+    std::fs::write(&file, "2\n").unwrap();
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("[pool]\nsize = 1\nsize_file = \"{}\"\n", file.display()),
+    ))
+    .await;
+    let pool = gw.gateway.routes[0].pool.clone();
+    assert_eq!(
+        pool.target(),
+        2,
+        "the size file overrides [pool] size at start"
+    );
+    assert!(eventually(|| pool.len() == 2).await);
+
+    std::fs::write(&file, "REALTIME_POOL_SIZE=4\n").unwrap();
+    assert!(eventually(|| pool.len() == 4).await);
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_pool_warm_sockets", "").await,
+        4.0
+    );
+
+    std::fs::write(&file, "1").unwrap();
+    assert!(eventually(|| pool.len() == 1).await);
+    assert!(eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 1).await);
+
+    std::fs::write(&file, "lots").unwrap();
+    tokio::time::sleep(patchbay_gateway::gateway::SIZE_FILE_POLL * 2).await;
+    assert_eq!(pool.target(), 1, "an invalid size is ignored");
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn readiness_waits_for_the_pool_to_warm_up() {
+    let (_sim, gw) = sim_and_gateway(
+        SimConfig {
+            upgrade_delay: Duration::from_millis(800),
+            ..SimConfig::default()
+        },
+        "[pool]\nsize = 2\n",
+    )
+    .await;
+    assert_eq!(http_get(gw.admin_addr, "/readyz").await.0, 503);
+    let pool = gw.gateway.routes[0].pool.clone();
+    assert!(eventually(|| pool.len() == 2).await);
+    assert!(eventually(|| gw.gateway.is_ready()).await);
+    assert_eq!(http_get(gw.admin_addr, "/readyz").await.0, 200);
+}
+
+#[tokio::test]
+async fn readiness_gives_up_waiting_after_the_warmup_timeout() {
+    let sim = sim(SimConfig::default()).await;
+    sim.set_refusing(true);
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        "[pool]\nsize = 2\nwarmup_timeout_secs = 1\n",
+    ))
+    .await;
+    assert_eq!(http_get(gw.admin_addr, "/readyz").await.0, 503);
+    assert!(eventually(|| gw.gateway.is_ready()).await);
+    assert!(
+        gw.gateway.routes[0].pool.is_empty(),
+        "ready although never warm"
+    );
+}
+
+#[tokio::test]
+async fn pool_size_zero_behaves_like_a_fresh_dial() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), "[pool]\nsize = 0\n").await;
+    assert_eq!(
+        http_get(gw.admin_addr, "/readyz").await.0,
+        200,
+        "nothing to warm"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        sim.stats.tcp_accepted.load(Ordering::Relaxed),
+        0,
+        "no dial before a session"
+    );
+    let mut ws = connect(gw.addr).await;
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+    assert_eq!(sim.stats.upgrades.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_pool_hits_total", "").await,
+        0.0
+    );
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_pool_misses_total", "").await,
+        0.0
+    );
+}

@@ -1,0 +1,382 @@
+//! The relay path end to end: real WebSocket sessions through an in-process
+//! gateway to the simulator, on 127.0.0.1.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::common::*;
+use futures_util::SinkExt;
+use patchbay_gateway::sim::{SimConfig, SimFault};
+use tokio::io::AsyncWriteExt;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test]
+async fn full_session_relays_every_upstream_event_byte_for_byte() {
+    let (sim, gw) = sim_and_gateway(
+        SimConfig {
+            record: true,
+            ..SimConfig::default()
+        },
+        "",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    let mut received = vec![recv_text(&mut ws).await];
+    send_json(
+        &mut ws,
+        serde_json::json!({"type": "session.update", "session": {"type": "realtime", "instructions": "x"}}),
+    )
+    .await;
+    received.push(recv_text(&mut ws).await);
+    received.extend(one_turn(&mut ws).await);
+    received.extend(one_turn(&mut ws).await);
+    ws.close(None).await.unwrap();
+
+    let sent = sim.stats.sent.lock().unwrap().clone();
+    assert_eq!(kind(&received[0]), "session.created");
+    assert_eq!(kind(&received[1]), "session.updated");
+    assert!(
+        received.len() > 20,
+        "two turns of events: {}",
+        received.len()
+    );
+    assert_eq!(
+        received, sent,
+        "the client saw exactly what the upstream sent"
+    );
+}
+
+#[tokio::test]
+async fn bearer_api_key_and_subprotocol_credentials_are_accepted() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    let q = format!("?model={MODEL}");
+
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let (mut ws, resp) = connect_with(gw.addr, &q, &[("authorization", &bearer)])
+        .await
+        .unwrap();
+    assert!(resp.headers().get("sec-websocket-protocol").is_none());
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+
+    let (mut ws, _) = connect_with(gw.addr, &q, &[("api-key", CLIENT_KEY)])
+        .await
+        .unwrap();
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+
+    let protocols =
+        format!("realtime, openai-insecure-api-key.{CLIENT_KEY}, openai-beta.realtime-v1");
+    let (mut ws, resp) = connect_with(gw.addr, &q, &[("sec-websocket-protocol", &protocols)])
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers().get("sec-websocket-protocol").unwrap(),
+        "realtime",
+        "the 101 selects the realtime subprotocol"
+    );
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+
+    // The client's key never travels upstream; only the route's key does.
+    let seen = sim.stats.auth_headers.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|k| k == UPSTREAM_KEY), "{seen:?}");
+}
+
+#[tokio::test]
+async fn wrong_or_missing_key_is_refused_with_401_before_any_upstream_connection() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    let q = format!("?model={MODEL}");
+    let (status, _, body) = refused(gw.addr, &q, &[("authorization", "Bearer pb-wrong")]).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "invalid_api_key");
+    let (status, _, body) = refused(gw.addr, &q, &[]).await;
+    assert_eq!(status, 401);
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("missing"));
+    assert_eq!(sim.stats.tcp_accepted.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn missing_model_is_400_and_unknown_model_is_404() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let (status, _, body) = refused(gw.addr, "", &[("authorization", &bearer)]).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["code"], "missing_model");
+    let (status, _, body) =
+        refused(gw.addr, "?model=gpt-nope", &[("authorization", &bearer)]).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "model_not_found");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("gpt-nope"));
+    assert_eq!(sim.stats.tcp_accepted.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn sessions_past_max_sessions_get_429_with_retry_after() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), "[limits]\nmax_sessions = 2\n").await;
+    let mut a = connect(gw.addr).await;
+    let mut b = connect(gw.addr).await;
+    recv_text(&mut a).await;
+    recv_text(&mut b).await;
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let (status, headers, body) = refused(
+        gw.addr,
+        &format!("?model={MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(status, 429);
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
+    assert_eq!(body["error"]["code"], "too_many_sessions");
+    assert_eq!(sim.stats.upgrades.load(Ordering::Relaxed), 2);
+    // A slot frees when a session ends.
+    a.close(None).await.unwrap();
+    let _ = until_close(&mut a).await;
+    assert!(eventually(|| gw.gateway.sessions.active() == 1).await);
+    let mut c = connect(gw.addr).await;
+    assert_eq!(kind(&recv_text(&mut c).await), "session.created");
+}
+
+async fn upstream_refusal(status: u16) -> (serde_json::Value, Option<u16>) {
+    let (_sim, gw) = sim_and_gateway(
+        SimConfig {
+            fault: Some(SimFault::Refuse { status }),
+            ..SimConfig::default()
+        },
+        "",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    assert_eq!(texts.len(), 1, "one error event, then the close: {texts:?}");
+    (serde_json::from_str(&texts[0]).unwrap(), code)
+}
+
+#[tokio::test]
+async fn upstream_refusals_reach_the_client_as_error_events_and_close_codes() {
+    let (e, code) = upstream_refusal(401).await;
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["error"]["code"], "upstream_auth_failed");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("HTTP 401"),
+        "{e}"
+    );
+    assert_eq!(code, Some(1011));
+
+    let (e, code) = upstream_refusal(429).await;
+    assert_eq!(e["error"]["code"], "upstream_rate_limited");
+    assert_eq!(code, Some(1013));
+
+    let (e, code) = upstream_refusal(500).await;
+    assert_eq!(e["error"]["code"], "upstream_unavailable");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("HTTP 500"),
+        "{e}"
+    );
+    assert_eq!(code, Some(1013));
+}
+
+#[tokio::test]
+async fn upstream_first_event_error_is_forwarded_then_closed_1011() {
+    let (sim, gw) = sim_and_gateway(
+        SimConfig {
+            fault: Some(SimFault::ErrorFirst),
+            record: true,
+            ..SimConfig::default()
+        },
+        "",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    assert_eq!(texts, sim.stats.sent.lock().unwrap().clone());
+    assert_eq!(kind(&texts[0]), "error");
+    assert_eq!(code, Some(1011));
+}
+
+#[tokio::test]
+async fn client_close_code_and_reason_reach_the_upstream() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    let mut ws = connect(gw.addr).await;
+    recv_text(&mut ws).await;
+    ws.close(Some(CloseFrame {
+        code: CloseCode::from(4000),
+        reason: "bye".into(),
+    }))
+    .await
+    .unwrap();
+    let (_, code, _) = until_close(&mut ws).await;
+    assert_eq!(code, Some(4000), "the close reply echoes the code");
+    assert!(eventually(|| sim.stats.close_codes.lock().unwrap().contains(&4000)).await);
+}
+
+#[tokio::test]
+async fn upstream_close_code_and_reason_reach_the_client() {
+    let (_sim, gw) = sim_and_gateway(
+        SimConfig {
+            fault: Some(SimFault::CloseAfterResponse {
+                code: 4001,
+                reason: "upstream says bye".into(),
+            }),
+            ..SimConfig::default()
+        },
+        "",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    recv_text(&mut ws).await;
+    one_turn(&mut ws).await;
+    let (_, code, reason) = until_close(&mut ws).await;
+    assert_eq!(code, Some(4001));
+    assert_eq!(reason, "upstream says bye");
+}
+
+#[tokio::test]
+async fn upstream_dropping_mid_response_closes_the_client_with_1011() {
+    let (_sim, gw) = sim_and_gateway(
+        SimConfig {
+            fault: Some(SimFault::DropMidResponse { after_deltas: 2 }),
+            ..SimConfig::default()
+        },
+        "",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    recv_text(&mut ws).await;
+    send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    assert!(texts
+        .iter()
+        .any(|t| kind(t) == "response.output_audio.delta"));
+    assert_eq!(code, Some(1011));
+}
+
+#[tokio::test]
+async fn idle_session_is_closed_after_the_idle_timeout() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), "[relay]\nidle_timeout_secs = 1\n").await;
+    let mut ws = connect(gw.addr).await;
+    recv_text(&mut ws).await;
+    let started = std::time::Instant::now();
+    let (_, code, reason) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1001));
+    assert_eq!(reason, "idle timeout");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(eventually(|| sim.stats.close_codes.lock().unwrap().contains(&1001)).await);
+}
+
+#[tokio::test]
+async fn session_past_max_session_secs_gets_an_error_event_and_1001() {
+    let (_sim, gw) = sim_and_gateway(SimConfig::default(), "[relay]\nmax_session_secs = 1\n").await;
+    let mut ws = connect(gw.addr).await;
+    recv_text(&mut ws).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    let e: serde_json::Value = serde_json::from_str(texts.last().unwrap()).unwrap();
+    assert_eq!(e["error"]["code"], "session_expired");
+    assert_eq!(code, Some(1001));
+}
+
+#[tokio::test]
+async fn oversize_client_message_closes_that_session_with_1009_only() {
+    let (_sim, gw) =
+        sim_and_gateway(SimConfig::default(), "[relay]\nmax_message_bytes = 65536\n").await;
+    let mut big = connect(gw.addr).await;
+    let mut other = connect(gw.addr).await;
+    recv_text(&mut big).await;
+    recv_text(&mut other).await;
+    let payload = format!(
+        "{{\"type\":\"input_audio_buffer.append\",\"audio\":\"{}\"}}",
+        "A".repeat(100_000)
+    );
+    big.send(Message::text(payload)).await.unwrap();
+    let (_, code, _) = until_close(&mut big).await;
+    assert_eq!(code, Some(1009));
+    let turn = one_turn(&mut other).await;
+    assert_eq!(kind(turn.last().unwrap()), "response.done");
+}
+
+#[tokio::test]
+async fn half_open_upgrades_do_not_block_a_normal_session() {
+    let (_sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    let mut stalled = Vec::new();
+    for _ in 0..200 {
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        s.write_all(
+            b"GET /v1/realtime?model=gpt-realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n",
+        )
+        .await
+        .unwrap();
+        stalled.push(s);
+    }
+    let mut ws = connect(gw.addr).await;
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+    let turn = one_turn(&mut ws).await;
+    assert_eq!(kind(turn.last().unwrap()), "response.done");
+    drop(stalled);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_does_not_grow_the_gateway_without_bound() {
+    // The upstream tries to send ~1.7 GB of audio; the client reads nothing.
+    let (sim, gw) = sim_and_gateway(
+        SimConfig {
+            audio_deltas: 40_000,
+            audio_delta_bytes: 32 * 1024,
+            ..SimConfig::default()
+        },
+        "",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    recv_text(&mut ws).await;
+    send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let at_2s = sim.stats.audio_bytes_sent.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let at_3s = sim.stats.audio_bytes_sent.load(Ordering::Relaxed);
+    println!("upstream bytes sent into a stalled client: {at_3s}");
+    // What is in flight is one message per hop plus the kernel's socket
+    // buffers on the two loopback legs: tens of MB at most, not 1.7 GB.
+    assert!(
+        at_3s < 64 << 20,
+        "upstream sent {at_3s} bytes into a stalled client"
+    );
+    assert_eq!(
+        at_2s, at_3s,
+        "the upstream is held back once buffers are full"
+    );
+    drop(ws);
+}
+
+#[tokio::test]
+async fn admin_endpoints_report_health_readiness_and_metrics() {
+    let (_sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    assert_eq!(http_get(gw.admin_addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(gw.admin_addr, "/readyz").await.0, 200);
+    let mut ws = connect(gw.addr).await;
+    recv_text(&mut ws).await;
+    let active = metric(
+        gw.admin_addr,
+        "patchbay_realtime_sessions_active",
+        "gpt-realtime",
+    )
+    .await;
+    assert_eq!(active, 1.0);
+    ws.close(None).await.unwrap();
+    let _ = until_close(&mut ws).await;
+    assert!(eventually(|| gw.gateway.sessions.active() == 0).await);
+    let ended = metric(
+        gw.admin_addr,
+        "patchbay_realtime_sessions_total",
+        "client_closed",
+    )
+    .await;
+    assert_eq!(ended, 1.0);
+    let dials = metric(gw.admin_addr, "patchbay_upstream_dial_seconds_count", "").await;
+    assert_eq!(dials, 1.0);
+}
