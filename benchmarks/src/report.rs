@@ -138,6 +138,16 @@ impl Report<'_> {
             cpu * 100.0 / m.wall_secs.max(1e-9),
             m.bench_max_rss_kib as f64 / 1024.0
         );
+        if let Some(l) = self.result.loop_lag {
+            let _ = writeln!(
+                w,
+                "bench event-loop lag ({} ms probe): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                crate::run::LAG_PROBE_EVERY.as_millis(),
+                ms(l.p50),
+                ms(l.p99),
+                ms(l.max)
+            );
+        }
 
         let _ = writeln!(w);
         let _ = writeln!(
@@ -291,8 +301,16 @@ struct JsonPool<'a> {
 }
 
 #[derive(Serialize)]
+struct JsonLag {
+    p50_us: u64,
+    p99_us: u64,
+    max_us: u64,
+}
+
+#[derive(Serialize)]
 struct JsonRun<'a> {
     meta: &'a Meta,
+    bench_loop_lag: Option<JsonLag>,
     targets: Vec<JsonTarget<'a>>,
     pools: Vec<JsonPool<'a>>,
     samples: Vec<JsonSample<'a>>,
@@ -307,6 +325,11 @@ impl Report<'_> {
     pub fn to_json(&self) -> String {
         let run = JsonRun {
             meta: self.meta,
+            bench_loop_lag: self.result.loop_lag.map(|l| JsonLag {
+                p50_us: us(l.p50),
+                p99_us: us(l.p99),
+                max_us: us(l.max),
+            }),
             targets: self
                 .targets
                 .iter()
@@ -423,6 +446,7 @@ mod tests {
                 sample(5, 1, 0, Some(SessionError::Timeout(Phase::FirstAudio))),
             ],
             wall: Duration::from_secs(2),
+            loop_lag: Summary::of(&mut [Duration::from_micros(100), Duration::from_millis(3)]),
         }
     }
 
@@ -467,6 +491,10 @@ mod tests {
         assert!(text.contains("3/3   100.00%"), "{text}");
         assert!(text.contains("2/3    66.67%"), "{text}");
         assert!(text.contains("50 % of one core"), "{text}");
+        assert!(
+            text.contains("lag (10 ms probe): p50 0.10 ms, p99 3.00 ms"),
+            "{text}"
+        );
         // total p50: direct 200 ms, gw 50 ms → 0.25, −150 ms.
         assert!(text.contains("0.250 (-150.00)"), "{text}");
         assert!(text.contains("timed out in first_audio"), "{text}");
@@ -499,5 +527,6 @@ mod tests {
         assert_eq!(v["meta"]["sessions"], 6);
         assert_eq!(v["targets"][0]["name"], "direct");
         assert_eq!(v["pools"][0]["error"], "timed out");
+        assert_eq!(v["bench_loop_lag"]["max_us"], 3000);
     }
 }

@@ -19,13 +19,17 @@ use std::time::Duration;
 
 use http::{header, HeaderName, HeaderValue, Uri};
 use patchbay_gateway::secret::Secret;
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::session::{self, Endpoint, SessionError, Timings};
+use crate::stats::Summary;
 
 /// How often progress is printed to stderr.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// Period of the event-loop lag probe.
+pub const LAG_PROBE_EVERY: Duration = Duration::from_millis(10);
 
 /// One target, resolved.
 #[derive(Debug, Clone)]
@@ -159,6 +163,24 @@ pub struct RunResult {
     /// Ordered by index.
     pub samples: Vec<Sample>,
     pub wall: Duration,
+    /// How late the bench's own runtime ran a ready timer during the run
+    /// ([`LAG_PROBE_EVERY`] probe): the delay the bench itself may have
+    /// added to any measured phase.
+    pub loop_lag: Option<Summary>,
+}
+
+/// Wakes every [`LAG_PROBE_EVERY`] and records how late each wake-up was,
+/// until `stop` fires (or is dropped).
+async fn probe_lag(mut stop: oneshot::Receiver<()>) -> Vec<Duration> {
+    let mut tick = tokio::time::interval(LAG_PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut lags = Vec::new();
+    loop {
+        tokio::select! {
+            _ = &mut stop => return lags,
+            scheduled = tick.tick() => lags.push(Instant::now().saturating_duration_since(scheduled)),
+        }
+    }
 }
 
 /// Runs the plan to the end: every session finishes or times out.
@@ -166,6 +188,8 @@ pub async fn run(plan: Arc<Plan>) -> RunResult {
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
+    let (stop_probe, probe_stop) = oneshot::channel();
+    let probe = tokio::spawn(probe_lag(probe_stop));
     let mut workers = JoinSet::new();
     for _ in 0..plan.concurrency.min(plan.sessions) {
         let (plan, next, done) = (plan.clone(), next.clone(), done.clone());
@@ -224,8 +248,14 @@ pub async fn run(plan: Arc<Plan>) -> RunResult {
     if let Some(p) = progress {
         p.abort();
     }
+    let _ = stop_probe.send(());
+    let mut lags = probe.await.unwrap_or_default();
     samples.sort_unstable_by_key(|s| s.index);
-    RunResult { samples, wall }
+    RunResult {
+        samples,
+        wall,
+        loop_lag: Summary::of(&mut lags),
+    }
 }
 
 /// CPU time (user, system) this process has used so far, and its peak RSS
