@@ -81,8 +81,12 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<Outcome, PlanError> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let (user0, sys0, _) = run::cpu_usage();
+    let sched0 = run::sched_times();
     let result = run::run(plan.clone()).await;
     let (user1, sys1, max_rss_kib) = run::cpu_usage();
+    let cpu_wait = sched0
+        .zip(run::sched_times())
+        .map(|((_, w0), (_, w1))| w1.saturating_sub(w0).as_secs_f64());
     let after = scrape_all(cli).await;
     let pools = cli
         .metrics
@@ -106,6 +110,7 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<Outcome, PlanError> {
         bench_cpu_user_secs: (user1.saturating_sub(user0)).as_secs_f64(),
         bench_cpu_sys_secs: (sys1.saturating_sub(sys0)).as_secs_f64(),
         bench_max_rss_kib: max_rss_kib,
+        bench_cpu_wait_secs: cpu_wait,
     };
     let targets = Arc::try_unwrap(plan).map_or_else(|p| p.targets.clone(), |p| p.targets);
     Ok(Outcome {

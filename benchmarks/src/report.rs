@@ -29,6 +29,9 @@ pub struct Meta {
     pub bench_cpu_user_secs: f64,
     pub bench_cpu_sys_secs: f64,
     pub bench_max_rss_kib: u64,
+    /// Time the bench's threads were runnable but waiting for a CPU
+    /// during the run (`None` without kernel schedstats).
+    pub bench_cpu_wait_secs: Option<f64>,
 }
 
 /// A pool scrape for one target: the counts during the run, or why not.
@@ -139,7 +142,7 @@ impl Report<'_> {
             m.bench_max_rss_kib as f64 / 1024.0
         );
         if let Some(l) = self.result.loop_lag {
-            let _ = writeln!(
+            let _ = write!(
                 w,
                 "bench event-loop lag ({} ms probe): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
                 crate::run::LAG_PROBE_EVERY.as_millis(),
@@ -147,6 +150,14 @@ impl Report<'_> {
                 ms(l.p99),
                 ms(l.max)
             );
+            match m.bench_cpu_wait_secs {
+                Some(s) => {
+                    let _ = writeln!(w, "; runnable but waiting for a CPU {:.2} s", s);
+                }
+                None => {
+                    let _ = writeln!(w);
+                }
+            }
         }
 
         let _ = writeln!(w);
@@ -432,6 +443,7 @@ mod tests {
             bench_cpu_user_secs: 0.5,
             bench_cpu_sys_secs: 0.5,
             bench_max_rss_kib: 10240,
+            bench_cpu_wait_secs: Some(0.25),
         }
     }
 

@@ -272,9 +272,39 @@ pub fn cpu_usage() -> (Duration, Duration, u64) {
     (tv(ru.ru_utime), tv(ru.ru_stime), ru.ru_maxrss as u64)
 }
 
+/// Time this process's threads have spent on a CPU and runnable but
+/// waiting for one (the kernel's `schedstat`, summed over threads); `None`
+/// where the kernel does not expose it. The wait separates "the bench was
+/// busy" from "the machine did not run the bench".
+pub fn sched_times() -> Option<(Duration, Duration)> {
+    let mut on_cpu = 0;
+    let mut waiting = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        let (c, w) = parse_schedstat(&std::fs::read_to_string(path).ok()?)?;
+        on_cpu += c;
+        waiting += w;
+    }
+    Some((Duration::from_nanos(on_cpu), Duration::from_nanos(waiting)))
+}
+
+/// `on-CPU ns, run-queue wait ns, timeslices` → the first two.
+pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
+    let mut f = text.split_whitespace().map(str::parse::<u64>);
+    Some((f.next()?.ok()?, f.next()?.ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_gives_cpu_and_wait() {
+        assert_eq!(parse_schedstat("570148 2500 1\n"), Some((570148, 2500)));
+        assert_eq!(parse_schedstat("570148"), None);
+        assert_eq!(parse_schedstat("x 1 2"), None);
+        assert!(sched_times().is_some_and(|(cpu, _)| !cpu.is_zero()));
+    }
 
     #[test]
     fn model_is_added_to_the_query_once() {
