@@ -1,0 +1,287 @@
+//! Command line: targets, keys, load shape, outputs.
+//!
+//! A target is `NAME=URL`, or `NAME=URL@KEY` to give it its own client key
+//! (the key is whatever follows the last `@` *after the URL's path starts*,
+//! so `ws://user@host/…` still reads as userinfo). Targets without their own
+//! key use `--key` (or `PATCHBAY_BENCH_KEY`, which keeps the key out of the
+//! process list). The first target is the baseline of the ratios.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use patchbay_gateway::secret::Secret;
+
+pub const DEFAULT_MODEL: &str = "gpt-realtime";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "patchbay-bench",
+    version,
+    about = "Opens Realtime sessions against interleaved targets and reports phase latencies"
+)]
+pub struct Cli {
+    /// `NAME=URL` or `NAME=URL@KEY` (ws:// only); repeat. The first is the baseline.
+    #[arg(long = "target", value_name = "NAME=URL[@KEY]", required = true, value_parser = parse_target)]
+    pub targets: Vec<TargetSpec>,
+    /// Client key sent as `Authorization: Bearer` to targets without their own.
+    #[arg(long, env = "PATCHBAY_BENCH_KEY", hide_env_values = true)]
+    pub key: Option<String>,
+    /// Model put in `?model=` (unless the URL already has one).
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Speak the beta protocol (`OpenAI-Beta: realtime=v1`).
+    #[arg(long)]
+    pub beta: bool,
+    /// Sessions in total, spread over the targets in turn.
+    #[arg(short = 'n', long = "sessions", default_value_t = 100)]
+    pub sessions: usize,
+    /// Sessions open at once (across all targets).
+    #[arg(short = 'c', long = "concurrency", default_value_t = 10)]
+    pub concurrency: usize,
+    /// Bound on one session, connect to `response.done`.
+    #[arg(long, default_value_t = 30)]
+    pub timeout_secs: u64,
+    /// Write every sample (and the run's parameters) as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// `NAME=URL` of a target's Prometheus endpoint, scraped before and
+    /// after the run for the pool hit rate; repeat.
+    #[arg(long = "metrics", value_name = "NAME=URL", value_parser = parse_metrics)]
+    pub metrics: Vec<MetricsSpec>,
+    /// Runtime worker threads; 1 runs everything on the current thread.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+}
+
+/// A target as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetSpec {
+    pub name: String,
+    pub url: String,
+    pub key: Option<Secret>,
+}
+
+/// A metrics endpoint as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsSpec {
+    pub name: String,
+    pub url: String,
+}
+
+fn split_name(s: &str, what: &str) -> Result<(String, String), String> {
+    let (name, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME={what}, got {s:?}"))?;
+    let name = name.trim();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(format!("bad name {name:?}: use visible ASCII, no spaces"));
+    }
+    if rest.is_empty() {
+        return Err(format!("{name}: missing {what}"));
+    }
+    Ok((name.to_string(), rest.to_string()))
+}
+
+pub fn parse_target(s: &str) -> Result<TargetSpec, String> {
+    let (name, rest) = split_name(s, "URL")?;
+    let path_start = rest
+        .find("://")
+        .and_then(|i| rest[i + 3..].find('/').map(|j| i + 3 + j));
+    let (url, key) = match (path_start, rest.rfind('@')) {
+        (Some(p), Some(at)) if at > p => (&rest[..at], Some(&rest[at + 1..])),
+        _ => (rest.as_str(), None),
+    };
+    if !url.starts_with("ws://") {
+        return Err(format!(
+            "{name}: {url:?} is not a ws:// URL (wss is not supported: benchmark the plain listener)"
+        ));
+    }
+    let key = match key {
+        Some("") => return Err(format!("{name}: empty key after '@'")),
+        k => k.map(Secret::new),
+    };
+    Ok(TargetSpec {
+        name,
+        url: url.to_string(),
+        key,
+    })
+}
+
+pub fn parse_metrics(s: &str) -> Result<MetricsSpec, String> {
+    let (name, url) = split_name(s, "URL")?;
+    if !url.starts_with("http://") {
+        return Err(format!("{name}: {url:?} is not an http:// URL"));
+    }
+    Ok(MetricsSpec { name, url })
+}
+
+impl Cli {
+    /// Checks what clap cannot: unique names, metrics that name a target,
+    /// non-zero counts.
+    pub fn validate(&self) -> Result<(), String> {
+        for (i, t) in self.targets.iter().enumerate() {
+            if self.targets[..i].iter().any(|o| o.name == t.name) {
+                return Err(format!("target {:?} is given twice", t.name));
+            }
+        }
+        for m in &self.metrics {
+            if !self.targets.iter().any(|t| t.name == m.name) {
+                return Err(format!("--metrics {}: no target of that name", m.name));
+            }
+        }
+        for (flag, v) in [
+            ("--sessions", self.sessions),
+            ("--concurrency", self.concurrency),
+            ("--threads", self.threads),
+        ] {
+            if v == 0 {
+                return Err(format!("{flag} must be at least 1"));
+            }
+        }
+        if self.timeout_secs == 0 {
+            return Err("--timeout-secs must be at least 1".into());
+        }
+        if self.model.is_empty() {
+            return Err("--model must not be empty".into());
+        }
+        Ok(())
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs)
+    }
+
+    /// The key for `target`: its own, else `--key`.
+    pub fn key_for(&self, target: &TargetSpec) -> Option<Secret> {
+        target
+            .key
+            .clone()
+            .or_else(|| self.key.as_deref().map(Secret::new))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Result<Cli, String> {
+        let cli =
+            Cli::try_parse_from(std::iter::once("patchbay-bench").chain(args.iter().copied()))
+                .map_err(|e| e.to_string())?;
+        cli.validate()?;
+        Ok(cli)
+    }
+
+    #[test]
+    fn target_is_a_name_and_a_url() {
+        let t = parse_target("direct=ws://127.0.0.1:9100/v1/realtime").unwrap();
+        assert_eq!(t.name, "direct");
+        assert_eq!(t.url, "ws://127.0.0.1:9100/v1/realtime");
+        assert_eq!(t.key, None);
+    }
+
+    #[test]
+    fn key_after_the_path_overrides_the_default_key() {
+        let t = parse_target("gw=ws://127.0.0.1:8080/v1/realtime?x=1@pb-key").unwrap();
+        assert_eq!(t.url, "ws://127.0.0.1:8080/v1/realtime?x=1");
+        assert_eq!(t.key, Some(Secret::new("pb-key")));
+    }
+
+    #[test]
+    fn userinfo_before_the_path_is_not_a_key() {
+        let t = parse_target("gw=ws://user@127.0.0.1:8080/v1/realtime").unwrap();
+        assert_eq!(t.url, "ws://user@127.0.0.1:8080/v1/realtime");
+        assert_eq!(t.key, None);
+    }
+
+    #[test]
+    fn bad_targets_are_refused_with_a_reason() {
+        for (arg, needle) in [
+            ("ws://127.0.0.1:1/v1/realtime", "NAME=URL"),
+            ("=ws://127.0.0.1:1/", "bad name"),
+            ("a b=ws://127.0.0.1:1/", "bad name"),
+            ("a=", "missing URL"),
+            ("a=http://127.0.0.1:1/", "not a ws://"),
+            ("a=wss://127.0.0.1:1/", "wss is not supported"),
+            ("a=ws://127.0.0.1:1/v1@", "empty key"),
+        ] {
+            let e = parse_target(arg).unwrap_err();
+            assert!(e.contains(needle), "{arg}: {e}");
+        }
+    }
+
+    #[test]
+    fn metrics_endpoint_must_be_http() {
+        let m = parse_metrics("pool-on=http://127.0.0.1:9091/metrics").unwrap();
+        assert_eq!(m.name, "pool-on");
+        assert_eq!(m.url, "http://127.0.0.1:9091/metrics");
+        assert!(parse_metrics("pool-on=ws://127.0.0.1:9091/metrics").is_err());
+    }
+
+    #[test]
+    fn full_command_line_parses() {
+        let c = cli(&[
+            "--target",
+            "direct=ws://127.0.0.1:9100/v1/realtime@sk-sim",
+            "--target",
+            "gw=ws://127.0.0.1:8080/v1/realtime",
+            "--key",
+            "pb-key",
+            "--model",
+            "gpt-realtime-mini",
+            "-n",
+            "5000",
+            "-c",
+            "500",
+            "--timeout-secs",
+            "20",
+            "--out",
+            "/tmp/x.json",
+            "--metrics",
+            "gw=http://127.0.0.1:9090/metrics",
+            "--threads",
+            "2",
+            "--beta",
+        ])
+        .unwrap();
+        assert_eq!(c.targets.len(), 2);
+        assert_eq!(c.sessions, 5000);
+        assert_eq!(c.concurrency, 500);
+        assert_eq!(c.timeout(), Duration::from_secs(20));
+        assert_eq!(c.model, "gpt-realtime-mini");
+        assert_eq!(c.out, Some(PathBuf::from("/tmp/x.json")));
+        assert_eq!(c.metrics.len(), 1);
+        assert_eq!(c.threads, 2);
+        assert!(c.beta);
+        assert_eq!(c.key_for(&c.targets[0]), Some(Secret::new("sk-sim")));
+        assert_eq!(c.key_for(&c.targets[1]), Some(Secret::new("pb-key")));
+    }
+
+    #[test]
+    fn defaults_are_small_and_safe() {
+        let c = cli(&["--target", "a=ws://127.0.0.1:1/v1/realtime"]).unwrap();
+        assert_eq!(c.sessions, 100);
+        assert_eq!(c.concurrency, 10);
+        assert_eq!(c.threads, 1);
+        assert_eq!(c.model, DEFAULT_MODEL);
+        assert_eq!(c.timeout(), Duration::from_secs(30));
+        assert!(!c.beta);
+    }
+
+    #[test]
+    fn inconsistent_command_lines_are_refused() {
+        let t = "a=ws://127.0.0.1:1/v1/realtime";
+        assert!(cli(&[]).is_err(), "a target is required");
+        let e = cli(&["--target", t, "--target", t]).unwrap_err();
+        assert!(e.contains("given twice"), "{e}");
+        let e = cli(&["--target", t, "--metrics", "b=http://127.0.0.1:2/metrics"]).unwrap_err();
+        assert!(e.contains("no target of that name"), "{e}");
+        let e = cli(&["--target", t, "-c", "0"]).unwrap_err();
+        assert!(e.contains("--concurrency"), "{e}");
+        let e = cli(&["--target", t, "-n", "0"]).unwrap_err();
+        assert!(e.contains("--sessions"), "{e}");
+        let e = cli(&["--target", t, "--timeout-secs", "0"]).unwrap_err();
+        assert!(e.contains("--timeout-secs"), "{e}");
+    }
+}

@@ -1,0 +1,118 @@
+//! The bench against a real simulator and a real gateway on 127.0.0.1.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use patchbay_bench::args::Cli;
+use patchbay_bench::session::Phase;
+use patchbay_gateway::config::{Config, MASTER_KEY_ENV};
+use patchbay_gateway::sim::{self, SimConfig};
+
+const UPSTREAM_KEY: &str = "sk-sim-bench";
+const CLIENT_KEY: &str = "pb-bench-key";
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn cli(args: &[String]) -> Cli {
+    let cli = Cli::try_parse_from(
+        std::iter::once("patchbay-bench".to_string()).chain(args.iter().cloned()),
+    )
+    .unwrap();
+    cli.validate().unwrap();
+    cli
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_session_succeeds_and_every_phase_has_samples() {
+    let sim = sim::start(
+        loopback(),
+        SimConfig {
+            keys: vec![UPSTREAM_KEY.into()],
+            upgrade_delay: Duration::from_millis(5),
+            session_delay: Duration::from_millis(2),
+            inference_delay: Duration::from_millis(3),
+            audio_deltas: 4,
+            audio_delta_bytes: 400,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         [[routes]]\nmodel = \"gpt-realtime\"\nupstream_url = \"{}\"\napi_key_env = \"UPSTREAM_KEY\"\n",
+        sim.url(false)
+    );
+    let env = |k: &str| match k {
+        "UPSTREAM_KEY" => Some(UPSTREAM_KEY.to_string()),
+        MASTER_KEY_ENV => Some(CLIENT_KEY.to_string()),
+        _ => None,
+    };
+    let gw = patchbay_gateway::gateway::start(Config::from_toml_with_env(&toml, &env).unwrap())
+        .await
+        .unwrap();
+
+    let args: Vec<String> = [
+        "--target".into(),
+        format!("direct={}@{UPSTREAM_KEY}", sim.url(false)),
+        "--target".into(),
+        format!("gateway=ws://{}/v1/realtime", gw.addr),
+        "--key".into(),
+        CLIENT_KEY.into(),
+        "-n".into(),
+        "20".into(),
+        "-c".into(),
+        "5".into(),
+        "--timeout-secs".into(),
+        "10".into(),
+        "--metrics".into(),
+        format!("gateway=http://{}/metrics", gw.admin_addr),
+    ]
+    .into();
+    let outcome = patchbay_bench::execute(&cli(&args), false).await.unwrap();
+
+    let samples = &outcome.result.samples;
+    assert_eq!(samples.len(), 20);
+    let failures: Vec<_> = samples.iter().filter_map(|s| s.error.as_ref()).collect();
+    assert!(failures.is_empty(), "100 % success expected: {failures:?}");
+    // Interleaved: even indices to the first target, odd to the second.
+    for s in samples {
+        assert_eq!(s.target, s.index % 2);
+        for p in Phase::ALL {
+            assert!(s.timings.get(p).is_some(), "{} missing in {s:?}", p.name());
+        }
+        assert_eq!(s.timings.audio_frames, 4);
+    }
+    assert_eq!(
+        sim.stats
+            .responses_done
+            .load(std::sync::atomic::Ordering::Relaxed),
+        20,
+        "ten direct and ten through the gateway"
+    );
+
+    let report = outcome.report();
+    let text = report.render();
+    for needle in [
+        "10/10   100.00%",
+        "first_audio",
+        "p50 against direct",
+        "pool (counter",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+    }
+    assert_eq!(outcome.pools.len(), 1);
+    assert!(
+        outcome.pools[0].1.is_ok(),
+        "the admin endpoint was scraped: {:?}",
+        outcome.pools
+    );
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["samples"].as_array().unwrap().len(), 20);
+
+    gw.gateway.shutdown.cancel();
+    sim.stop();
+}
