@@ -12,6 +12,7 @@ pub mod event;
 pub mod gateway;
 pub mod ids;
 pub mod logging;
+pub mod logs;
 pub mod metrics;
 pub mod relay;
 pub mod secret;
