@@ -19,4 +19,5 @@ pub mod secret;
 pub mod server;
 pub mod session;
 pub mod sim;
+pub mod store;
 pub mod upstream;
