@@ -13,6 +13,7 @@ pub mod gateway;
 pub mod ids;
 pub mod logging;
 pub mod logs;
+pub mod metering;
 pub mod metrics;
 pub mod relay;
 pub mod secret;
