@@ -75,7 +75,7 @@ impl State {
 
     fn tick(&mut self, now: Instant) {
         self.calls += 1;
-        if self.calls % SWEEP_EVERY == 0 {
+        if self.calls.is_multiple_of(SWEEP_EVERY) {
             self.windows.retain(|_, (_, exp)| *exp > now);
             self.budgets
                 .retain(|_, (_, exp)| exp.is_none_or(|e| e > now));
