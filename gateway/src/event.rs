@@ -26,6 +26,13 @@ pub fn event_type(text: &str) -> Option<Cow<'_, str>> {
     serde_json::from_str::<Typed<'_>>(text).ok().map(|t| t.kind)
 }
 
+/// The event type when the leading bytes give it (first key, or second
+/// behind `event_id`, no escapes), without any fallback. For callers that
+/// only care about a few types and want to skip the full scan on the rest.
+pub fn leading_event_type(text: &str) -> Option<&str> {
+    leading_type(text.as_bytes()).map(|t| t_str(text, t))
+}
+
 fn t_str(text: &str, (start, end): (usize, usize)) -> &str {
     &text[start..end]
 }

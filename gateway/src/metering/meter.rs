@@ -1,0 +1,504 @@
+//! The meter task: one per session, fed by its [`TurnTracker`] through a
+//! bounded channel, spawned by the session on the gateway's `TaskTracker`.
+//!
+//! Every `[metering] flush_secs` (default 15), and once more when the
+//! tracker is finished (the channel closes), a flush:
+//! 1. turns the window's turns into request-log rows, priced with the price
+//!    table as it is now (an edited price applies from the next flush), and
+//!    writes them to stdout;
+//! 2. in one store round trip, appends the rows to the Redis stream, adds
+//!    the window's cost to every applicable budget counter (key, team,
+//!    route) and its tokens to the key's tpm window;
+//! 3. compares the budget totals that round trip returned with the limits
+//!    and fires the [`KillSignal`] when one is spent. The counters are shared
+//!    with every session of the same scope, so an idle session is closed on
+//!    its next tick when others spend the budget.
+//!
+//! `flush_secs = 0` flushes after every turn (turns already queued are
+//! flushed together) and re-reads the budgets every [`BUDGET_TICK`].
+//!
+//! The key is re-read from the key store every [`KEY_CHECK_TICK`] (a pointer
+//! comparison when the key set did not change): a removed or disabled key
+//! fires the kill; a changed budget or tpm applies from the next flush.
+//!
+//! Overshoot: a budget is checked at flushes, so a session can spend up to
+//! one flush window plus the turn in flight past its limit before it is
+//! closed; N sessions sharing a budget can overshoot by N such amounts.
+//!
+//! Store failures fail open: rows still reach stdout, `store_errors` counts
+//! the failure, and the window's cost, tokens and stream rows (up to
+//! [`MAX_CARRIED_ROWS`]) are carried into the next flush, so counting
+//! resumes without loss when the store returns. A flush that timed out may
+//! still have been applied: then the carried window is counted twice. What
+//! the final flush cannot write is lost (and counted).
+//!
+//! [`TurnTracker`]: super::TurnTracker
+//! [`KillSignal`]: super::KillSignal
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::{interval_at, Instant, MissedTickBehavior};
+
+use super::pricing::{self, Usage};
+use super::tracker::{TurnKind, TurnRecord, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED};
+use super::{applicable_budgets, bounded, budget_message, SessionMeta, Shared};
+use crate::auth::{KeyEntry, KeySet, TeamEntry};
+use crate::config::PriceRow;
+use crate::event::error_event;
+use crate::logs::RequestLogRow;
+use crate::metrics::{model, StatusLabels, TokenLabels};
+use crate::relay::Kill;
+use crate::store::{BudgetKey, FlushBatch};
+
+/// How often budgets are re-read when `flush_secs = 0`.
+pub const BUDGET_TICK: Duration = Duration::from_secs(1);
+/// How often the session's key is checked against the key store.
+pub const KEY_CHECK_TICK: Duration = Duration::from_secs(1);
+/// A window this large is flushed before its tick.
+pub const MAX_WINDOW_TURNS: usize = 256;
+/// Stream rows kept for the next flush while the store is failing.
+pub const MAX_CARRIED_ROWS: usize = 1024;
+/// The row model of transcription usage when no session event named the
+/// transcription model (unpriced).
+pub const UNKNOWN_TRANSCRIPTION_MODEL: &str = "unknown-transcription-model";
+/// Close code for budget and key kills (policy violation).
+pub const KILL_CLOSE_CODE: u16 = 1008;
+
+/// A session's meter; run it with [`MeterTask::run`].
+#[derive(Debug)]
+pub struct MeterTask {
+    shared: Arc<Shared>,
+    meta: SessionMeta,
+    rx: mpsc::Receiver<TurnRecord>,
+    kill: watch::Sender<Option<Kill>>,
+    window: Vec<TurnRecord>,
+    carry: Carry,
+    /// The key as last read from the key store.
+    key: KeyEntry,
+    team: Option<TeamEntry>,
+    keyset_seen: Option<Arc<KeySet>>,
+    warned_unpriced: bool,
+}
+
+/// What a failed flush could not write.
+#[derive(Debug, Default)]
+struct Carry {
+    cost: f64,
+    tokens: u64,
+    rows: Vec<RequestLogRow>,
+}
+
+impl MeterTask {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        meta: SessionMeta,
+        rx: mpsc::Receiver<TurnRecord>,
+        kill: watch::Sender<Option<Kill>>,
+    ) -> Self {
+        Self {
+            shared,
+            key: meta.key.clone(),
+            team: None,
+            meta,
+            rx,
+            kill,
+            window: Vec::new(),
+            carry: Carry::default(),
+            keyset_seen: None,
+            warned_unpriced: false,
+        }
+    }
+
+    /// Runs until the tracker is finished (or dropped) and the final flush
+    /// has been written.
+    pub async fn run(mut self) {
+        self.check_key();
+        let every_turn = self.shared.config.flush_secs == 0;
+        let period = if every_turn {
+            BUDGET_TICK
+        } else {
+            Duration::from_secs(self.shared.config.flush_secs)
+        };
+        let start = Instant::now();
+        let mut flush_tick = interval_at(start + period, period);
+        flush_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut key_tick = interval_at(start + KEY_CHECK_TICK, KEY_CHECK_TICK);
+        key_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                rec = self.rx.recv() => match rec {
+                    Some(rec) => {
+                        self.window.push(rec);
+                        while let Ok(rec) = self.rx.try_recv() {
+                            self.window.push(rec);
+                        }
+                        if every_turn || self.window.len() >= MAX_WINDOW_TURNS {
+                            self.flush(true).await;
+                        }
+                    }
+                    None => break,
+                },
+                _ = flush_tick.tick() => self.flush(true).await,
+                _ = key_tick.tick() => self.check_key(),
+            }
+        }
+        self.flush(false).await;
+    }
+
+    /// Fires the kill unless one already fired; true if this one did.
+    fn fire(&self, kill: Kill) -> bool {
+        self.kill.send_if_modified(|k| {
+            if k.is_none() {
+                *k = Some(kill);
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    fn check_key(&mut self) {
+        let set = self.shared.keys.get();
+        if self
+            .keyset_seen
+            .as_ref()
+            .is_some_and(|seen| Arc::ptr_eq(seen, &set))
+        {
+            return;
+        }
+        match set.by_id(&self.meta.key.id) {
+            Some(k) if !k.disabled => {
+                self.key = k.clone();
+                self.team = self.meta.team.as_deref().and_then(|t| set.team(t)).cloned();
+            }
+            found => {
+                let why = if found.is_some() {
+                    "disabled"
+                } else {
+                    "removed"
+                };
+                let message = format!("the API key '{}' of this session was {why}", self.key.id);
+                let kill = Kill {
+                    code: KILL_CLOSE_CODE,
+                    reason: "api key revoked".into(),
+                    error_event: Some(error_event(
+                        "invalid_request_error",
+                        "invalid_api_key",
+                        &message,
+                    )),
+                    outcome: OUTCOME_KEY_REVOKED,
+                };
+                if self.fire(kill) {
+                    tracing::info!(session_id = %self.meta.session_id, key_id = %self.key.id, why, "closing session: key revoked");
+                }
+            }
+        }
+        self.keyset_seen = Some(set);
+    }
+
+    async fn flush(&mut self, check_budgets: bool) {
+        self.check_key();
+        let prices = self.shared.prices();
+        let mut rows = Vec::with_capacity(self.window.len());
+        let mut cost = self.carry.cost;
+        let mut tokens = self.carry.tokens;
+        for rec in std::mem::take(&mut self.window) {
+            let priced = build_row(&rec, &self.meta, &prices);
+            if !priced.priced && priced.usage.total > 0 && !self.warned_unpriced {
+                self.warned_unpriced = true;
+                tracing::warn!(session_id = %self.meta.session_id, model = %priced.row.model, "no [[prices]] row for this model: its usage is logged at cost 0");
+            }
+            self.record_metrics(&priced.row, &priced.usage);
+            cost += priced.row.cost_usd;
+            tokens = tokens.saturating_add(priced.row.total_tokens);
+            rows.push(priced.row);
+        }
+        self.shared.log.write(&rows);
+
+        let budgets = applicable_budgets(
+            &self.key,
+            self.team.as_ref(),
+            &self.meta.model,
+            self.meta.route_budget,
+        );
+        let mut stream_rows = std::mem::take(&mut self.carry.rows);
+        stream_rows.extend(rows);
+        self.carry = Carry::default();
+        let batch = FlushBatch {
+            now: SystemTime::now(),
+            charges: budgets.iter().map(|(b, _)| (b.clone(), cost)).collect(),
+            tpm: (self.key.tpm.is_some() && tokens > 0).then(|| (self.key.id.clone(), tokens)),
+            rows: stream_rows,
+            stream_maxlen: self.shared.config.stream_maxlen,
+        };
+        if batch.is_empty() {
+            return;
+        }
+        match bounded(self.shared.store.flush(&batch), "flush").await {
+            Ok(totals) if check_budgets => self.check_budgets(&budgets, &totals),
+            Ok(_) => {}
+            Err(e) => {
+                self.shared.store_error(&e, "flush");
+                let mut rows = batch.rows;
+                if rows.len() > MAX_CARRIED_ROWS {
+                    rows.drain(..rows.len() - MAX_CARRIED_ROWS);
+                }
+                self.carry = Carry { cost, tokens, rows };
+            }
+        }
+    }
+
+    fn check_budgets(&self, budgets: &[(BudgetKey, f64)], totals: &[f64]) {
+        let Some(((b, limit), spent)) = budgets
+            .iter()
+            .zip(totals)
+            .find(|((_, limit), spent)| **spent >= *limit)
+        else {
+            return;
+        };
+        let message = budget_message(b, *limit);
+        let kill = Kill {
+            code: KILL_CLOSE_CODE,
+            reason: "budget exceeded".into(),
+            error_event: Some(error_event(
+                "insufficient_quota",
+                "insufficient_quota",
+                &message,
+            )),
+            outcome: OUTCOME_BUDGET_EXHAUSTED,
+        };
+        if self.fire(kill) {
+            self.shared
+                .metrics
+                .budget_blocks
+                .get_or_create(&model(&self.meta.model))
+                .inc();
+            tracing::info!(session_id = %self.meta.session_id, spent_usd = spent, %message, "closing session: budget spent");
+        }
+    }
+
+    fn record_metrics(&self, row: &RequestLogRow, u: &Usage) {
+        let m = &self.shared.metrics;
+        m.turns
+            .get_or_create(&StatusLabels {
+                model: row.model.clone(),
+                status: row.status.to_string(),
+            })
+            .inc();
+        for (direction, modality, n) in [
+            ("input", "text", u.input_text),
+            ("input", "audio", u.input_audio),
+            ("input", "image", u.input_image),
+            ("input_cached", "text", u.cached_text),
+            ("input_cached", "audio", u.cached_audio),
+            ("output", "text", u.output_text),
+            ("output", "audio", u.output_audio),
+        ] {
+            if n > 0 {
+                m.tokens
+                    .get_or_create(&TokenLabels {
+                        model: row.model.clone(),
+                        direction: direction.into(),
+                        modality: modality.into(),
+                    })
+                    .inc_by(n);
+            }
+        }
+        if row.cost_usd > 0.0 {
+            m.cost_usd
+                .get_or_create(&model(&row.model))
+                .inc_by(row.cost_usd);
+        }
+    }
+}
+
+/// A row, its normalised usage, and whether a price row applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PricedRow {
+    pub row: RequestLogRow,
+    pub usage: Usage,
+    pub priced: bool,
+}
+
+/// The request-log row of one turn, priced with `prices`.
+pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> PricedRow {
+    let (row_model, upstream_model, transcription) = match &rec.kind {
+        TurnKind::Response => (meta.model.as_str(), meta.upstream_model.as_str(), false),
+        TurnKind::Transcription { model } => {
+            let m = model.as_deref().unwrap_or(UNKNOWN_TRANSCRIPTION_MODEL);
+            (m, m, true)
+        }
+    };
+    let price = pricing::find(prices, row_model, upstream_model);
+    let usage = rec.usage.unwrap_or_default();
+    let cost_usd = price.map_or(0.0, |p| pricing::cost_usd(p, &usage));
+    let rfc3339 = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    let row = RequestLogRow {
+        request_id: format!("{}:{}", meta.session_id, rec.n),
+        session_id: meta.session_id.clone(),
+        key_id: meta.key.id.clone(),
+        team: meta.team.clone(),
+        model: row_model.to_string(),
+        upstream_model: upstream_model.to_string(),
+        provider: meta.provider.to_string(),
+        started_at: rfc3339(rec.started_at),
+        ended_at: rfc3339(rec.ended_at),
+        latency_ms: rec.latency.as_millis() as u64,
+        ttft_ms: rec.ttft.map(|d| d.as_millis() as u64),
+        status: rec.status,
+        input_tokens: usage.input,
+        output_tokens: usage.output,
+        total_tokens: usage.total,
+        input_text_tokens: usage.input_text,
+        input_audio_tokens: usage.input_audio,
+        input_cached_tokens: usage.cached(),
+        output_text_tokens: usage.output_text,
+        output_audio_tokens: usage.output_audio,
+        transcription_tokens: if transcription { usage.total } else { 0 },
+        cost_usd,
+        usage_unknown: rec.usage.is_none(),
+        end_reason: rec.end_reason.to_string(),
+    };
+    PricedRow {
+        row,
+        usage,
+        priced: price.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+    use crate::config::RouteConfig;
+
+    fn meta() -> SessionMeta {
+        let key = KeyEntry {
+            id: "k1".into(),
+            sha256: String::new(),
+            team: Some("support".into()),
+            rpm: None,
+            tpm: None,
+            budget_usd: None,
+            budget_period: Default::default(),
+            max_sessions: None,
+            disabled: false,
+        };
+        let route = RouteConfig {
+            upstream_model: Some("gpt-realtime-2025-08-28".into()),
+            ..RouteConfig::default()
+        };
+        SessionMeta::new("sess1", &key, &route)
+    }
+
+    fn record(kind: TurnKind, usage: Option<Usage>) -> TurnRecord {
+        let t0 = UNIX_EPOCH + Duration::from_millis(1_735_689_600_000);
+        TurnRecord {
+            n: 3,
+            kind,
+            started_at: t0,
+            ended_at: t0 + Duration::from_millis(1250),
+            latency: Duration::from_millis(1250),
+            ttft: Some(Duration::from_millis(310)),
+            status: 200,
+            end_reason: "completed",
+            usage,
+        }
+    }
+
+    fn prices() -> Vec<PriceRow> {
+        vec![
+            PriceRow {
+                model: "gpt-realtime-2025-08-28".into(),
+                text_input: 4.0,
+                cached_text_input: 0.4,
+                audio_input: 32.0,
+                cached_audio_input: 0.4,
+                text_output: 16.0,
+                audio_output: 64.0,
+            },
+            PriceRow {
+                model: "gpt-4o-transcribe".into(),
+                audio_input: 6.0,
+                text_output: 10.0,
+                ..PriceRow::default()
+            },
+        ]
+    }
+
+    #[test]
+    fn a_response_row_carries_ids_times_tokens_and_cost() {
+        let usage = Usage::from_json(&serde_json::from_value(crate::sim::usage_for(2, 5)).unwrap());
+        let p = build_row(&record(TurnKind::Response, Some(usage)), &meta(), &prices());
+        let r = &p.row;
+        assert!(p.priced);
+        assert_eq!(r.request_id, "sess1:3");
+        assert_eq!(
+            (r.key_id.as_str(), r.team.as_deref()),
+            ("k1", Some("support"))
+        );
+        assert_eq!(r.model, "gpt-realtime");
+        assert_eq!(r.upstream_model, "gpt-realtime-2025-08-28");
+        assert_eq!(r.provider, "openai");
+        assert_eq!(r.started_at, "2025-01-01T00:00:00.000Z");
+        assert_eq!(r.ended_at, "2025-01-01T00:00:01.250Z");
+        assert_eq!((r.latency_ms, r.ttft_ms), (1250, Some(310)));
+        assert_eq!(
+            (r.input_tokens, r.output_tokens, r.total_tokens),
+            (130, 62, 192)
+        );
+        assert_eq!(
+            (
+                r.input_text_tokens,
+                r.input_audio_tokens,
+                r.input_cached_tokens
+            ),
+            (30, 100, 64)
+        );
+        assert_eq!((r.output_text_tokens, r.output_audio_tokens), (12, 50));
+        assert_eq!(r.transcription_tokens, 0);
+        assert!((r.cost_usd - 0.0046896).abs() < 1e-12, "{}", r.cost_usd);
+        assert!(!r.usage_unknown);
+    }
+
+    #[test]
+    fn a_cut_short_row_is_unknown_with_zero_tokens_and_cost() {
+        let mut rec = record(TurnKind::Response, None);
+        rec.status = 499;
+        rec.end_reason = "client_left";
+        let r = build_row(&rec, &meta(), &prices()).row;
+        assert!(r.usage_unknown);
+        assert_eq!((r.total_tokens, r.cost_usd, r.status), (0, 0.0, 499));
+        assert_eq!(r.end_reason, "client_left");
+    }
+
+    #[test]
+    fn transcription_rows_are_priced_on_the_transcription_model() {
+        let usage = Usage {
+            input: 30,
+            output: 5,
+            total: 35,
+            input_audio: 30,
+            output_text: 5,
+            ..Usage::default()
+        };
+        let kind = TurnKind::Transcription {
+            model: Some("gpt-4o-transcribe".into()),
+        };
+        let r = build_row(&record(kind, Some(usage)), &meta(), &prices()).row;
+        assert_eq!(
+            (r.model.as_str(), r.upstream_model.as_str()),
+            ("gpt-4o-transcribe", "gpt-4o-transcribe")
+        );
+        assert_eq!(r.transcription_tokens, 35);
+        assert!((r.cost_usd - (30.0 * 6.0 + 5.0 * 10.0) / 1e6).abs() < 1e-12);
+        let unknown = TurnKind::Transcription { model: None };
+        let p = build_row(&record(unknown, Some(usage)), &meta(), &prices());
+        assert_eq!(p.row.model, UNKNOWN_TRANSCRIPTION_MODEL);
+        assert!(!p.priced);
+        assert_eq!(p.row.cost_usd, 0.0);
+    }
+}

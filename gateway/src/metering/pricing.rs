@@ -1,0 +1,285 @@
+//! Usage and prices: turning a `response.done` (or transcription) `usage`
+//! object into normalised token counts, and those into USD.
+//!
+//! Prices are `[[prices]]` rows, USD per 1M tokens. A route is priced by the
+//! row whose `model` equals the route's `model`, else its `upstream_model`;
+//! transcription usage by the row named after the transcription model.
+//!
+//! Normalisation (every usage field may be missing; missing is 0):
+//! - `input_tokens`/`output_tokens` default to the sum of their details, and
+//!   `total_tokens` to their sum;
+//! - input tokens no detail accounts for are billed as text (so a usage
+//!   without details is all text), likewise output tokens;
+//! - cached tokens are a subset of input: `cached_tokens_details` splits
+//!   them by modality; without it they are taken from text first, then
+//!   audio; each is clamped to its modality's input;
+//! - image input tokens are billed at the text input rate (the price table
+//!   has no image column);
+//! - duration-based transcription usage (`{"type":"duration"}`, whisper-1)
+//!   carries no tokens and is priced at 0: the price table has no per-second
+//!   column.
+
+use serde::Deserialize;
+
+use crate::config::PriceRow;
+
+/// The `usage` object of `response.done` and of
+/// `conversation.item.input_audio_transcription.completed`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct UsageJson {
+    pub total_tokens: Option<u64>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub input_token_details: Option<InputDetails>,
+    pub output_token_details: Option<OutputDetails>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct InputDetails {
+    pub text_tokens: Option<u64>,
+    pub audio_tokens: Option<u64>,
+    pub image_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub cached_tokens_details: Option<CachedDetails>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct CachedDetails {
+    pub text_tokens: Option<u64>,
+    pub audio_tokens: Option<u64>,
+    pub image_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct OutputDetails {
+    pub text_tokens: Option<u64>,
+    pub audio_tokens: Option<u64>,
+}
+
+/// Normalised token counts of one turn. Invariants: `input_text +
+/// input_audio + input_image == input`, `output_text + output_audio ==
+/// output`, `cached_text <= input_text`, `cached_audio <= input_audio`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub total: u64,
+    pub input_text: u64,
+    pub input_audio: u64,
+    pub input_image: u64,
+    pub cached_text: u64,
+    pub cached_audio: u64,
+    pub output_text: u64,
+    pub output_audio: u64,
+}
+
+impl Usage {
+    pub fn from_json(u: &UsageJson) -> Self {
+        let d = u.input_token_details.clone().unwrap_or_default();
+        let (text, audio, image) = (
+            d.text_tokens.unwrap_or(0),
+            d.audio_tokens.unwrap_or(0),
+            d.image_tokens.unwrap_or(0),
+        );
+        let input = u
+            .input_tokens
+            .unwrap_or_else(|| text.saturating_add(audio).saturating_add(image));
+        // Details larger than the total are trusted over the total.
+        let input = input.max(text.saturating_add(audio).saturating_add(image));
+        // Clamped so the parts add up to `input` even when sums saturate.
+        let input_audio = audio.min(input);
+        let image = image.min(input - input_audio);
+        let input_text = input - input_audio - image;
+
+        let cached = d.cached_tokens.unwrap_or(0).min(input);
+        let (cached_text, cached_audio) = match &d.cached_tokens_details {
+            Some(c) => (
+                c.text_tokens.unwrap_or(0).min(input_text),
+                c.audio_tokens.unwrap_or(0).min(input_audio),
+            ),
+            None => {
+                let t = cached.min(input_text);
+                (t, (cached - t).min(input_audio))
+            }
+        };
+
+        let o = u.output_token_details.clone().unwrap_or_default();
+        let out_audio = o.audio_tokens.unwrap_or(0);
+        let out_text = o.text_tokens.unwrap_or(0);
+        let output = u
+            .output_tokens
+            .unwrap_or_else(|| out_text.saturating_add(out_audio))
+            .max(out_text.saturating_add(out_audio));
+        let output_text = output.saturating_sub(out_audio);
+
+        let total = u
+            .total_tokens
+            .unwrap_or(0)
+            .max(input.saturating_add(output));
+        Self {
+            input,
+            output,
+            total,
+            input_text,
+            input_audio,
+            input_image: image,
+            cached_text,
+            cached_audio,
+            output_text,
+            output_audio: out_audio,
+        }
+    }
+
+    pub fn cached(&self) -> u64 {
+        self.cached_text + self.cached_audio
+    }
+}
+
+/// The price row for a route (`model`, else `upstream_model`) or, with both
+/// the same, for a transcription model.
+pub fn find<'a>(prices: &'a [PriceRow], model: &str, upstream_model: &str) -> Option<&'a PriceRow> {
+    prices
+        .iter()
+        .find(|p| p.model == model)
+        .or_else(|| prices.iter().find(|p| p.model == upstream_model))
+}
+
+const PER: f64 = 1_000_000.0;
+
+/// USD for `u` at `p`.
+pub fn cost_usd(p: &PriceRow, u: &Usage) -> f64 {
+    let tokens = |n: u64, usd_per_million: f64| n as f64 * usd_per_million / PER;
+    tokens(u.input_text - u.cached_text, p.text_input)
+        + tokens(u.cached_text, p.cached_text_input)
+        + tokens(u.input_image, p.text_input)
+        + tokens(u.input_audio - u.cached_audio, p.audio_input)
+        + tokens(u.cached_audio, p.cached_audio_input)
+        + tokens(u.output_text, p.text_output)
+        + tokens(u.output_audio, p.audio_output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(v: serde_json::Value) -> Usage {
+        Usage::from_json(&serde_json::from_value(v).unwrap())
+    }
+
+    fn realtime_price() -> PriceRow {
+        PriceRow {
+            model: "gpt-realtime".into(),
+            text_input: 4.0,
+            cached_text_input: 0.4,
+            audio_input: 32.0,
+            cached_audio_input: 0.4,
+            text_output: 16.0,
+            audio_output: 64.0,
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-12
+    }
+
+    #[test]
+    fn simulator_usage_normalises_and_prices_audio_text_and_cached() {
+        // The simulator's second response: 30 text + 100 audio in, 64 of the
+        // audio cached; 12 text + 50 audio out.
+        let u = Usage::from_json(&serde_json::from_value(crate::sim::usage_for(2, 5)).unwrap());
+        assert_eq!(
+            u,
+            Usage {
+                input: 130,
+                output: 62,
+                total: 192,
+                input_text: 30,
+                input_audio: 100,
+                input_image: 0,
+                cached_text: 0,
+                cached_audio: 64,
+                output_text: 12,
+                output_audio: 50,
+            }
+        );
+        let expected = (30.0 * 4.0 + 36.0 * 32.0 + 64.0 * 0.4 + 12.0 * 16.0 + 50.0 * 64.0) / 1e6;
+        assert!(close(cost_usd(&realtime_price(), &u), expected));
+        assert!(close(expected, 0.0046896));
+    }
+
+    #[test]
+    fn cached_text_is_billed_at_the_cached_text_rate() {
+        let u = usage(serde_json::json!({
+            "input_tokens": 1000, "output_tokens": 0,
+            "input_token_details": {"text_tokens": 1000, "cached_tokens": 800,
+                "cached_tokens_details": {"text_tokens": 800}}
+        }));
+        assert_eq!((u.cached_text, u.cached_audio), (800, 0));
+        let c = cost_usd(&realtime_price(), &u);
+        assert!(close(c, (200.0 * 4.0 + 800.0 * 0.4) / 1e6), "{c}");
+    }
+
+    #[test]
+    fn missing_fields_count_as_zero_and_undetailed_tokens_as_text() {
+        assert_eq!(usage(serde_json::json!({})), Usage::default());
+        let u = usage(serde_json::json!({"input_tokens": 10, "output_tokens": 4}));
+        assert_eq!((u.input_text, u.output_text, u.total), (10, 4, 14));
+        // Cached without details: text first, then audio.
+        let u = usage(serde_json::json!({"input_tokens": 50,
+            "input_token_details": {"text_tokens": 10, "audio_tokens": 40, "cached_tokens": 30}}));
+        assert_eq!((u.cached_text, u.cached_audio), (10, 20));
+        // Details larger than the stated total win; the total follows.
+        let u = usage(serde_json::json!({"input_tokens": 5, "total_tokens": 1,
+            "input_token_details": {"audio_tokens": 9}}));
+        assert_eq!(
+            (u.input, u.input_audio, u.input_text, u.total),
+            (9, 9, 0, 9)
+        );
+        // Cached can never exceed its modality.
+        let u = usage(serde_json::json!({"input_tokens": 5,
+            "input_token_details": {"text_tokens": 5, "cached_tokens": 50,
+                "cached_tokens_details": {"text_tokens": 50, "audio_tokens": 50}}}));
+        assert_eq!((u.cached_text, u.cached_audio), (5, 0));
+    }
+
+    #[test]
+    fn transcription_usage_prices_audio_in_and_text_out() {
+        let u = usage(
+            serde_json::json!({"type": "tokens", "input_tokens": 30, "output_tokens": 5,
+            "total_tokens": 35, "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}),
+        );
+        let p = PriceRow {
+            model: "gpt-4o-transcribe".into(),
+            text_input: 2.5,
+            audio_input: 6.0,
+            text_output: 10.0,
+            ..PriceRow::default()
+        };
+        assert!(close(cost_usd(&p, &u), (30.0 * 6.0 + 5.0 * 10.0) / 1e6));
+        let d = usage(serde_json::json!({"type": "duration", "seconds": 2.5}));
+        assert_eq!(cost_usd(&p, &d), 0.0);
+    }
+
+    #[test]
+    fn a_route_is_priced_by_model_then_upstream_model() {
+        let prices = vec![
+            PriceRow {
+                model: "up".into(),
+                text_input: 1.0,
+                ..PriceRow::default()
+            },
+            PriceRow {
+                model: "m".into(),
+                text_input: 2.0,
+                ..PriceRow::default()
+            },
+        ];
+        assert_eq!(find(&prices, "m", "up").unwrap().text_input, 2.0);
+        assert_eq!(find(&prices, "other", "up").unwrap().text_input, 1.0);
+        assert!(find(&prices, "x", "y").is_none());
+    }
+}

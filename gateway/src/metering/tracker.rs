@@ -1,0 +1,996 @@
+//! The turn tracker: sees every upstream text frame on its way to the
+//! client and turns `response.created` … `response.done` into turn records.
+//!
+//! It is owned by the relay task and called through `&mut` ([`Tap`]), so
+//! there is no lock or atomic per frame; closed turns leave through a
+//! bounded channel with `try_send` (a full channel drops the turn and counts
+//! it on `patchbay_usage_records_dropped_total`), so the relay never waits
+//! on metering.
+//!
+//! Cost per frame. The event type is read without parsing the frame:
+//! 1. from the leading bytes (first key, or second behind `event_id`:
+//!    [`crate::event::leading_event_type`]);
+//! 2. else from the trailing bytes (`…,"type":"x"}`: the shape of encoders
+//!    that sort keys, such as serde_json's default map, which the simulator
+//!    uses);
+//! 3. else a substring scan for `"response.`, `"session.` and the
+//!    transcription event's name; only a frame that contains one is given to
+//!    [`crate::event::event_type`]'s full (but allocation-free) fallback.
+//!
+//! Only `response.created`, `response.done`,
+//! `conversation.item.input_audio_transcription.completed` and the rare
+//! `session.created`/`session.updated` are deserialised, each into a struct
+//! that skips every field it does not name. Deltas matter only until their
+//! turn has its first token: then the tracker looks for `"response_id"` in
+//! the delta, and afterwards skips deltas after step 1 or 2.
+//!
+//! Semantics:
+//! - `response.created` opens a turn (its clock starts); `response.done`
+//!   closes the turn with the same response id. A `done` whose `created` was
+//!   never seen is still billed, with zero latency.
+//! - Time to first token: the first `response.*.delta` (GA or beta name)
+//!   naming the turn's response, or naming none. Deltas of another response
+//!   and `conversation.item.input_audio_transcription.delta` never stamp it.
+//! - `response.done` status: `completed`/`incomplete` → 200, `cancelled` →
+//!   499, `failed` → 502; usage is billed whenever it is reported.
+//! - Transcription usage is its own record, priced on the transcription
+//!   model, learnt from `session.created`/`session.updated`
+//!   (`session.audio.input.transcription.model`, beta
+//!   `session.input_audio_transcription.model`).
+//! - [`TurnTracker::finish`] turns every response still in flight into a
+//!   record with unknown usage and a status for why the session ended
+//!   ([`EndReason`]), then closes the channel so the meter's final flush
+//!   runs. Dropping the tracker without `finish` does the same with
+//!   [`EndReason::Aborted`].
+//!
+//! Caveats: an event type written with JSON escapes is recognised only if a
+//! scanned substring still matches; at most [`MAX_OPEN_TURNS`] responses are
+//! tracked at once (the oldest is closed as unknown past that).
+
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::metrics::counter::Counter;
+use serde::{Deserialize, Deserializer};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::pricing::{Usage, UsageJson};
+use crate::event::{event_type, leading_event_type};
+use crate::relay::{End, Tap};
+
+/// Capacity of the tracker → meter channel.
+pub const CHANNEL_CAPACITY: usize = 1024;
+/// Responses tracked at once; the Realtime API runs one per conversation,
+/// plus out-of-band ones.
+pub const MAX_OPEN_TURNS: usize = 16;
+
+const CREATED: &str = "response.created";
+const DONE: &str = "response.done";
+const TRANSCRIPTION_COMPLETED: &str = "conversation.item.input_audio_transcription.completed";
+const TRANSCRIPTION_COMPLETED_QUOTED: &str =
+    "\"conversation.item.input_audio_transcription.completed\"";
+
+/// `kill` outcome label of a session closed for a spent budget.
+pub const OUTCOME_BUDGET_EXHAUSTED: &str = "budget_exhausted";
+/// `kill` outcome label of a session whose key was removed or disabled.
+pub const OUTCOME_KEY_REVOKED: &str = "key_revoked";
+
+/// Why a session ended, as far as its in-flight responses are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// The client closed or went away (also: a client's close handshake
+    /// while a response streamed). 499.
+    ClientLeft,
+    /// The upstream closed, failed or sent an oversize message. 502.
+    UpstreamFailed,
+    /// Idle timeout or maximum session duration. 408.
+    TimeLimit,
+    /// Closed for a spent budget. 402.
+    Budget,
+    /// Closed because the key was removed or disabled. 401.
+    KeyRevoked,
+    /// The gateway is shutting down. 503.
+    Shutdown,
+    /// The tracker was dropped without [`TurnTracker::finish`]. 500.
+    Aborted,
+}
+
+impl EndReason {
+    pub fn status(self) -> u16 {
+        match self {
+            EndReason::ClientLeft => 499,
+            EndReason::UpstreamFailed => 502,
+            EndReason::TimeLimit => 408,
+            EndReason::Budget => 402,
+            EndReason::KeyRevoked => 401,
+            EndReason::Shutdown => 503,
+            EndReason::Aborted => 500,
+        }
+    }
+
+    /// The row's `end_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::ClientLeft => "client_left",
+            EndReason::UpstreamFailed => "upstream_failed",
+            EndReason::TimeLimit => "time_limit",
+            EndReason::Budget => OUTCOME_BUDGET_EXHAUSTED,
+            EndReason::KeyRevoked => OUTCOME_KEY_REVOKED,
+            EndReason::Shutdown => "shutdown",
+            EndReason::Aborted => "aborted",
+        }
+    }
+
+    /// How the relay's end maps to a cut-short status.
+    pub fn from_end(end: &End) -> Self {
+        match end {
+            End::ClientClosed(_) | End::ClientGone | End::ClientTooBig => EndReason::ClientLeft,
+            End::UpstreamClosed(_) | End::UpstreamGone | End::UpstreamTooBig => {
+                EndReason::UpstreamFailed
+            }
+            End::IdleTimeout | End::MaxDuration => EndReason::TimeLimit,
+            End::Killed(k) => match k.outcome {
+                OUTCOME_BUDGET_EXHAUSTED => EndReason::Budget,
+                OUTCOME_KEY_REVOKED => EndReason::KeyRevoked,
+                _ => EndReason::Shutdown,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnKind {
+    Response,
+    /// Input-audio transcription, on the session's transcription model
+    /// (`None` when no session event named one).
+    Transcription {
+        model: Option<String>,
+    },
+}
+
+/// A closed turn, on its way to the meter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnRecord {
+    /// 1-based, per session; the row's `request_id` is `<session>:<n>`.
+    pub n: u64,
+    pub kind: TurnKind,
+    pub started_at: SystemTime,
+    pub ended_at: SystemTime,
+    pub latency: Duration,
+    pub ttft: Option<Duration>,
+    pub status: u16,
+    pub end_reason: &'static str,
+    /// `None`: usage unknown (cut short, or not reported).
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug)]
+struct OpenTurn {
+    n: u64,
+    response_id: Option<String>,
+    started: Instant,
+    started_at: SystemTime,
+    ttft: Option<Duration>,
+}
+
+/// Tracks the turns of one session. See the module docs.
+#[derive(Debug)]
+pub struct TurnTracker {
+    tx: mpsc::Sender<TurnRecord>,
+    dropped: Counter,
+    open: Vec<OpenTurn>,
+    /// Open turns without a first token yet; deltas are looked at only
+    /// while this is non-zero.
+    waiting_ttft: usize,
+    turns: u64,
+    transcription_model: Option<String>,
+}
+
+impl TurnTracker {
+    /// A tracker sending to `tx`; `dropped` counts records lost to a full
+    /// channel.
+    pub fn new(tx: mpsc::Sender<TurnRecord>, dropped: Counter) -> Self {
+        Self {
+            tx,
+            dropped,
+            open: Vec::new(),
+            waiting_ttft: 0,
+            turns: 0,
+            transcription_model: None,
+        }
+    }
+
+    /// Responses in flight.
+    pub fn open_turns(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The transcription model the last session event named.
+    pub fn transcription_model(&self) -> Option<&str> {
+        self.transcription_model.as_deref()
+    }
+
+    /// Ends tracking: responses in flight become records with unknown usage
+    /// and `reason`'s status, and the channel closes, which lets the meter
+    /// run its final flush and end.
+    pub fn finish(mut self, reason: EndReason) {
+        self.cut_short(reason);
+    }
+
+    fn cut_short(&mut self, reason: EndReason) {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        for t in std::mem::take(&mut self.open) {
+            let rec = TurnRecord {
+                n: t.n,
+                kind: TurnKind::Response,
+                started_at: t.started_at,
+                ended_at: wall,
+                latency: now - t.started,
+                ttft: t.ttft,
+                status: reason.status(),
+                end_reason: reason.as_str(),
+                usage: None,
+            };
+            self.emit(rec);
+        }
+        self.waiting_ttft = 0;
+    }
+
+    fn emit(&mut self, rec: TurnRecord) {
+        if self.tx.try_send(rec).is_err() {
+            self.dropped.inc();
+        }
+    }
+
+    fn next_n(&mut self) -> u64 {
+        self.turns += 1;
+        self.turns
+    }
+
+    fn on_created(&mut self, text: &str) {
+        let id = serde_json::from_str::<CreatedEvent>(text)
+            .ok()
+            .and_then(|e| e.response)
+            .and_then(|r| r.id);
+        if id.is_some() && self.open.iter().any(|t| t.response_id == id) {
+            return;
+        }
+        if self.open.len() >= MAX_OPEN_TURNS {
+            let oldest = self.open.remove(0);
+            if oldest.ttft.is_none() {
+                self.waiting_ttft -= 1;
+            }
+            let rec = TurnRecord {
+                n: oldest.n,
+                kind: TurnKind::Response,
+                started_at: oldest.started_at,
+                ended_at: SystemTime::now(),
+                latency: oldest.started.elapsed(),
+                ttft: oldest.ttft,
+                status: 502,
+                end_reason: "never_done",
+                usage: None,
+            };
+            self.emit(rec);
+        }
+        let n = self.next_n();
+        self.open.push(OpenTurn {
+            n,
+            response_id: id,
+            started: Instant::now(),
+            started_at: SystemTime::now(),
+            ttft: None,
+        });
+        self.waiting_ttft += 1;
+    }
+
+    fn on_delta(&mut self, text: &str) {
+        let named = response_id_of(text);
+        let now = Instant::now();
+        for t in &mut self.open {
+            let matches = match (named, t.response_id.as_deref()) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            };
+            if t.ttft.is_none() && matches {
+                t.ttft = Some(now - t.started);
+                self.waiting_ttft -= 1;
+            }
+        }
+    }
+
+    fn on_done(&mut self, text: &str) {
+        let Ok(event) = serde_json::from_str::<DoneEvent>(text) else {
+            return;
+        };
+        let response = event.response.unwrap_or_default();
+        let (status, end_reason) = match response.status.as_deref() {
+            Some("completed") | None => (200, "completed"),
+            Some("incomplete") => (200, "incomplete"),
+            Some("cancelled") => (499, "cancelled"),
+            Some("failed") => (502, "failed"),
+            Some(_) => (200, "other"),
+        };
+        let usage = response.usage.as_ref().map(Usage::from_json);
+        let position = match &response.id {
+            Some(id) => self
+                .open
+                .iter()
+                .position(|t| t.response_id.as_ref() == Some(id)),
+            None if !self.open.is_empty() => Some(0),
+            None => None,
+        };
+        let wall = SystemTime::now();
+        let rec = match position {
+            Some(i) => {
+                let t = self.open.remove(i);
+                if t.ttft.is_none() {
+                    self.waiting_ttft -= 1;
+                }
+                TurnRecord {
+                    n: t.n,
+                    kind: TurnKind::Response,
+                    started_at: t.started_at,
+                    ended_at: wall,
+                    latency: t.started.elapsed(),
+                    ttft: t.ttft,
+                    status,
+                    end_reason,
+                    usage,
+                }
+            }
+            None => TurnRecord {
+                n: self.next_n(),
+                kind: TurnKind::Response,
+                started_at: wall,
+                ended_at: wall,
+                latency: Duration::ZERO,
+                ttft: None,
+                status,
+                end_reason,
+                usage,
+            },
+        };
+        self.emit(rec);
+    }
+
+    fn on_transcription(&mut self, text: &str) {
+        let Ok(event) = serde_json::from_str::<TranscriptionEvent>(text) else {
+            return;
+        };
+        let wall = SystemTime::now();
+        let rec = TurnRecord {
+            n: self.next_n(),
+            kind: TurnKind::Transcription {
+                model: self.transcription_model.clone(),
+            },
+            started_at: wall,
+            ended_at: wall,
+            latency: Duration::ZERO,
+            ttft: None,
+            status: 200,
+            end_reason: "completed",
+            usage: event.usage.as_ref().map(Usage::from_json),
+        };
+        self.emit(rec);
+    }
+
+    fn on_session(&mut self, text: &str) {
+        let Ok(SessionEvent {
+            session: Some(session),
+        }) = serde_json::from_str::<SessionEvent>(text)
+        else {
+            return;
+        };
+        let ga = session
+            .audio
+            .and_then(|a| a.input)
+            .and_then(|i| i.transcription)
+            .and_then(|t| t.model);
+        let beta = session.input_audio_transcription.and_then(|t| t.model);
+        self.transcription_model = ga.or(beta);
+    }
+}
+
+impl Tap for TurnTracker {
+    fn on_upstream_text(&mut self, text: &str) {
+        match sniff(text) {
+            Sniffed::Created => self.on_created(text),
+            Sniffed::Done => self.on_done(text),
+            Sniffed::Delta if self.waiting_ttft > 0 => self.on_delta(text),
+            Sniffed::Transcription => self.on_transcription(text),
+            Sniffed::Session => self.on_session(text),
+            Sniffed::Delta | Sniffed::Other => {}
+        }
+    }
+}
+
+impl Drop for TurnTracker {
+    fn drop(&mut self) {
+        if !self.open.is_empty() {
+            self.cut_short(EndReason::Aborted);
+        }
+    }
+}
+
+/// What a frame is, as far as metering cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sniffed {
+    Created,
+    Done,
+    Delta,
+    Transcription,
+    Session,
+    Other,
+}
+
+fn classify(t: &str) -> Sniffed {
+    match t {
+        CREATED => Sniffed::Created,
+        DONE => Sniffed::Done,
+        TRANSCRIPTION_COMPLETED => Sniffed::Transcription,
+        "session.created" | "session.updated" => Sniffed::Session,
+        t if t.starts_with("response.") && t.ends_with(".delta") => Sniffed::Delta,
+        _ => Sniffed::Other,
+    }
+}
+
+pub(crate) fn sniff(text: &str) -> Sniffed {
+    if let Some(t) = leading_event_type(text).or_else(|| trailing_type(text)) {
+        return classify(t);
+    }
+    let candidate = text.contains("\"response.")
+        || text.contains("\"session.")
+        || text.contains(TRANSCRIPTION_COMPLETED_QUOTED);
+    if !candidate {
+        return Sniffed::Other;
+    }
+    event_type(text).map_or(Sniffed::Other, |t| classify(&t))
+}
+
+fn skip_ws_back(b: &[u8], mut end: usize) -> usize {
+    while end > 0 && matches!(b[end - 1], b' ' | b'\n' | b'\r' | b'\t') {
+        end -= 1;
+    }
+    end
+}
+
+/// The type value when it is the object's last member (`…,"type":"x"}`),
+/// holds no escapes, and the key is `type` exactly. For a JSON object the
+/// final `}` closes the top level, so the member found is a top-level one.
+fn trailing_type(text: &str) -> Option<&str> {
+    let b = text.as_bytes();
+    let mut i = skip_ws_back(b, b.len());
+    if i == 0 || b[i - 1] != b'}' {
+        return None;
+    }
+    i = skip_ws_back(b, i - 1);
+    if i == 0 || b[i - 1] != b'"' {
+        return None;
+    }
+    let value_end = i - 1;
+    let value_start = b[..value_end].iter().rposition(|&c| c == b'"')? + 1;
+    // Escapes (an escaped quote found above, or any backslash inside) are
+    // left to the parser, which decodes them.
+    if (value_start >= 2 && b[value_start - 2] == b'\\')
+        || b[value_start..value_end].contains(&b'\\')
+    {
+        return None;
+    }
+    i = skip_ws_back(b, value_start - 1);
+    if i == 0 || b[i - 1] != b':' {
+        return None;
+    }
+    i = skip_ws_back(b, i - 1);
+    let key = b"\"type\"";
+    if i < key.len() || &b[i - key.len()..i] != key {
+        return None;
+    }
+    let before = skip_ws_back(b, i - key.len());
+    if before == 0 || !matches!(b[before - 1], b',' | b'{') {
+        return None;
+    }
+    Some(&text[value_start..value_end])
+}
+
+/// The string value of a delta's `"response_id"`, found by substring.
+fn response_id_of(text: &str) -> Option<&str> {
+    const KEY: &str = "\"response_id\"";
+    let at = text.find(KEY)? + KEY.len();
+    let b = text.as_bytes();
+    let mut i = at;
+    let ws = |i: &mut usize| {
+        while matches!(b.get(*i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            *i += 1;
+        }
+    };
+    ws(&mut i);
+    if b.get(i) != Some(&b':') {
+        return None;
+    }
+    i += 1;
+    ws(&mut i);
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let start = i + 1;
+    let len = b[start..].iter().position(|&c| c == b'"' || c == b'\\')?;
+    if b[start + len] == b'\\' {
+        return None;
+    }
+    Some(&text[start..start + len])
+}
+
+/// A field that is `None` when absent, null or of an unexpected shape, so
+/// one odd field never loses the rest of the event.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
+}
+
+#[derive(Deserialize)]
+struct CreatedEvent {
+    #[serde(default)]
+    response: Option<ResponseHead>,
+}
+
+#[derive(Deserialize)]
+struct ResponseHead {
+    #[serde(default, deserialize_with = "lenient")]
+    id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct DoneEvent {
+    #[serde(default)]
+    response: Option<DoneResponse>,
+}
+
+#[derive(Deserialize, Default)]
+struct DoneResponse {
+    #[serde(default, deserialize_with = "lenient")]
+    id: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    status: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    usage: Option<UsageJson>,
+}
+
+#[derive(Deserialize)]
+struct TranscriptionEvent {
+    #[serde(default, deserialize_with = "lenient")]
+    usage: Option<UsageJson>,
+}
+
+#[derive(Deserialize)]
+struct SessionEvent {
+    #[serde(default)]
+    session: Option<SessionObject>,
+}
+
+#[derive(Deserialize)]
+struct SessionObject {
+    #[serde(default, deserialize_with = "lenient")]
+    audio: Option<AudioConfig>,
+    #[serde(default, deserialize_with = "lenient")]
+    input_audio_transcription: Option<TranscriptionConfig>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct AudioConfig {
+    input: Option<AudioInput>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct AudioInput {
+    transcription: Option<TranscriptionConfig>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct TranscriptionConfig {
+    model: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn tracker() -> (TurnTracker, mpsc::Receiver<TurnRecord>, Counter) {
+        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let dropped = Counter::default();
+        (TurnTracker::new(tx, dropped.clone()), rx, dropped)
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<TurnRecord>) -> Vec<TurnRecord> {
+        let mut out = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            out.push(r);
+        }
+        out
+    }
+
+    fn created(id: &str) -> String {
+        format!(
+            r#"{{"type":"response.created","event_id":"e1","response":{{"id":"{id}","status":"in_progress","usage":null}}}}"#
+        )
+    }
+
+    fn done(id: &str, status: &str) -> String {
+        json!({"type": "response.done", "event_id": "e9", "response": {
+            "id": id, "status": status, "output": [{"type": "message", "content": [{"type": "output_audio", "transcript": "response.done \"x\""}]}],
+            "usage": crate::sim::usage_for(1, 5)}})
+        .to_string()
+    }
+
+    fn delta(kind: &str, response_id: Option<&str>) -> String {
+        match response_id {
+            Some(r) => format!(
+                r#"{{"type":"{kind}","event_id":"e2","response_id":"{r}","item_id":"i","delta":"AAAA"}}"#
+            ),
+            None => format!(r#"{{"type":"{kind}","event_id":"e2","item_id":"i","delta":"AAAA"}}"#),
+        }
+    }
+
+    #[test]
+    fn type_is_read_as_first_key_behind_event_id_and_elsewhere() {
+        assert_eq!(
+            sniff(r#"{"type":"response.done","response":{}}"#),
+            Sniffed::Done
+        );
+        assert_eq!(
+            sniff(r#"{"event_id":"e","type":"response.created"}"#),
+            Sniffed::Created
+        );
+        // Sorted keys: type last.
+        assert_eq!(
+            sniff(
+                r#"{"delta":"AAAA","event_id":"e","response_id":"r","type":"response.output_audio.delta"}"#
+            ),
+            Sniffed::Delta
+        );
+        // Neither first nor last: the scan and the parser find it.
+        assert_eq!(
+            sniff(r#"{"event_id":"e","response":{"type":"x"},"type":"response.done","z":1}"#),
+            Sniffed::Done
+        );
+        // Nested types never count.
+        assert_eq!(
+            sniff(
+                r#"{"event_id":"e","item":{"type":"response.done"},"type":"conversation.item.added"}"#
+            ),
+            Sniffed::Other
+        );
+        assert_eq!(sniff(r#"{"a":{"type":"response.done"}}"#), Sniffed::Other);
+        assert_eq!(
+            sniff(r#"{"k":"x\"type\":\"response.done"}"#),
+            Sniffed::Other
+        );
+        assert_eq!(sniff(r#"{"type":"session.updated"}"#), Sniffed::Session);
+        assert_eq!(
+            sniff(&format!(
+                r#"{{"usage":{{}},"type":"{TRANSCRIPTION_COMPLETED}"}}"#
+            )),
+            Sniffed::Transcription
+        );
+    }
+
+    #[test]
+    fn trailing_type_agrees_with_the_parser() {
+        for t in [
+            r#"{"a":1,"type":"x"}"#,
+            r#"{ "a" : 1 , "type" : "x" } "#,
+            r#"{"type":"x"}"#,
+            r#"{"a":"type","b":"x"}"#,
+            r#"{"a\"type":"x"}"#,
+            r#"{"a":{"type":"x"}}"#,
+            r#"["type","x"]"#,
+            r#"{"a":"\\","type":"x"}"#,
+            r#"{"type":"x\"y"}"#,
+            r#"{"type":"x\\"}"#,
+            r#"{"atype":"x"}"#,
+        ] {
+            if let Some(found) = trailing_type(t) {
+                assert_eq!(event_type(t).as_deref(), Some(found), "{t}");
+            }
+        }
+        assert_eq!(trailing_type(r#"{"a":1,"type":"x"}"#), Some("x"));
+        assert_eq!(trailing_type(r#"{"a\"type":"x"}"#), None);
+        assert_eq!(trailing_type(r#"{"atype":"x"}"#), None);
+        assert_eq!(trailing_type(r#"{"type":"x\\"}"#), None);
+    }
+
+    #[test]
+    fn a_completed_turn_carries_usage_latency_and_ttft() {
+        let (mut t, mut rx, _) = tracker();
+        t.on_upstream_text(&created("resp_1"));
+        assert_eq!(t.open_turns(), 1);
+        t.on_upstream_text(&delta("response.output_audio.delta", Some("resp_1")));
+        t.on_upstream_text(&done("resp_1", "completed"));
+        let recs = drain(&mut rx);
+        assert_eq!(recs.len(), 1);
+        let r = &recs[0];
+        assert_eq!((r.n, r.status, r.end_reason), (1, 200, "completed"));
+        assert!(r.ttft.is_some());
+        assert!(r.ttft.unwrap() <= r.latency);
+        assert_eq!(r.usage.unwrap().total, 187);
+        assert_eq!(t.open_turns(), 0);
+    }
+
+    #[test]
+    fn ga_and_beta_delta_names_both_stamp_ttft() {
+        for kind in [
+            "response.output_audio.delta",
+            "response.audio.delta",
+            "response.output_text.delta",
+            "response.text.delta",
+            "response.output_audio_transcript.delta",
+            "response.audio_transcript.delta",
+            "response.function_call_arguments.delta",
+        ] {
+            let (mut t, mut rx, _) = tracker();
+            t.on_upstream_text(&created("r"));
+            t.on_upstream_text(&delta(kind, Some("r")));
+            t.on_upstream_text(&done("r", "completed"));
+            assert!(drain(&mut rx)[0].ttft.is_some(), "{kind}");
+        }
+    }
+
+    #[test]
+    fn deltas_of_another_response_do_not_stamp_ttft_but_unnamed_ones_do() {
+        let (mut t, mut rx, _) = tracker();
+        t.on_upstream_text(&created("mine"));
+        t.on_upstream_text(&delta("response.output_audio.delta", Some("other")));
+        t.on_upstream_text(&done("mine", "completed"));
+        assert_eq!(drain(&mut rx)[0].ttft, None);
+
+        t.on_upstream_text(&created("mine2"));
+        t.on_upstream_text(&delta("response.output_text.delta", None));
+        t.on_upstream_text(&done("mine2", "completed"));
+        assert!(drain(&mut rx)[0].ttft.is_some());
+    }
+
+    #[test]
+    fn input_transcription_deltas_do_not_stamp_ttft() {
+        let (mut t, mut rx, _) = tracker();
+        t.on_upstream_text(&created("r"));
+        t.on_upstream_text(&delta(
+            "conversation.item.input_audio_transcription.delta",
+            None,
+        ));
+        t.on_upstream_text(&delta(
+            "conversation.item.input_audio_transcription.delta",
+            Some("r"),
+        ));
+        t.on_upstream_text(&done("r", "completed"));
+        assert_eq!(drain(&mut rx)[0].ttft, None);
+    }
+
+    #[test]
+    fn a_done_without_its_created_is_still_billed() {
+        let (mut t, mut rx, _) = tracker();
+        t.on_upstream_text(&done("ghost", "completed"));
+        let r = &drain(&mut rx)[0];
+        assert_eq!((r.n, r.latency, r.status), (1, Duration::ZERO, 200));
+        assert!(r.usage.is_some());
+    }
+
+    #[test]
+    fn failed_and_cancelled_statuses_map_and_keep_reported_usage() {
+        let (mut t, mut rx, _) = tracker();
+        t.on_upstream_text(&created("a"));
+        t.on_upstream_text(&done("a", "failed"));
+        t.on_upstream_text(&created("b"));
+        t.on_upstream_text(&done("b", "cancelled"));
+        let recs = drain(&mut rx);
+        assert_eq!((recs[0].status, recs[0].end_reason), (502, "failed"));
+        assert!(recs[0].usage.is_some());
+        assert_eq!((recs[1].status, recs[1].end_reason), (499, "cancelled"));
+    }
+
+    #[test]
+    fn finish_cuts_in_flight_responses_short_with_unknown_usage_and_closes_the_channel() {
+        let (mut t, mut rx, _) = tracker();
+        t.on_upstream_text(&created("a"));
+        t.finish(EndReason::ClientLeft);
+        let recs = drain(&mut rx);
+        assert_eq!(recs.len(), 1);
+        assert_eq!(
+            (recs[0].status, recs[0].end_reason, recs[0].usage),
+            (499, "client_left", None)
+        );
+        assert!(rx.try_recv().is_err());
+        assert!(rx.is_closed());
+    }
+
+    #[test]
+    fn end_reasons_have_the_documented_statuses() {
+        use crate::relay::Kill;
+        let kill = |outcome| {
+            End::Killed(Kill {
+                code: 1008,
+                reason: String::new(),
+                error_event: None,
+                outcome,
+            })
+        };
+        for (end, status) in [
+            (End::ClientGone, 499),
+            (End::ClientClosed(Some(1000)), 499),
+            (End::UpstreamGone, 502),
+            (End::UpstreamClosed(Some(1011)), 502),
+            (End::IdleTimeout, 408),
+            (End::MaxDuration, 408),
+            (kill(OUTCOME_BUDGET_EXHAUSTED), 402),
+            (kill(OUTCOME_KEY_REVOKED), 401),
+            (kill("shutdown"), 503),
+        ] {
+            assert_eq!(EndReason::from_end(&end).status(), status, "{end:?}");
+        }
+    }
+
+    #[test]
+    fn transcription_usage_is_recorded_on_the_session_transcription_model() {
+        let (mut t, mut rx, _) = tracker();
+        let completed = json!({"type": TRANSCRIPTION_COMPLETED, "event_id": "e", "item_id": "i",
+            "usage": {"type": "tokens", "input_tokens": 30, "output_tokens": 5, "total_tokens": 35,
+                      "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}})
+        .to_string();
+        t.on_upstream_text(&completed);
+        t.on_upstream_text(
+            &json!({"type": "session.updated", "session": {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}})
+                .to_string(),
+        );
+        t.on_upstream_text(&completed);
+        // Beta shape.
+        t.on_upstream_text(
+            &json!({"type": "session.updated", "session": {"input_audio_transcription": {"model": "whisper-1"}}})
+                .to_string(),
+        );
+        t.on_upstream_text(&completed);
+        let models: Vec<TurnKind> = drain(&mut rx).into_iter().map(|r| r.kind).collect();
+        assert_eq!(
+            models,
+            [
+                TurnKind::Transcription { model: None },
+                TurnKind::Transcription {
+                    model: Some("gpt-4o-transcribe".into())
+                },
+                TurnKind::Transcription {
+                    model: Some("whisper-1".into())
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_full_channel_drops_and_counts() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let dropped = Counter::default();
+        let mut t = TurnTracker::new(tx, dropped.clone());
+        t.on_upstream_text(&done("a", "completed"));
+        t.on_upstream_text(&done("b", "completed"));
+        assert_eq!(dropped.get(), 1);
+        assert_eq!(drain(&mut rx).len(), 1);
+    }
+
+    #[test]
+    fn open_turns_are_bounded() {
+        let (mut t, mut rx, _) = tracker();
+        for i in 0..MAX_OPEN_TURNS + 3 {
+            t.on_upstream_text(&created(&format!("r{i}")));
+        }
+        assert_eq!(t.open_turns(), MAX_OPEN_TURNS);
+        let evicted = drain(&mut rx);
+        assert_eq!(evicted.len(), 3);
+        assert!(evicted.iter().all(|r| r.usage.is_none() && r.status == 502));
+        // The bookkeeping of waiting turns stays consistent.
+        t.on_upstream_text(&delta("response.output_audio.delta", None));
+        assert_eq!(t.waiting_ttft, 0);
+    }
+
+    #[test]
+    fn extreme_usage_numbers_saturate_instead_of_overflowing() {
+        let (mut t, mut rx, _) = tracker();
+        let max = u64::MAX;
+        t.on_upstream_text(
+            &json!({"type": "response.done", "response": {"id": "r", "status": "completed", "usage": {
+                "total_tokens": max, "input_tokens": max, "output_tokens": max,
+                "input_token_details": {"text_tokens": max, "audio_tokens": max, "image_tokens": max,
+                    "cached_tokens": max, "cached_tokens_details": {"text_tokens": max, "audio_tokens": max}},
+                "output_token_details": {"text_tokens": max, "audio_tokens": max}}}})
+            .to_string(),
+        );
+        let u = drain(&mut rx)[0].usage.unwrap();
+        assert_eq!(u.input_text + u.input_audio + u.input_image, u.input);
+        assert!(u.cached_text <= u.input_text && u.cached_audio <= u.input_audio);
+    }
+
+    /// xorshift64*: deterministic pseudo-random input without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn arbitrary_input_never_panics_the_tracker() {
+        const PIECES: [&str; 24] = [
+            "{",
+            "}",
+            "[",
+            "]",
+            ":",
+            ",",
+            "\"",
+            "\\",
+            " ",
+            "\"type\"",
+            "\"event_id\"",
+            "\"response.created\"",
+            "\"response.done\"",
+            "\"response.output_audio.delta\"",
+            "\"response_id\"",
+            "\"response\"",
+            "\"usage\"",
+            "\"id\"",
+            "\"session.updated\"",
+            "\"conversation.item.input_audio_transcription.completed\"",
+            "null",
+            "18446744073709551615",
+            "-1",
+            "\u{e9}",
+        ];
+        let (tx, _rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let mut t = TurnTracker::new(tx, Counter::default());
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut bytes = Vec::new();
+        for round in 0..20_000 {
+            bytes.clear();
+            let len = rng.below(48);
+            for _ in 0..len {
+                if round % 2 == 0 {
+                    bytes.extend_from_slice(PIECES[rng.below(PIECES.len())].as_bytes());
+                } else {
+                    bytes.push(rng.next() as u8);
+                }
+            }
+            let text = String::from_utf8_lossy(&bytes);
+            t.on_upstream_text(&text);
+            assert!(t.open_turns() <= MAX_OPEN_TURNS);
+        }
+        // Well-formed events mutated one byte at a time.
+        let seeds = [
+            created("r"),
+            done("r", "completed"),
+            delta("response.audio.delta", Some("r")),
+        ];
+        for seed in &seeds {
+            for i in 0..seed.len() {
+                for b in [b'"', b'\\', b'}', b'{', b' ', b'0'] {
+                    let mut m = seed.as_bytes().to_vec();
+                    m[i] = b;
+                    t.on_upstream_text(&String::from_utf8_lossy(&m));
+                }
+                t.on_upstream_text(&String::from_utf8_lossy(&seed.as_bytes()[..i]));
+            }
+        }
+        t.finish(EndReason::ClientLeft);
+    }
+}

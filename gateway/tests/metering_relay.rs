@@ -1,0 +1,362 @@
+//! Metering on real WebSocket sessions: a client, the relay's splice with the
+//! turn tracker as its tap and the meter's kill signal, and the simulator
+//! upstream, all on 127.0.0.1. The session wiring here is the minimal one the
+//! gateway's session path uses (see `metering/mod.rs`); what is asserted is
+//! what a client and an operator see: events, close codes, rows, metrics.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use http::HeaderValue;
+use patchbay_gateway::auth::{KeySet, KeyStore};
+use patchbay_gateway::config::{MeteringConfig, PriceRow, RouteConfig};
+use patchbay_gateway::event::event_type;
+use patchbay_gateway::logs::{Captured, RequestLog};
+use patchbay_gateway::metering::{EndReason, Metering, SessionMeta};
+use patchbay_gateway::metrics::Metrics;
+use patchbay_gateway::relay::{self, Limits, Spliced, Tap};
+use patchbay_gateway::secret::Secret;
+use patchbay_gateway::sim::{self, usage_for, SimConfig, SimFault, SimHandle};
+use patchbay_gateway::store::MemoryStore;
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+const UPSTREAM_KEY: &str = "sk-sim-test";
+const WAIT: Duration = Duration::from_secs(10);
+
+type Client = WebSocketStream<TcpStream>;
+
+fn keys(extra: &str) -> KeySet {
+    let digest = hex::encode(Secret::new("pb-k").sha256());
+    KeySet::parse(&format!(
+        "[[keys]]\nid = \"k\"\nsha256 = \"{digest}\"\nteam = \"support\"\n{extra}\n[[teams]]\nid = \"support\"\n"
+    ))
+    .unwrap()
+}
+
+struct Rig {
+    addr: SocketAddr,
+    sim: SimHandle,
+    keys: Arc<KeyStore>,
+    rows: Captured,
+    metrics: Arc<Metrics>,
+    ended: mpsc::Receiver<Spliced>,
+}
+
+/// A simulator, and a listener that runs each client session through
+/// `relay::splice` with the tracker and the kill signal of `Metering`.
+async fn rig(sim_config: SimConfig, key_extra: &str, flush_secs: u64) -> Rig {
+    let sim = sim::start(
+        "127.0.0.1:0".parse().unwrap(),
+        SimConfig {
+            keys: vec![UPSTREAM_KEY.into()],
+            ..sim_config
+        },
+    )
+    .await
+    .unwrap();
+    let keys = Arc::new(KeyStore::new(keys(key_extra)));
+    let metrics = Arc::new(Metrics::new());
+    let (log, rows) = RequestLog::capture();
+    let metering = Metering::with_store(
+        MeteringConfig {
+            flush_secs,
+            ..MeteringConfig::default()
+        },
+        vec![PriceRow {
+            model: "gpt-realtime".into(),
+            text_input: 4.0,
+            cached_text_input: 0.4,
+            audio_input: 32.0,
+            cached_audio_input: 0.4,
+            text_output: 16.0,
+            audio_output: 64.0,
+        }],
+        Arc::new(MemoryStore::new()),
+        log,
+        metrics.clone(),
+        keys.clone(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (ended_tx, ended) = mpsc::channel(16);
+    let (upstream_url, store) = (sim.url(false), keys.clone());
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((tcp, _)) = listener.accept().await {
+            n += 1;
+            let session_id = format!("up{n}");
+            let (metering, url, ended_tx) =
+                (metering.clone(), upstream_url.clone(), ended_tx.clone());
+            let key = store.get().by_id("k").unwrap().clone();
+            tokio::spawn(async move {
+                let spliced = session(tcp, &url, metering, &session_id, key).await;
+                let _ = ended_tx.send(spliced).await;
+            });
+        }
+    });
+    Rig {
+        addr,
+        sim,
+        keys,
+        rows,
+        metrics,
+        ended,
+    }
+}
+
+async fn session(
+    tcp: TcpStream,
+    upstream_url: &str,
+    metering: Metering,
+    session_id: &str,
+    key: patchbay_gateway::auth::KeyEntry,
+) -> Spliced {
+    let mut client = tokio_tungstenite::accept_async(tcp).await.unwrap();
+    let mut request = upstream_url.into_client_request().unwrap();
+    request.headers_mut().insert(
+        "authorization",
+        HeaderValue::from_str(&format!("Bearer {UPSTREAM_KEY}")).unwrap(),
+    );
+    let host = request.uri().authority().unwrap().as_str().to_string();
+    let (mut upstream, _) =
+        tokio_tungstenite::client_async(request, TcpStream::connect(host).await.unwrap())
+            .await
+            .unwrap();
+    let Some(Ok(Message::Text(created))) = upstream.next().await else {
+        panic!("no session.created");
+    };
+    client.send(Message::Text(created.clone())).await.unwrap();
+
+    let route = RouteConfig::default();
+    let (mut tracker, meter, kill) =
+        metering.start_session(SessionMeta::new(session_id, &key, &route));
+    let meter = tokio::spawn(meter.run());
+    tracker.on_upstream_text(&created);
+    let limits = Limits {
+        idle_timeout: Duration::from_secs(30),
+        deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+    };
+    let spliced = relay::splice(
+        client,
+        upstream,
+        Vec::new(),
+        limits,
+        &mut tracker,
+        kill.fired(),
+    )
+    .await;
+    tracker.finish(EndReason::from_end(&spliced.end));
+    meter.await.unwrap();
+    spliced
+}
+
+async fn connect(addr: SocketAddr) -> Client {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/v1/realtime"), tcp)
+        .await
+        .unwrap();
+    let created = next_text(&mut ws).await.expect("session.created");
+    assert_eq!(kind(&created), "session.created");
+    ws
+}
+
+fn kind(text: &str) -> String {
+    event_type(text).map(|t| t.into_owned()).unwrap_or_default()
+}
+
+/// The next text frame, or `None` at the close (whose code is returned by
+/// [`close_code`]).
+async fn next_text(ws: &mut Client) -> Option<String> {
+    loop {
+        match tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a frame in time")
+        {
+            Some(Ok(Message::Text(t))) => return Some(t.to_string()),
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return None,
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+/// Reads until the close: the texts seen and the close code.
+async fn until_close(ws: &mut Client) -> (Vec<String>, Option<u16>) {
+    let mut texts = Vec::new();
+    loop {
+        match tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a frame in time")
+        {
+            Some(Ok(Message::Text(t))) => texts.push(t.to_string()),
+            Some(Ok(Message::Close(f))) => return (texts, f.map(|f| u16::from(f.code))),
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return (texts, None),
+        }
+    }
+}
+
+async fn one_turn(ws: &mut Client) {
+    ws.send(Message::text(
+        json!({"type": "response.create"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    while let Some(t) = next_text(ws).await {
+        if kind(&t) == "response.done" {
+            return;
+        }
+    }
+    panic!("closed before response.done");
+}
+
+#[tokio::test]
+async fn simulator_turns_are_metered_as_the_simulator_reports_them() {
+    let mut rig = rig(SimConfig::default(), "", 15).await;
+    let mut ws = connect(rig.addr).await;
+    one_turn(&mut ws).await;
+    one_turn(&mut ws).await;
+    ws.close(None).await.unwrap();
+    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(spliced.end.outcome(), "client_closed");
+    let rows = rig.rows.rows();
+    assert_eq!(rows.len(), 2);
+    for (i, r) in rows.iter().enumerate() {
+        let n = i as u64 + 1;
+        let usage = usage_for(n, 5);
+        assert_eq!(r.request_id, format!("up1:{n}"));
+        assert_eq!(r.total_tokens, usage["total_tokens"].as_u64().unwrap());
+        assert_eq!(
+            r.input_cached_tokens,
+            usage["input_token_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        );
+        assert_eq!(r.output_audio_tokens, 50);
+        assert_eq!((r.status, r.usage_unknown), (200, false));
+        let ttft = r.ttft_ms.expect("the audio deltas stamp ttft");
+        assert!(ttft <= r.latency_ms);
+        assert!(r.cost_usd > 0.0);
+    }
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn a_session_is_closed_with_an_error_event_and_1008_when_its_budget_runs_out() {
+    // One simulated turn costs $0.006692.
+    let mut rig = rig(SimConfig::default(), "budget_usd = 0.005", 1).await;
+    let mut ws = connect(rig.addr).await;
+    one_turn(&mut ws).await;
+    let (texts, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008));
+    let error: serde_json::Value = serde_json::from_str(texts.last().unwrap()).unwrap();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "insufficient_quota");
+    assert_eq!(error["error"]["code"], "insufficient_quota");
+    assert_eq!(
+        error["error"]["message"],
+        "budget exceeded for key 'k' (limit $0.005)"
+    );
+    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(spliced.end.outcome(), "budget_exhausted");
+    assert_eq!(spliced.client_code, Some(1008));
+    // The upstream leg was closed too.
+    assert!(spliced.upstream_code.is_some());
+    let text = rig.metrics.encode();
+    assert!(
+        text.contains("patchbay_budget_blocks_total{model=\"gpt-realtime\"} 1"),
+        "{text}"
+    );
+    assert_eq!(rig.rows.rows().len(), 1);
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn a_removed_key_ends_its_live_session_with_an_error_event_and_1008() {
+    let mut rig = rig(SimConfig::default(), "", 15).await;
+    let mut ws = connect(rig.addr).await;
+    rig.keys.replace(KeySet::default());
+    let (texts, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008));
+    let error: serde_json::Value = serde_json::from_str(texts.last().unwrap()).unwrap();
+    assert_eq!(error["error"]["code"], "invalid_api_key");
+    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(spliced.end.outcome(), "key_revoked");
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn a_response_cut_short_by_the_upstream_is_logged_unknown_with_502() {
+    let sim_config = SimConfig {
+        fault: Some(SimFault::DropMidResponse { after_deltas: 2 }),
+        ..SimConfig::default()
+    };
+    let mut rig = rig(sim_config, "", 15).await;
+    let mut ws = connect(rig.addr).await;
+    ws.send(Message::text(
+        json!({"type": "response.create"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    let (_, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1011));
+    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(spliced.end.outcome(), "upstream_gone");
+    let rows = rig.rows.rows();
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(
+        (r.status, r.usage_unknown, r.end_reason.as_str()),
+        (502, true, "upstream_failed")
+    );
+    assert!(r.ttft_ms.is_some());
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn input_audio_transcription_usage_gets_its_own_row() {
+    let mut rig = rig(SimConfig::default(), "", 15).await;
+    let mut ws = connect(rig.addr).await;
+    ws.send(Message::text(
+        json!({"type": "input_audio_buffer.commit"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    while let Some(t) = next_text(&mut ws).await {
+        if kind(&t) == "conversation.item.input_audio_transcription.completed" {
+            break;
+        }
+    }
+    ws.close(None).await.unwrap();
+    tokio::time::timeout(WAIT, rig.ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let rows = rig.rows.rows();
+    assert_eq!(rows.len(), 1);
+    // The simulator's session names no transcription model: unpriced.
+    assert_eq!(rows[0].model, "unknown-transcription-model");
+    assert_eq!(
+        (rows[0].transcription_tokens, rows[0].input_audio_tokens),
+        (35, 30)
+    );
+    rig.sim.stop();
+}
