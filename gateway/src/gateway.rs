@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::admission::Sessions;
 use crate::auth::{KeySet, KeyStore};
 use crate::config::{Config, RouteConfig};
+use crate::metering::Metering;
 use crate::metrics::Metrics;
 use crate::server;
 use crate::upstream::dial::Upstream;
@@ -40,6 +41,7 @@ pub struct Gateway {
     pub routes: Vec<Arc<Route>>,
     pub keys: Arc<KeyStore>,
     pub metrics: Arc<Metrics>,
+    pub metering: Metering,
     pub sessions: Arc<Sessions>,
     /// Cancelled when live sessions must close (at once in `close` mode,
     /// after the linger in `linger` mode).
@@ -58,6 +60,8 @@ pub enum StartError {
     Route { model: String, message: String },
     #[error(transparent)]
     Keys(#[from] crate::auth::KeysError),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -96,19 +100,44 @@ impl Gateway {
                 }))
             })
             .collect::<Result<Vec<_>, StartError>>()?;
-        let keys = load_keys(&config)?;
+        let keys = Arc::new(KeyStore::new(load_keys(&config)?));
+        let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
         let ready = routes.iter().all(|r| r.pool.target() == 0);
         Ok(Self {
             config,
             routes,
-            keys: Arc::new(KeyStore::new(keys)),
+            keys,
             metrics,
+            metering,
             sessions: Arc::default(),
             shutdown: CancellationToken::new(),
             draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(ready),
         })
+    }
+
+    /// Every check before the 101 that needs no network: draining, the
+    /// process cap, the key's session cap, then the store-backed ones (rpm,
+    /// tpm, budgets, unpriced). The permit is released if a later check
+    /// refuses.
+    pub async fn admit(
+        &self,
+        key: &crate::auth::KeyEntry,
+        route: &Route,
+    ) -> Result<crate::admission::Permit, crate::admission::Refusal> {
+        let gauge = self
+            .metrics
+            .sessions_active
+            .get_or_create(&crate::metrics::model(&route.config.model))
+            .clone();
+        let permit = self
+            .sessions
+            .admit(self.config.limits.max_sessions, &key.id, key.max_sessions, gauge)?;
+        let keys = self.keys.get();
+        let team = key.team.as_deref().and_then(|t| keys.team(t));
+        self.metering.admit(key, team, &route.config).await?;
+        Ok(permit)
     }
 
     /// Sets every route's pool target (clamped to `[pool] max_size`).

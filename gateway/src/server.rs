@@ -11,7 +11,8 @@
 //!
 //! Checks before the 101, in order: WebSocket handshake → 400; draining →
 //! 503; credential → 401; `?model=` → 400 missing / 404 unknown; then
-//! admission ([`crate::admission`]). Nothing is dialled before all pass.
+//! admission ([`Gateway::admit`]: session caps, rpm, tpm, budgets,
+//! unpriced). Nothing is dialled before all pass.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,7 +31,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use crate::admission::Refusal;
 use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
 use crate::gateway::Gateway;
-use crate::metrics::{model, ReasonLabels};
+use crate::metrics::ReasonLabels;
 use crate::session::Session;
 
 /// Pending-connection queue length; connect bursts of hundreds of sessions
@@ -85,7 +86,7 @@ pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
                 TokioIo::new(tcp),
                 service_fn(move |req| {
                     let gw = gw.clone();
-                    async move { Ok::<_, Infallible>(handle_client(req, gw)) }
+                    async move { Ok::<_, Infallible>(handle_client(req, gw).await) }
                 }),
             )
             .with_upgrades();
@@ -178,7 +179,7 @@ fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
         && req.headers().contains_key(header::SEC_WEBSOCKET_KEY)
 }
 
-fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body> {
+async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body> {
     let started = Instant::now();
     if !REALTIME_PATHS.contains(&req.uri().path()) {
         let r = Refusal::new(
@@ -247,17 +248,7 @@ fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body>
         );
         return refuse(&gw, "", r);
     };
-    let gauge = gw
-        .metrics
-        .sessions_active
-        .get_or_create(&model(&model_name))
-        .clone();
-    let permit = match gw.sessions.admit(
-        gw.config.limits.max_sessions,
-        &key.id,
-        key.max_sessions,
-        gauge,
-    ) {
+    let permit = match gw.admit(&key, &route).await {
         Ok(p) => p,
         Err(r) => return refuse(&gw, &model_name, r),
     };

@@ -29,7 +29,8 @@ use crate::auth::KeyEntry;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
 use crate::metrics::{model, OutcomeLabels};
-use crate::relay::{self, Kill, Limits};
+use crate::metering::{EndReason, SessionMeta};
+use crate::relay::{self, Kill, Limits, Tap};
 use crate::upstream::dial::{DialError, Warm};
 
 /// Client frames held while the upstream is dialled; past this the client
@@ -121,7 +122,7 @@ impl Session {
             }
         };
         if client
-            .send(Message::Text(warm.session_created))
+            .send(Message::Text(warm.session_created.clone()))
             .await
             .is_err()
         {
@@ -138,16 +139,26 @@ impl Session {
             idle_timeout: Duration::from_secs(gw.config.relay.idle_timeout_secs),
             deadline,
         };
+        let (mut tracker, meter, metering_kill) = gw.metering.start_session(SessionMeta::new(
+            self.id.clone(),
+            &self.key,
+            &self.route.config,
+        ));
+        gw.tasks.spawn(meter.run());
+        tracker.on_upstream_text(&warm.session_created);
         let kill = async move {
-            shutdown.cancelled().await;
-            Kill {
-                code: 1001,
-                reason: "server shutting down".into(),
-                error_event: None,
-                outcome: "shutdown",
+            tokio::select! {
+                k = metering_kill.fired() => k,
+                _ = shutdown.cancelled() => Kill {
+                    code: 1001,
+                    reason: "server shutting down".into(),
+                    error_event: None,
+                    outcome: "shutdown",
+                },
             }
         };
-        let spliced = relay::splice(client, warm.ws, pending, limits, &mut (), kill).await;
+        let spliced = relay::splice(client, warm.ws, pending, limits, &mut tracker, kill).await;
+        tracker.finish(EndReason::from_end(&spliced.end));
         if spliced.end == relay::End::ClientGone {
             gw.metrics.client_disconnects.get_or_create(&label).inc();
         }

@@ -353,8 +353,17 @@ impl Session {
     }
 
     async fn send(&mut self, ws: &mut Ws, mut event: Value) -> bool {
-        event["event_id"] = Value::String(self.event_id());
-        let text = event.to_string();
+        // OpenAI writes `type` first, then `event_id`; serde_json's map is
+        // sorted, so put those two in front by hand.
+        let id = self.event_id();
+        let kind = match event.as_object_mut().and_then(|o| o.remove("type")) {
+            Some(Value::String(k)) => k,
+            _ => String::new(),
+        };
+        let rest = event.to_string();
+        let rest = rest.strip_prefix('{').unwrap_or("}");
+        let sep = if rest == "}" { "" } else { "," };
+        let text = format!(r#"{{"type":"{kind}","event_id":"{id}"{sep}{rest}"#);
         if self.config.record {
             if let Ok(mut sent) = self.handle.stats.sent.lock() {
                 sent.push(text.clone());
