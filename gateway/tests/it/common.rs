@@ -55,12 +55,49 @@ pub fn gateway_toml(upstream_url: &str, extra: &str) -> String {
     )
 }
 
+/// The environment a test gateway sees: the simulator's key, the master
+/// client key, and the test Redis URL when one is set.
 pub fn test_env(k: &str) -> Option<String> {
     match k {
         "SIM_KEY" => Some(UPSTREAM_KEY.into()),
         MASTER_KEY_ENV => Some(CLIENT_KEY.into()),
+        REDIS_ENV => std::env::var(REDIS_ENV).ok(),
         _ => None,
     }
+}
+
+pub const REDIS_ENV: &str = "PATCHBAY_TEST_REDIS_URL";
+
+/// The test Redis URL, or `None` after printing why the test skips.
+pub fn redis_url(test: &str) -> Option<String> {
+    match std::env::var(REDIS_ENV) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            println!("skipping {test}: {REDIS_ENV} is not set (it points Redis-backed tests at a server)");
+            None
+        }
+    }
+}
+
+pub async fn redis(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the test Redis answers")
+}
+
+/// A keys file line for `key` with id `id` and extra TOML fields.
+pub fn key_entry(id: &str, key: &str, extra: &str) -> String {
+    format!(
+        "[[keys]]\nid = \"{id}\"\nsha256 = \"{}\"\n{extra}\n",
+        hex::encode(patchbay_gateway::secret::Secret::new(key).sha256())
+    )
+}
+
+/// Per-test unique id (Redis keys, key ids).
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", patchbay_gateway::ids::short_id())
 }
 
 pub fn config(toml: &str) -> Config {

@@ -4,6 +4,9 @@
 mod common;
 mod drain;
 mod keys;
+mod metering;
+mod metering_relay;
+mod metering_store;
 mod pool;
 mod relay;
 mod tls_and_config;

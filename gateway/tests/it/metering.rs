@@ -1,0 +1,157 @@
+//! Metering through the whole gateway: rows, budgets closing a session,
+//! rpm shared by two gateways over Redis, revoked keys, unpriced models.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::common::*;
+use patchbay_gateway::sim::SimConfig;
+use redis::AsyncCommands;
+
+/// Prices for the route: one simulator turn (usage_for(1, 5)) costs
+/// 25×4 + 100×32 + 12×16 + 50×64 = 6692 µ$ = $0.006692.
+const PRICES: &str = "[[prices]]\nmodel = \"gpt-realtime\"\ntext_input = 4.0\ncached_text_input = 0.4\n\
+                      audio_input = 32.0\ncached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n";
+const FIRST_TURN_COST: f64 = 0.006692;
+
+async fn open_with(addr: std::net::SocketAddr, key: &str) -> Result<Client, u16> {
+    let bearer = format!("Bearer {key}");
+    match connect_with(addr, &format!("?model={MODEL}"), &[("authorization", &bearer)]).await {
+        Ok((mut ws, _)) => {
+            assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+            Ok(ws)
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn completed_turn_lands_in_the_redis_stream_with_its_usage_and_cost() {
+    let Some(url) = redis_url("completed_turn_lands_in_the_redis_stream") else { return };
+    let sim = sim(SimConfig::default()).await;
+    let id = unique("stream");
+    let keys = TempFile::new("keys.toml", &key_entry(&id, "pb-stream", "team = \"voice\""));
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!(
+            "{PRICES}[store]\nredis_url_env = \"{REDIS_ENV}\"\n[keys]\nfile = \"{}\"\n",
+            keys.0.display()
+        ),
+    ))
+    .await;
+    let mut ws = open_with(gw.addr, "pb-stream").await.unwrap();
+    one_turn(&mut ws).await;
+    ws.close(None).await.unwrap();
+    let _ = until_close(&mut ws).await;
+
+    let mut r = redis(&url).await;
+    let mut row = None;
+    for _ in 0..100 {
+        let entries: redis::streams::StreamRangeReply =
+            r.xrevrange_count("patchbay:request_logs", "+", "-", 200).await.unwrap();
+        row = entries.ids.into_iter().find(|e| {
+            e.map.get("key_id").and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                == Some(id.clone())
+        });
+        if row.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let row = row.expect("a row for the turn");
+    let field = |k: &str| -> String { redis::from_redis_value(row.map[k].clone()).unwrap() };
+    assert!(field("request_id").ends_with(":1"), "{}", field("request_id"));
+    assert_eq!(field("team"), "voice");
+    assert_eq!(field("model"), MODEL);
+    assert_eq!(field("status"), "200");
+    assert_eq!(field("usage_unknown"), "false");
+    assert_eq!(field("input_tokens"), "125");
+    assert_eq!(field("output_tokens"), "62");
+    assert_eq!(field("output_audio_tokens"), "50");
+    let cost: f64 = field("cost_usd").parse().unwrap();
+    assert!((cost - FIRST_TURN_COST).abs() < 1e-9, "{cost}");
+}
+
+#[tokio::test]
+async fn a_spent_budget_closes_the_session_with_an_error_event_and_1008_then_refuses_402() {
+    let sim = sim(SimConfig::default()).await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &key_entry("budgeted", "pb-budget", "team = \"support\"\nbudget_usd = 0.005"),
+    );
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("{PRICES}[metering]\nflush_secs = 0\n[keys]\nfile = \"{}\"\n", keys.0.display()),
+    ))
+    .await;
+    let mut ws = open_with(gw.addr, "pb-budget").await.unwrap();
+    one_turn(&mut ws).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    let e: serde_json::Value = serde_json::from_str(texts.last().expect("an error event")).unwrap();
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["error"]["code"], "insufficient_quota");
+    assert!(e["event_id"].as_str().unwrap().starts_with("event_patchbay_"));
+    assert!(e["error"]["message"].as_str().unwrap().contains("budgeted"), "{e}");
+    assert_eq!(code, Some(1008));
+    assert!(eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await,
+        "the upstream leg is closed too");
+    assert_eq!(open_with(gw.addr, "pb-budget").await.err(), Some(402));
+    assert!(metric(gw.admin_addr, "patchbay_budget_blocks_total", "").await >= 2.0);
+}
+
+#[tokio::test]
+async fn rpm_applies_per_key_across_two_gateways_sharing_redis() {
+    let Some(_url) = redis_url("rpm_applies_per_key_across_two_gateways") else { return };
+    let sim = sim(SimConfig::default()).await;
+    let id = unique("rpm");
+    let keys = TempFile::new("keys.toml", &key_entry(&id, "pb-rpm", "rpm = 2"));
+    let toml = gateway_toml(
+        &sim.url(false),
+        &format!("[store]\nredis_url_env = \"{REDIS_ENV}\"\n[keys]\nfile = \"{}\"\n", keys.0.display()),
+    );
+    let a = gateway(&toml).await;
+    let b = gateway(&toml).await;
+    let _s1 = open_with(a.addr, "pb-rpm").await.unwrap();
+    let _s2 = open_with(b.addr, "pb-rpm").await.unwrap();
+    let bearer = "Bearer pb-rpm".to_string();
+    for gw in [&a, &b] {
+        let (status, headers, body) =
+            refused(gw.addr, &format!("?model={MODEL}"), &[("authorization", &bearer)]).await;
+        assert_eq!(status, 429);
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+        let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=120).contains(&retry));
+    }
+    // Another key is not limited by this one.
+    assert!(open_with(a.addr, CLIENT_KEY).await.is_ok());
+}
+
+#[tokio::test]
+async fn removing_a_key_from_the_keys_file_ends_its_live_session_with_1008() {
+    let sim = sim(SimConfig::default()).await;
+    let keys = TempFile::new("keys.toml", &key_entry("leaving", "pb-leaving", ""));
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
+    ))
+    .await;
+    let mut ws = open_with(gw.addr, "pb-leaving").await.unwrap();
+    std::fs::write(&keys.0, key_entry("other", "pb-other", "")).unwrap();
+    let (texts, code, _) = until_close(&mut ws).await;
+    let e: serde_json::Value = serde_json::from_str(texts.last().expect("an error event")).unwrap();
+    assert_eq!(e["error"]["code"], "invalid_api_key");
+    assert_eq!(code, Some(1008));
+}
+
+#[tokio::test]
+async fn an_unpriced_model_is_refused_under_block_before_any_dial() {
+    let sim = sim(SimConfig::default()).await;
+    let gw = gateway(&gateway_toml(&sim.url(false), "[metering]\nunpriced = \"block\"\n")).await;
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let (status, _, body) =
+        refused(gw.addr, &format!("?model={MODEL}"), &[("authorization", &bearer)]).await;
+    assert_eq!(status, 402);
+    assert_eq!(body["error"]["code"], "model_not_priced");
+    assert_eq!(sim.stats.tcp_accepted.load(Ordering::Relaxed), 0);
+}
