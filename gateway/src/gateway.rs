@@ -131,9 +131,12 @@ impl Gateway {
             .sessions_active
             .get_or_create(&crate::metrics::model(&route.config.model))
             .clone();
-        let permit = self
-            .sessions
-            .admit(self.config.limits.max_sessions, &key.id, key.max_sessions, gauge)?;
+        let permit = self.sessions.admit(
+            self.config.limits.max_sessions,
+            &key.id,
+            key.max_sessions,
+            gauge,
+        )?;
         let keys = self.keys.get();
         let team = key.team.as_deref().and_then(|t| keys.team(t));
         self.metering.admit(key, team, &route.config).await?;

@@ -28,8 +28,8 @@ use crate::admission::Permit;
 use crate::auth::KeyEntry;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
-use crate::metrics::{model, OutcomeLabels};
 use crate::metering::{EndReason, SessionMeta};
+use crate::metrics::{model, OutcomeLabels};
 use crate::relay::{self, Kill, Limits, Tap};
 use crate::upstream::dial::{DialError, Warm};
 

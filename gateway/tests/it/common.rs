@@ -426,3 +426,50 @@ impl Child {
         }
     }
 }
+
+/// A TCP relay in front of a server that can delay every reply chunk
+/// (e.g. Redis replies during a drain), on 127.0.0.1.
+pub struct DelayRelay {
+    pub addr: SocketAddr,
+    pub delay: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl DelayRelay {
+    pub async fn start(target: SocketAddr) -> DelayRelay {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(localhost()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let delay = std::sync::Arc::new(AtomicU64::new(0));
+        let d = delay.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let d = d.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = sr.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let ms = d.load(Ordering::Relaxed);
+                        if ms > 0 {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        DelayRelay { addr, delay }
+    }
+}

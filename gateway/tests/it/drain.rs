@@ -186,3 +186,129 @@ async fn logs_carry_one_json_line_per_session_end_and_never_a_key() {
     assert_eq!(f["upstream_close_code"], 1000);
     assert!(f["duration_ms"].as_u64().is_some());
 }
+
+#[tokio::test]
+async fn sigterm_runs_every_meter_final_flush_before_exit_even_with_slow_redis() {
+    use redis::AsyncCommands;
+    use std::sync::atomic::Ordering;
+    let Some(url) = redis_url("sigterm_runs_every_meter_final_flush") else {
+        return;
+    };
+    let redis_addr: std::net::SocketAddr = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("PATCHBAY_TEST_REDIS_URL is redis://IP:PORT");
+    let relay = DelayRelay::start(redis_addr).await;
+    let sim = sim(SimConfig {
+        audio_deltas: 50,
+        delta_interval: Duration::from_millis(10),
+        ..SimConfig::default()
+    })
+    .await;
+    let id = unique("drain");
+    let keys = TempFile::new(
+        "keys.toml",
+        &key_entry(
+            &id,
+            "pb-drain",
+            "budget_usd = 100.0\nbudget_period = \"daily\"",
+        ),
+    );
+    let prices = "[[prices]]\nmodel = \"gpt-realtime\"\ntext_input = 4.0\naudio_input = 32.0\n\
+                  text_output = 16.0\naudio_output = 64.0\n";
+    let mut child = Child::start(
+        &sim.url(false),
+        &format!(
+            "{prices}[metering]\nflush_secs = 60\n[store]\nredis_url_env = \"PB_REDIS\"\n[keys]\nfile = \"{}\"\n",
+            keys.0.display()
+        ),
+        &[("PB_REDIS", &format!("redis://{}", relay.addr))],
+    )
+    .await;
+    const SESSIONS: usize = 20;
+    let bearer = "Bearer pb-drain".to_string();
+    let opens = (0..SESSIONS).map(|_| {
+        let bearer = bearer.clone();
+        let addr = child.addr;
+        async move {
+            let (mut ws, _) = connect_with(
+                addr,
+                &format!("?model={MODEL}"),
+                &[("authorization", &bearer)],
+            )
+            .await
+            .unwrap();
+            recv_text(&mut ws).await;
+            one_turn(&mut ws).await;
+            send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+            while kind(&recv_text(&mut ws).await) != "response.output_audio.delta" {}
+            ws
+        }
+    });
+    let mut clients = futures_util::future::join_all(opens).await;
+    // Every turn is waiting on the 60 s flush timer; Redis turns slow.
+    relay.delay.store(200, Ordering::Relaxed);
+    child.sigterm();
+    for ws in &mut clients {
+        assert_eq!(until_close(ws).await.1, Some(1001));
+    }
+    let (code, _) = child.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0));
+
+    // stdout: one row per completed turn, one usage_unknown 503 row per
+    // response that was in flight.
+    let mut stdout = String::new();
+    use std::io::Read;
+    child
+        .process
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|r: &serde_json::Value| r["key_id"] == id.as_str())
+        .collect();
+    let completed = rows
+        .iter()
+        .filter(|r| r["status"] == 200 && r["usage_unknown"] == false)
+        .count();
+    let cut = rows
+        .iter()
+        .filter(|r| r["status"] == 503 && r["usage_unknown"] == true)
+        .count();
+    assert_eq!((completed, cut), (SESSIONS, SESSIONS), "{stdout}");
+
+    // Redis: the same rows, and the budget charged with an expiry.
+    let mut r = redis(&url).await;
+    let entries: redis::streams::StreamRangeReply = r
+        .xrevrange_count("patchbay:request_logs", "+", "-", 5000)
+        .await
+        .unwrap();
+    let statuses: Vec<String> = entries
+        .ids
+        .iter()
+        .filter(|e| {
+            e.map
+                .get("key_id")
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                == Some(id.clone())
+        })
+        .map(|e| redis::from_redis_value(e.map["status"].clone()).unwrap())
+        .collect();
+    assert_eq!(statuses.iter().filter(|s| *s == "200").count(), SESSIONS);
+    assert_eq!(statuses.iter().filter(|s| *s == "503").count(), SESSIONS);
+    let day = &humantime::format_rfc3339(std::time::SystemTime::now()).to_string()[..10];
+    let budget_key = format!("patchbay:budget:key:{id}:d{day}");
+    let spent: f64 = r.get(&budget_key).await.unwrap();
+    let per_session = (25.0 * 4.0 + 100.0 * 32.0 + 12.0 * 16.0 + 500.0 * 64.0) / 1e6;
+    assert!(
+        (spent - per_session * SESSIONS as f64).abs() < 1e-6,
+        "{spent}"
+    );
+    let ttl: i64 = r.ttl(&budget_key).await.unwrap();
+    assert!(ttl > 0, "the daily budget key expires ({ttl})");
+}

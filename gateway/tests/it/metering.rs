@@ -16,7 +16,13 @@ const FIRST_TURN_COST: f64 = 0.006692;
 
 async fn open_with(addr: std::net::SocketAddr, key: &str) -> Result<Client, u16> {
     let bearer = format!("Bearer {key}");
-    match connect_with(addr, &format!("?model={MODEL}"), &[("authorization", &bearer)]).await {
+    match connect_with(
+        addr,
+        &format!("?model={MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await
+    {
         Ok((mut ws, _)) => {
             assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
             Ok(ws)
@@ -28,10 +34,15 @@ async fn open_with(addr: std::net::SocketAddr, key: &str) -> Result<Client, u16>
 
 #[tokio::test]
 async fn completed_turn_lands_in_the_redis_stream_with_its_usage_and_cost() {
-    let Some(url) = redis_url("completed_turn_lands_in_the_redis_stream") else { return };
+    let Some(url) = redis_url("completed_turn_lands_in_the_redis_stream") else {
+        return;
+    };
     let sim = sim(SimConfig::default()).await;
     let id = unique("stream");
-    let keys = TempFile::new("keys.toml", &key_entry(&id, "pb-stream", "team = \"voice\""));
+    let keys = TempFile::new(
+        "keys.toml",
+        &key_entry(&id, "pb-stream", "team = \"voice\""),
+    );
     let gw = gateway(&gateway_toml(
         &sim.url(false),
         &format!(
@@ -48,10 +59,14 @@ async fn completed_turn_lands_in_the_redis_stream_with_its_usage_and_cost() {
     let mut r = redis(&url).await;
     let mut row = None;
     for _ in 0..100 {
-        let entries: redis::streams::StreamRangeReply =
-            r.xrevrange_count("patchbay:request_logs", "+", "-", 200).await.unwrap();
+        let entries: redis::streams::StreamRangeReply = r
+            .xrevrange_count("patchbay:request_logs", "+", "-", 200)
+            .await
+            .unwrap();
         row = entries.ids.into_iter().find(|e| {
-            e.map.get("key_id").and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+            e.map
+                .get("key_id")
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
                 == Some(id.clone())
         });
         if row.is_some() {
@@ -61,7 +76,11 @@ async fn completed_turn_lands_in_the_redis_stream_with_its_usage_and_cost() {
     }
     let row = row.expect("a row for the turn");
     let field = |k: &str| -> String { redis::from_redis_value(row.map[k].clone()).unwrap() };
-    assert!(field("request_id").ends_with(":1"), "{}", field("request_id"));
+    assert!(
+        field("request_id").ends_with(":1"),
+        "{}",
+        field("request_id")
+    );
     assert_eq!(field("team"), "voice");
     assert_eq!(field("model"), MODEL);
     assert_eq!(field("status"), "200");
@@ -78,11 +97,18 @@ async fn a_spent_budget_closes_the_session_with_an_error_event_and_1008_then_ref
     let sim = sim(SimConfig::default()).await;
     let keys = TempFile::new(
         "keys.toml",
-        &key_entry("budgeted", "pb-budget", "team = \"support\"\nbudget_usd = 0.005"),
+        &key_entry(
+            "budgeted",
+            "pb-budget",
+            "team = \"support\"\nbudget_usd = 0.005",
+        ),
     );
     let gw = gateway(&gateway_toml(
         &sim.url(false),
-        &format!("{PRICES}[metering]\nflush_secs = 0\n[keys]\nfile = \"{}\"\n", keys.0.display()),
+        &format!(
+            "{PRICES}[metering]\nflush_secs = 0\n[keys]\nfile = \"{}\"\n",
+            keys.0.display()
+        ),
     ))
     .await;
     let mut ws = open_with(gw.addr, "pb-budget").await.unwrap();
@@ -91,24 +117,37 @@ async fn a_spent_budget_closes_the_session_with_an_error_event_and_1008_then_ref
     let e: serde_json::Value = serde_json::from_str(texts.last().expect("an error event")).unwrap();
     assert_eq!(e["type"], "error");
     assert_eq!(e["error"]["code"], "insufficient_quota");
-    assert!(e["event_id"].as_str().unwrap().starts_with("event_patchbay_"));
-    assert!(e["error"]["message"].as_str().unwrap().contains("budgeted"), "{e}");
+    assert!(e["event_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("event_patchbay_"));
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("budgeted"),
+        "{e}"
+    );
     assert_eq!(code, Some(1008));
-    assert!(eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await,
-        "the upstream leg is closed too");
+    assert!(
+        eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await,
+        "the upstream leg is closed too"
+    );
     assert_eq!(open_with(gw.addr, "pb-budget").await.err(), Some(402));
     assert!(metric(gw.admin_addr, "patchbay_budget_blocks_total", "").await >= 2.0);
 }
 
 #[tokio::test]
 async fn rpm_applies_per_key_across_two_gateways_sharing_redis() {
-    let Some(_url) = redis_url("rpm_applies_per_key_across_two_gateways") else { return };
+    let Some(_url) = redis_url("rpm_applies_per_key_across_two_gateways") else {
+        return;
+    };
     let sim = sim(SimConfig::default()).await;
     let id = unique("rpm");
     let keys = TempFile::new("keys.toml", &key_entry(&id, "pb-rpm", "rpm = 2"));
     let toml = gateway_toml(
         &sim.url(false),
-        &format!("[store]\nredis_url_env = \"{REDIS_ENV}\"\n[keys]\nfile = \"{}\"\n", keys.0.display()),
+        &format!(
+            "[store]\nredis_url_env = \"{REDIS_ENV}\"\n[keys]\nfile = \"{}\"\n",
+            keys.0.display()
+        ),
     );
     let a = gateway(&toml).await;
     let b = gateway(&toml).await;
@@ -116,8 +155,12 @@ async fn rpm_applies_per_key_across_two_gateways_sharing_redis() {
     let _s2 = open_with(b.addr, "pb-rpm").await.unwrap();
     let bearer = "Bearer pb-rpm".to_string();
     for gw in [&a, &b] {
-        let (status, headers, body) =
-            refused(gw.addr, &format!("?model={MODEL}"), &[("authorization", &bearer)]).await;
+        let (status, headers, body) = refused(
+            gw.addr,
+            &format!("?model={MODEL}"),
+            &[("authorization", &bearer)],
+        )
+        .await;
         assert_eq!(status, 429);
         assert_eq!(body["error"]["code"], "rate_limit_exceeded");
         let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
@@ -147,10 +190,18 @@ async fn removing_a_key_from_the_keys_file_ends_its_live_session_with_1008() {
 #[tokio::test]
 async fn an_unpriced_model_is_refused_under_block_before_any_dial() {
     let sim = sim(SimConfig::default()).await;
-    let gw = gateway(&gateway_toml(&sim.url(false), "[metering]\nunpriced = \"block\"\n")).await;
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        "[metering]\nunpriced = \"block\"\n",
+    ))
+    .await;
     let bearer = format!("Bearer {CLIENT_KEY}");
-    let (status, _, body) =
-        refused(gw.addr, &format!("?model={MODEL}"), &[("authorization", &bearer)]).await;
+    let (status, _, body) = refused(
+        gw.addr,
+        &format!("?model={MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await;
     assert_eq!(status, 402);
     assert_eq!(body["error"]["code"], "model_not_priced");
     assert_eq!(sim.stats.tcp_accepted.load(Ordering::Relaxed), 0);
