@@ -67,6 +67,9 @@ pub struct Config {
     /// `PATCHBAY_MASTER_KEY`, when set.
     #[serde(skip)]
     pub master_key: Option<Secret>,
+    /// The file this config came from, watched for price edits.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -83,6 +86,7 @@ impl Default for Config {
             keys: KeysConfig::default(),
             drain: DrainConfig::default(),
             master_key: None,
+            source: None,
         }
     }
 }
@@ -336,22 +340,27 @@ impl Config {
     /// Loads from a file (or `patchbay.toml` if present, or defaults) and the
     /// process environment, then validates.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
-        let text = match path {
-            Some(p) => Some(std::fs::read_to_string(p).map_err(|e| {
-                ConfigError::new("--config", format!("cannot read {}: {e}", p.display()))
-            })?),
-            None if Path::new(DEFAULT_CONFIG_FILE).exists() => {
-                Some(std::fs::read_to_string(DEFAULT_CONFIG_FILE).map_err(|e| {
-                    ConfigError::new(
-                        "--config",
-                        format!("cannot read {DEFAULT_CONFIG_FILE}: {e}"),
-                    )
-                })?)
-            }
-            None => None,
-        };
+        let default = Path::new(DEFAULT_CONFIG_FILE);
+        let path = path.or(default.exists().then_some(default));
         let env: BTreeMap<String, String> = std::env::vars().collect();
-        Self::from_toml_with_env(text.as_deref().unwrap_or(""), &|k| env.get(k).cloned())
+        let env = |k: &str| env.get(k).cloned();
+        match path {
+            Some(p) => Self::from_file_with_env(p, &env),
+            None => Self::from_toml_with_env("", &env),
+        }
+    }
+
+    /// Reads and validates `path`; the result remembers it as its source.
+    pub fn from_file_with_env(
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new("--config", format!("cannot read {}: {e}", path.display()))
+        })?;
+        let mut config = Self::from_toml_with_env(&text, env)?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
     }
 
     /// Parses `text` (empty = defaults), applies env overrides from `env`,
@@ -457,24 +466,7 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        for (i, p) in self.prices.iter().enumerate() {
-            let fields = [
-                ("text_input", p.text_input),
-                ("cached_text_input", p.cached_text_input),
-                ("audio_input", p.audio_input),
-                ("cached_audio_input", p.cached_audio_input),
-                ("text_output", p.text_output),
-                ("audio_output", p.audio_output),
-            ];
-            for (name, v) in fields {
-                if !(v.is_finite() && v >= 0.0) {
-                    return Err(ConfigError::new(
-                        format!("prices[{i}].{name}"),
-                        "must be a number >= 0",
-                    ));
-                }
-            }
-        }
+        validate_prices(&self.prices)?;
         if let Some(var) = &self.store.redis_url_env {
             match env(var) {
                 Some(v) if !v.trim().is_empty() => {
@@ -522,6 +514,44 @@ impl Config {
     pub fn route(&self, model: &str) -> Option<&RouteConfig> {
         self.routes.iter().find(|r| r.model == model)
     }
+}
+
+/// Every price must be a finite number >= 0.
+fn validate_prices(prices: &[PriceRow]) -> Result<(), ConfigError> {
+    for (i, p) in prices.iter().enumerate() {
+        let fields = [
+            ("text_input", p.text_input),
+            ("cached_text_input", p.cached_text_input),
+            ("audio_input", p.audio_input),
+            ("cached_audio_input", p.cached_audio_input),
+            ("text_output", p.text_output),
+            ("audio_output", p.audio_output),
+        ];
+        for (name, v) in fields {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ConfigError::new(
+                    format!("prices[{i}].{name}"),
+                    "must be a number >= 0",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Just the `[[prices]]` of a config file's text, validated: what a live
+/// price edit changes (the rest of the config needs a restart).
+pub fn prices_from_toml(text: &str) -> Result<Vec<PriceRow>, ConfigError> {
+    let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
+    let prices = doc
+        .remove("prices")
+        .unwrap_or_else(|| toml::Value::Array(Vec::new()));
+    let prices: Vec<PriceRow> = serde_path_to_error::deserialize(prices).map_err(|e| {
+        let path = format!("prices{}", e.path());
+        ConfigError::new(path, e.into_inner().message().to_string())
+    })?;
+    validate_prices(&prices)?;
+    Ok(prices)
 }
 
 fn validate_upstream_url(route: &RouteConfig) -> Result<(), String> {

@@ -26,6 +26,8 @@ use crate::upstream::pool::{parse_size_file, Pool};
 pub const SIZE_FILE_POLL: Duration = Duration::from_secs(2);
 /// How often the keys file is checked for changes.
 pub const KEYS_FILE_POLL: Duration = Duration::from_secs(2);
+/// How often the config file is checked for price edits.
+pub const CONFIG_FILE_POLL: Duration = Duration::from_secs(2);
 
 /// A configured route, ready to dial, with its warm pool.
 #[derive(Debug)]
@@ -246,6 +248,40 @@ async fn watch_keys_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
     }
 }
 
+/// Re-reads the config file when it changes and applies its `[[prices]]`
+/// (the meter reads prices at every flush, so an edit applies from the next
+/// flush). Other sections need a restart; an invalid file is ignored.
+async fn watch_prices(gw: Arc<Gateway>, path: std::path::PathBuf) {
+    let mut tick = tokio::time::interval(CONFIG_FILE_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_text = tokio::fs::read_to_string(&path).await.ok();
+    loop {
+        tokio::select! {
+            _ = gw.draining.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Ok(text) = tokio::fs::read_to_string(&path).await else {
+            continue;
+        };
+        if last_text.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        match crate::config::prices_from_toml(&text) {
+            Ok(prices) => {
+                if prices != *gw.metering.prices() {
+                    tracing::info!(file = %path.display(), rows = prices.len(),
+                        "prices reloaded; other changes apply on restart");
+                    gw.metering.set_prices(prices);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "ignoring an invalid price edit")
+            }
+        }
+        last_text = Some(text);
+    }
+}
+
 /// `/readyz` turns ready once every pool first reached its target, or when
 /// the warm-up timeout passes, whichever comes first.
 async fn mark_ready_when_warm(gw: Arc<Gateway>) {
@@ -305,6 +341,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     }
     if let Some(path) = gateway.config.keys.file.clone() {
         tokio::spawn(watch_keys_file(gateway.clone(), path));
+    }
+    if let Some(path) = gateway.config.source.clone() {
+        tokio::spawn(watch_prices(gateway.clone(), path));
     }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));

@@ -206,3 +206,54 @@ async fn an_unpriced_model_is_refused_under_block_before_any_dial() {
     assert_eq!(body["error"]["code"], "model_not_priced");
     assert_eq!(sim.stats.tcp_accepted.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test]
+async fn an_edited_price_in_the_config_file_applies_from_the_next_flush() {
+    let sim = sim(SimConfig::default()).await;
+    let toml = |factor: f64| {
+        gateway_toml(
+            &sim.url(false),
+            &format!(
+                "[[prices]]\nmodel = \"gpt-realtime\"\ntext_input = {}\ncached_text_input = {}\n\
+                 audio_input = {}\ncached_audio_input = {}\ntext_output = {}\naudio_output = {}\n\
+                 [metering]\nflush_secs = 0\n",
+                4.0 * factor,
+                0.4 * factor,
+                32.0 * factor,
+                0.4 * factor,
+                16.0 * factor,
+                64.0 * factor
+            ),
+        )
+    };
+    let file = TempFile::new("gateway.toml", &toml(1.0));
+    let config = patchbay_gateway::config::Config::from_file_with_env(&file.0, &test_env).unwrap();
+    let gw = patchbay_gateway::gateway::start(config).await.unwrap();
+    let cost = || metric(gw.admin_addr, "patchbay_cost_usd_total", "");
+    let mut ws = open_with(gw.addr, CLIENT_KEY).await.unwrap();
+    one_turn(&mut ws).await;
+    let mut seen = 0.0;
+    for _ in 0..100 {
+        seen = cost().await;
+        if seen > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!((seen - FIRST_TURN_COST).abs() < 1e-9, "{seen}");
+
+    std::fs::write(&file.0, toml(2.0)).unwrap();
+    assert!(eventually(|| gw.gateway.metering.prices()[0].text_input == 8.0).await);
+    one_turn(&mut ws).await;
+    // Turn 2 (usage_for(2, 5)): 30 text in, 36 audio in + 64 cached audio,
+    // 12 text out, 50 audio out, all at doubled prices: $0.0093792.
+    let expected = FIRST_TURN_COST + 0.0093792;
+    for _ in 0..100 {
+        seen = cost().await;
+        if seen > FIRST_TURN_COST {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!((seen - expected).abs() < 1e-9, "{seen} vs {expected}");
+}
