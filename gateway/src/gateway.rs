@@ -213,7 +213,9 @@ async fn watch_size_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
 async fn watch_keys_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
     let mut tick = tokio::time::interval(KEYS_FILE_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut last_text = tokio::fs::read_to_string(&path).await.ok();
+    // No baseline: the first tick compares the file with what is loaded,
+    // so an edit made before this task first ran is not missed.
+    let mut last_text: Option<String> = None;
     loop {
         tokio::select! {
             _ = gw.draining.cancelled() => return,
@@ -254,7 +256,9 @@ async fn watch_keys_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
 async fn watch_prices(gw: Arc<Gateway>, path: std::path::PathBuf) {
     let mut tick = tokio::time::interval(CONFIG_FILE_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut last_text = tokio::fs::read_to_string(&path).await.ok();
+    // No baseline: the first tick compares the file with what is loaded,
+    // so an edit made before this task first ran is not missed.
+    let mut last_text: Option<String> = None;
     loop {
         tokio::select! {
             _ = gw.draining.cancelled() => return,
