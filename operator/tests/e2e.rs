@@ -1,7 +1,7 @@
 //! End-to-end suite against a real cluster; runs only when `PATCHBAY_E2E_KUBECONFIG` names a
 //! kubeconfig (kind or k3d: see docs/operator.md), otherwise it says why it skips and passes.
 //!
-//! It applies `crds/`, creates a throwaway namespace with `examples/realtimeroute.yaml` (Secrets
+//! It applies `crds/`, creates a throwaway namespace with `examples/secrets.yaml` and `examples/realtimeroute.yaml` (Secrets
 //! and route), runs the controller in-process against that namespace and checks: every child
 //! exists and is owned by the route, the status, the pool ConfigMap after the Deployment's replica
 //! count changes, and that deleting the route leaves no children (owner references at work).
@@ -101,7 +101,10 @@ async fn install_crds(client: &Client) {
 
 async fn apply_example(client: &Client, namespace: &str) -> RealtimeRoute {
     let mut route = None;
-    for doc in yaml_docs(&repo("examples/realtimeroute.yaml")) {
+    let docs = yaml_docs(&repo("examples/secrets.yaml"))
+        .into_iter()
+        .chain(yaml_docs(&repo("examples/realtimeroute.yaml")));
+    for doc in docs {
         match doc["kind"].as_str() {
             Some("Secret") => {
                 let secret: Secret = serde_yaml::from_value(doc).expect("Secret");

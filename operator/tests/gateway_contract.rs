@@ -33,9 +33,9 @@ fn example_route(file: &str) -> RealtimeRoute {
         .expect("a RealtimeRoute in the example")
 }
 
-/// The client key file of `examples/realtimeroute.yaml`, written to a temporary file.
+/// The client key file of `examples/secrets.yaml`, written to a temporary file.
 fn example_keys_file() -> PathBuf {
-    let docs = example_docs("realtimeroute.yaml");
+    let docs = example_docs("secrets.yaml");
     let keys = docs
         .iter()
         .find(|doc| doc["kind"] == "Secret" && doc["metadata"]["name"] == "voice-keys")
