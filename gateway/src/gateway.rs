@@ -18,9 +18,9 @@ use crate::auth::{KeySet, KeyStore};
 use crate::config::{Config, RouteConfig};
 use crate::metering::Metering;
 use crate::metrics::Metrics;
-use crate::server;
 use crate::upstream::dial::Upstream;
 use crate::upstream::pool::{parse_size_file, Pool};
+use crate::{server, watch};
 
 /// How often `[pool] size_file` is re-read.
 pub const SIZE_FILE_POLL: Duration = Duration::from_secs(2);
@@ -175,114 +175,60 @@ fn initial_pool_size(config: &Config) -> usize {
         .min(config.pool.max_size)
 }
 
-/// Re-reads the size file and applies a changed, valid size. A missing file
-/// keeps the current size; a bad value is logged once and ignored.
-async fn watch_size_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
-    let mut tick = tokio::time::interval(SIZE_FILE_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut last_text: Option<String> = None;
-    loop {
-        tokio::select! {
-            _ = gw.draining.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let Ok(text) = tokio::fs::read_to_string(&path).await else {
-            continue;
-        };
-        if last_text.as_deref() == Some(text.as_str()) {
-            continue;
-        }
-        match parse_size_file(&text) {
-            Ok(n) => {
-                let n = n.min(gw.config.pool.max_size);
-                if gw.routes.first().is_some_and(|r| r.pool.target() != n) {
-                    tracing::info!(size = n, file = %path.display(), "pool size changed");
-                    gw.set_pool_size(n);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "ignoring invalid pool size file");
+/// A live-reloaded file: its path (if configured), what it is, how often it
+/// is polled, and what a change does.
+type Watcher = (
+    Option<std::path::PathBuf>,
+    &'static str,
+    Duration,
+    fn(&Gateway, &str),
+);
+
+/// Applies the size file's size when it is valid and differs; a bad value
+/// is logged and ignored.
+fn apply_size_file(gw: &Gateway, text: &str) {
+    match parse_size_file(text) {
+        Ok(n) => {
+            let n = n.min(gw.config.pool.max_size);
+            if gw.routes.first().is_some_and(|r| r.pool.target() != n) {
+                tracing::info!(size = n, "pool size changed");
+                gw.set_pool_size(n);
             }
         }
-        last_text = Some(text);
+        Err(e) => tracing::warn!(error = %e, "ignoring an invalid pool size file"),
     }
 }
 
-/// Re-reads the keys file when its content changes and swaps the key set.
-/// An unreadable or invalid file keeps the previous set (and says why once).
-async fn watch_keys_file(gw: Arc<Gateway>, path: std::path::PathBuf) {
-    let mut tick = tokio::time::interval(KEYS_FILE_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // No baseline: the first tick compares the file with what is loaded,
-    // so an edit made before this task first ran is not missed.
-    let mut last_text: Option<String> = None;
-    loop {
-        tokio::select! {
-            _ = gw.draining.cancelled() => return,
-            _ = tick.tick() => {}
+/// Swaps in the keys file's key set; an invalid file keeps the current one.
+fn apply_keys_file(gw: &Gateway, text: &str) {
+    match KeySet::parse(text) {
+        Ok(set) => {
+            let set = match &gw.config.master_key {
+                Some(m) => set.with_master(m),
+                None => set,
+            };
+            tracing::debug!(keys = set.len(), "keys file loaded");
+            gw.keys.replace(set);
         }
-        let text = match tokio::fs::read_to_string(&path).await {
-            Ok(t) => t,
-            Err(e) => {
-                if last_text.take().is_some() {
-                    tracing::warn!(file = %path.display(), error = %e, "cannot read the keys file; keeping the current keys");
-                }
-                continue;
-            }
-        };
-        if last_text.as_deref() == Some(text.as_str()) {
-            continue;
-        }
-        match KeySet::parse(&text) {
-            Ok(set) => {
-                let set = match &gw.config.master_key {
-                    Some(m) => set.with_master(m),
-                    None => set,
-                };
-                tracing::info!(file = %path.display(), keys = set.len(), "keys file reloaded");
-                gw.keys.replace(set);
-            }
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "invalid keys file; keeping the current keys");
-            }
-        }
-        last_text = Some(text);
+        Err(e) => tracing::warn!(error = %e, "invalid keys file; keeping the current keys"),
     }
 }
 
-/// Re-reads the config file when it changes and applies its `[[prices]]`
-/// (the meter reads prices at every flush, so an edit applies from the next
-/// flush). Other sections need a restart; an invalid file is ignored.
-async fn watch_prices(gw: Arc<Gateway>, path: std::path::PathBuf) {
-    let mut tick = tokio::time::interval(CONFIG_FILE_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // No baseline: the first tick compares the file with what is loaded,
-    // so an edit made before this task first ran is not missed.
-    let mut last_text: Option<String> = None;
-    loop {
-        tokio::select! {
-            _ = gw.draining.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let Ok(text) = tokio::fs::read_to_string(&path).await else {
-            continue;
-        };
-        if last_text.as_deref() == Some(text.as_str()) {
-            continue;
-        }
-        match crate::config::prices_from_toml(&text) {
-            Ok(prices) => {
-                if prices != *gw.metering.prices() {
-                    tracing::info!(file = %path.display(), rows = prices.len(),
-                        "prices reloaded; other changes apply on restart");
-                    gw.metering.set_prices(prices);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "ignoring an invalid price edit")
+/// Applies the config file's `[[prices]]` (the meter reads prices at every
+/// flush, so an edit applies from the next flush); other sections need a
+/// restart, and an invalid edit is ignored.
+fn apply_prices(gw: &Gateway, text: &str) {
+    match crate::config::prices_from_toml(text) {
+        Ok(prices) => {
+            if prices != *gw.metering.prices() {
+                tracing::info!(
+                    rows = prices.len(),
+                    "prices reloaded; other changes apply on restart"
+                );
+                gw.metering.set_prices(prices);
             }
         }
-        last_text = Some(text);
+        Err(e) => tracing::warn!(error = %e, "ignoring an invalid price edit"),
     }
 }
 
@@ -340,14 +286,34 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .tasks
             .spawn(route.pool.clone().replenish(gateway.draining.clone()));
     }
-    if let Some(path) = gateway.config.pool.size_file.clone() {
-        tokio::spawn(watch_size_file(gateway.clone(), path));
-    }
-    if let Some(path) = gateway.config.keys.file.clone() {
-        tokio::spawn(watch_keys_file(gateway.clone(), path));
-    }
-    if let Some(path) = gateway.config.source.clone() {
-        tokio::spawn(watch_prices(gateway.clone(), path));
+    let watchers: [Watcher; 3] = [
+        (
+            gateway.config.pool.size_file.clone(),
+            "pool size file",
+            SIZE_FILE_POLL,
+            apply_size_file,
+        ),
+        (
+            gateway.config.keys.file.clone(),
+            "keys file",
+            KEYS_FILE_POLL,
+            apply_keys_file,
+        ),
+        (
+            gateway.config.source.clone(),
+            "config file",
+            CONFIG_FILE_POLL,
+            apply_prices,
+        ),
+    ];
+    for (path, what, poll, apply) in watchers {
+        if let Some(path) = path {
+            let gw = gateway.clone();
+            let stop = gateway.draining.clone();
+            tokio::spawn(watch::on_change(path, what, poll, stop, move |text| {
+                apply(&gw, text)
+            }));
+        }
     }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));

@@ -22,3 +22,4 @@ pub mod session;
 pub mod sim;
 pub mod store;
 pub mod upstream;
+pub mod watch;

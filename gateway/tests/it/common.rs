@@ -95,6 +95,25 @@ pub fn key_entry(id: &str, key: &str, extra: &str) -> String {
     )
 }
 
+/// Opens a session with `key`; the HTTP status when the upgrade is refused.
+pub async fn open_with(addr: std::net::SocketAddr, key: &str) -> Result<Client, u16> {
+    let bearer = format!("Bearer {key}");
+    match connect_with(
+        addr,
+        &format!("?model={MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await
+    {
+        Ok((mut ws, _)) => {
+            assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+            Ok(ws)
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// Per-test unique id (Redis keys, key ids).
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", patchbay_gateway::ids::short_id())

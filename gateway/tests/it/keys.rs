@@ -4,29 +4,11 @@
 use std::time::Duration;
 
 use crate::common::*;
-use patchbay_gateway::secret::Secret;
 use patchbay_gateway::sim::SimConfig;
 
-fn entry(id: &str, key: &str, extra: &str) -> String {
-    format!(
-        "[[keys]]\nid = \"{id}\"\nsha256 = \"{}\"\nteam = \"support\"\n{extra}\n",
-        hex::encode(Secret::new(key).sha256())
-    )
-}
-
+/// 101 when a session opens with `key`, else the refusal's status.
 async fn status_for(addr: std::net::SocketAddr, key: &str) -> u16 {
-    let bearer = format!("Bearer {key}");
-    match connect_with(
-        addr,
-        &format!("?model={MODEL}"),
-        &[("authorization", &bearer)],
-    )
-    .await
-    {
-        Ok(_) => 101,
-        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
-        Err(e) => panic!("{e}"),
-    }
+    open_with(addr, key).await.err().unwrap_or(101)
 }
 
 #[tokio::test]
@@ -34,7 +16,7 @@ async fn keys_file_entries_authenticate_and_reload_live() {
     let sim = sim(SimConfig::default()).await;
     let file = TempFile::new(
         "keys.toml",
-        &(entry("a", "pb-a", "") + &entry("b", "pb-b", "disabled = true")),
+        &(key_entry("a", "pb-a", "") + &key_entry("b", "pb-b", "disabled = true")),
     );
     let gw = gateway(&gateway_toml(
         &sim.url(false),
@@ -54,7 +36,7 @@ async fn keys_file_entries_authenticate_and_reload_live() {
         "the master key still works"
     );
 
-    std::fs::write(&file.0, entry("c", "pb-c", "")).unwrap();
+    std::fs::write(&file.0, key_entry("c", "pb-c", "")).unwrap();
     assert!(eventually(|| gw.gateway.keys.get().by_id("c").is_some()).await);
     assert_eq!(status_for(gw.addr, "pb-c").await, 101);
     assert_eq!(
@@ -72,7 +54,7 @@ async fn keys_file_entries_authenticate_and_reload_live() {
 #[tokio::test]
 async fn per_key_session_cap_is_enforced_with_429() {
     let sim = sim(SimConfig::default()).await;
-    let file = TempFile::new("keys.toml", &entry("a", "pb-a", "max_sessions = 1"));
+    let file = TempFile::new("keys.toml", &key_entry("a", "pb-a", "max_sessions = 1"));
     let gw = gateway(&gateway_toml(
         &sim.url(false),
         &format!("[keys]\nfile = \"{}\"\n", file.0.display()),

@@ -14,24 +14,6 @@ const PRICES: &str = "[[prices]]\nmodel = \"gpt-realtime\"\ntext_input = 4.0\nca
                       audio_input = 32.0\ncached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n";
 const FIRST_TURN_COST: f64 = 0.006692;
 
-async fn open_with(addr: std::net::SocketAddr, key: &str) -> Result<Client, u16> {
-    let bearer = format!("Bearer {key}");
-    match connect_with(
-        addr,
-        &format!("?model={MODEL}"),
-        &[("authorization", &bearer)],
-    )
-    .await
-    {
-        Ok((mut ws, _)) => {
-            assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
-            Ok(ws)
-        }
-        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
-        Err(e) => panic!("{e}"),
-    }
-}
-
 #[tokio::test]
 async fn completed_turn_lands_in_the_redis_stream_with_its_usage_and_cost() {
     let Some(url) = redis_url("completed_turn_lands_in_the_redis_stream") else {
