@@ -99,6 +99,8 @@ pub struct ServerConfig {
     /// Bound on a client's HTTP upgrade request (headers) and on the
     /// upstream's connect + handshake.
     pub upgrade_timeout_secs: u64,
+    /// Runtime worker threads; 0 = one per core.
+    pub worker_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -107,6 +109,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             upgrade_timeout_secs: 10,
+            worker_threads: 0,
         }
     }
 }
@@ -610,7 +613,12 @@ fn apply_env_overrides(
 
 fn section_keys(section: &str) -> &'static [&'static str] {
     match section {
-        "server" => &["listen", "admin_listen", "upgrade_timeout_secs"],
+        "server" => &[
+            "listen",
+            "admin_listen",
+            "upgrade_timeout_secs",
+            "worker_threads",
+        ],
         "pool" => &[
             "size",
             "max_idle_secs",

@@ -89,23 +89,32 @@ pub async fn run(listen: SocketAddr, sessions: usize, once: bool) -> Result<(), 
         running.admin_addr
     );
     println!();
+    println!("request-log rows (stdout, one JSON line per metered turn):");
+    let mut events = BTreeMap::new();
+    let mut phases = Vec::with_capacity(sessions);
+    for n in 1..=sessions {
+        let p = one_session(addr, n).await?;
+        for (k, v) in &p.events {
+            *events.entry(k.clone()).or_insert(0) += v;
+        }
+        phases.push(p);
+    }
+    // Let the last session's meter write its row before the summary.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    println!();
     println!(
         "{:>3}  {:>8}  {:>10}  {:>14}  {:>9}",
         "#", "dial ms", "session ms", "first audio ms", "total ms"
     );
-    let mut events = BTreeMap::new();
-    for n in 1..=sessions {
-        let p = one_session(addr, n).await?;
+    for (i, p) in phases.iter().enumerate() {
         println!(
-            "{n:>3}  {:>8.1}  {:>10.1}  {:>14.1}  {:>9.1}",
+            "{:>3}  {:>8.1}  {:>10.1}  {:>14.1}  {:>9.1}",
+            i + 1,
             ms(p.dial),
             ms(p.session),
             ms(p.first_audio),
             ms(p.total)
         );
-        for (k, v) in p.events {
-            *events.entry(k).or_insert(0) += v;
-        }
     }
     println!();
     println!("events received through the gateway:");
@@ -113,10 +122,12 @@ pub async fn run(listen: SocketAddr, sessions: usize, once: bool) -> Result<(), 
         println!("  {v:>4}  {k}");
     }
     println!();
-    println!("dial = TCP + WebSocket upgrade; session = upgrade → session.created;");
+    println!("dial = TCP + WebSocket upgrade; session = upgrade → session.created");
+    println!("(the first session dialled the upstream; later ones took warm sockets);");
     println!("first audio = response.create → first response.output_audio.delta.");
     if once {
-        running.gateway.shutdown.cancel();
+        drain::drain(&running.gateway).await;
+        sim.stop();
         return Ok(());
     }
     println!();

@@ -90,86 +90,101 @@ fn parse_fault(s: &str) -> Result<SimFault, String> {
     }
 }
 
+fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
+    }
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("patchbay-gateway: cannot start the runtime: {e}");
+        ExitCode::FAILURE
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     patchbay_gateway::logging::init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("patchbay-gateway: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+    match cli.command.unwrap_or(Command::Serve { config: None }) {
+        Command::Serve { config } => {
+            // The config sizes the runtime, so it is read first.
+            let config = match Config::load(config.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("patchbay-gateway: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            match runtime(config.server.worker_threads) {
+                Ok(rt) => rt.block_on(serve(config)),
+                Err(code) => code,
+            }
         }
-    };
-    runtime.block_on(async {
-        match cli.command.unwrap_or(Command::Serve { config: None }) {
-            Command::Serve { config } => serve(config).await,
-            Command::Demo {
-                listen,
-                sessions,
-                once,
-            } => match demo::run(listen, sessions, once).await {
+        Command::Demo {
+            listen,
+            sessions,
+            once,
+        } => match runtime(0) {
+            Ok(rt) => match rt.block_on(demo::run(listen, sessions, once)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("patchbay-gateway demo: {e}");
                     ExitCode::FAILURE
                 }
             },
-            Command::Sim {
-                listen,
+            Err(code) => code,
+        },
+        Command::Sim {
+            listen,
+            keys,
+            upgrade_delay_ms,
+            session_delay_ms,
+            inference_delay_ms,
+            audio_deltas,
+            audio_delta_bytes,
+            delta_interval_ms,
+            fault,
+        } => {
+            let fault = match fault.as_deref().map(parse_fault).transpose() {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("patchbay-gateway sim: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let config = SimConfig {
                 keys,
-                upgrade_delay_ms,
-                session_delay_ms,
-                inference_delay_ms,
+                upgrade_delay: Duration::from_millis(upgrade_delay_ms),
+                session_delay: Duration::from_millis(session_delay_ms),
+                inference_delay: Duration::from_millis(inference_delay_ms),
                 audio_deltas,
                 audio_delta_bytes,
-                delta_interval_ms,
+                delta_interval: Duration::from_millis(delta_interval_ms),
                 fault,
-            } => {
-                let fault = match fault.as_deref().map(parse_fault).transpose() {
-                    Ok(f) => f,
-                    Err(e) => {
-                        eprintln!("patchbay-gateway sim: {e}");
-                        return ExitCode::from(EXIT_CONFIG);
-                    }
-                };
-                let config = SimConfig {
-                    keys,
-                    upgrade_delay: Duration::from_millis(upgrade_delay_ms),
-                    session_delay: Duration::from_millis(session_delay_ms),
-                    inference_delay: Duration::from_millis(inference_delay_ms),
-                    audio_deltas,
-                    audio_delta_bytes,
-                    delta_interval: Duration::from_millis(delta_interval_ms),
-                    fault,
-                    ..SimConfig::default()
-                };
-                match sim::start(listen, config).await {
-                    Ok(handle) => {
-                        println!("simulator listening on {}", handle.url(false));
-                        let _ = drain::shutdown_signal().await;
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("patchbay-gateway sim: cannot listen on {listen}: {e}");
-                        ExitCode::FAILURE
-                    }
-                }
+                ..SimConfig::default()
+            };
+            match runtime(0) {
+                Ok(rt) => rt.block_on(run_sim(listen, config)),
+                Err(code) => code,
             }
         }
-    })
+    }
 }
 
-async fn serve(path: Option<PathBuf>) -> ExitCode {
-    let config = match Config::load(path.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("patchbay-gateway: {e}");
-            return ExitCode::from(EXIT_CONFIG);
+async fn run_sim(listen: SocketAddr, config: SimConfig) -> ExitCode {
+    match sim::start(listen, config).await {
+        Ok(handle) => {
+            println!("simulator listening on {}", handle.url(false));
+            let _ = drain::shutdown_signal().await;
+            ExitCode::SUCCESS
         }
-    };
+        Err(e) => {
+            eprintln!("patchbay-gateway sim: cannot listen on {listen}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> ExitCode {
     let running = match gateway::start(config).await {
         Ok(r) => r,
         Err(e) => {
