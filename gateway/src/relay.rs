@@ -27,12 +27,25 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::error::CapacityError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 /// How long a leg is given to answer our close before the socket is dropped.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Read buffer per WebSocket (both legs). tungstenite's default (128 KiB)
+/// costs ~300 KB of memory per idle session; 16 KiB holds every control
+/// frame and small delta in one read, and a larger audio delta simply takes
+/// a few reads.
+pub const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// The WebSocket settings of both legs.
+pub fn ws_config(max_message_bytes: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .max_message_size(Some(max_message_bytes))
+        .max_frame_size(Some(max_message_bytes))
+}
 
 /// Sees upstream text frames on their way to the client.
 pub trait Tap {

@@ -20,7 +20,7 @@ use futures_util::{SinkExt, StreamExt};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -58,9 +58,7 @@ impl Session {
                 return;
             }
         };
-        let ws_config = WebSocketConfig::default()
-            .max_message_size(Some(gw.config.relay.max_message_bytes))
-            .max_frame_size(Some(gw.config.relay.max_message_bytes));
+        let ws_config = crate::relay::ws_config(gw.config.relay.max_message_bytes);
         let mut client =
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(ws_config))
                 .await;

@@ -150,9 +150,7 @@ impl Upstream {
         } else {
             None
         };
-        let ws_config = WebSocketConfig::default()
-            .max_message_size(Some(max_message_bytes))
-            .max_frame_size(Some(max_message_bytes));
+        let ws_config = crate::relay::ws_config(max_message_bytes);
         Ok(Self {
             url,
             headers,
