@@ -90,10 +90,16 @@ fn main() -> ExitCode {
         }
         Command::Run(args) => {
             init_tracing(args.log_format);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
-                .expect("tokio runtime");
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!("cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             match runtime.block_on(run(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
@@ -197,10 +203,17 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!("no SIGTERM handler ({e}); stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
     #[cfg(not(unix))]
