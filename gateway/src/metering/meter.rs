@@ -79,7 +79,6 @@ pub struct MeterTask {
     key: KeyEntry,
     team: Option<TeamEntry>,
     keyset_seen: Option<Arc<KeySet>>,
-    warned_unpriced: bool,
 }
 
 /// What a failed flush could not write.
@@ -107,7 +106,6 @@ impl MeterTask {
             window: Vec::new(),
             carry: Carry::default(),
             keyset_seen: None,
-            warned_unpriced: false,
         }
     }
 
@@ -206,8 +204,10 @@ impl MeterTask {
         let mut tokens = self.carry.tokens;
         for rec in std::mem::take(&mut self.window) {
             let priced = build_row(&rec, &self.meta, &prices);
-            if !priced.priced && priced.usage.total > 0 && !self.warned_unpriced {
-                self.warned_unpriced = true;
+            if !priced.priced
+                && priced.usage.total > 0
+                && self.shared.first_unpriced(&priced.row.model)
+            {
                 tracing::warn!(session_id = %self.meta.session_id, model = %priced.row.model, "no [[prices]] row for this model: its usage is logged at cost 0");
             }
             self.record_metrics(&priced.row, &priced.usage);

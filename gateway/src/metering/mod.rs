@@ -85,9 +85,21 @@ pub(crate) struct Shared {
     pub(crate) log: RequestLog,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) keys: Arc<KeyStore>,
+    /// Models already warned about as unpriced (one warning per model per
+    /// process, not one per session).
+    warned_unpriced: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
+    /// True the first time `model` is reported unpriced in this process.
+    pub(crate) fn first_unpriced(&self, model: &str) -> bool {
+        let mut warned = self
+            .warned_unpriced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        warned.insert(model.to_string())
+    }
+
     pub(crate) fn prices(&self) -> Arc<Vec<PriceRow>> {
         match self.prices.read() {
             Ok(p) => p.clone(),
@@ -196,6 +208,7 @@ impl Metering {
                 log,
                 metrics,
                 keys,
+                warned_unpriced: Default::default(),
             }),
         }
     }
