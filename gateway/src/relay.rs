@@ -10,10 +10,14 @@
 //! - A Close is forwarded with its code and reason; codes that may not be
 //!   sent on the wire (1005, 1006, 1015) become a bare close or 1011.
 //! - Each direction is its own future: a peer that stops reading stalls only
-//!   the direction towards it, and since a frame is read only after the
-//!   previous one was written and flushed, what the gateway holds per
-//!   direction is one message plus the sockets' kernel buffers. The kernel's
-//!   window then pushes back on the sender.
+//!   the direction towards it. Frames that are already readable are fed
+//!   without a flush and leave together when the reading side has nothing
+//!   more at once (one write per burst instead of one per frame: on loopback
+//!   most of the relay's CPU is the kernel's send path); tungstenite writes
+//!   its buffer out past 128 KiB and then waits for the socket, so what the
+//!   gateway holds per direction stays bounded by that buffer, one message
+//!   and the kernel's socket buffers, and the kernel's window pushes back on
+//!   the sender.
 //! - Oversize messages (`max_message_bytes`) end the session: the sender gets
 //!   1009, the other side 1011 (upstream too big) or 1001 (client too big).
 //! - No lock or atomic per frame apart from one relaxed store of the
@@ -23,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::error::CapacityError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -148,10 +152,14 @@ where
                 }
             }
             loop {
-                match c_rx.next().await {
+                let next = match next_or_flush(&mut c_rx, &mut u_tx).await {
+                    Some(next) => next,
+                    None => return End::UpstreamGone,
+                };
+                match next {
                     Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => {
                         touch();
-                        if u_tx.send(msg).await.is_err() {
+                        if u_tx.feed(msg).await.is_err() {
                             return End::UpstreamGone;
                         }
                     }
@@ -169,13 +177,17 @@ where
         };
         let upstream_to_client = async {
             loop {
-                match u_rx.next().await {
+                let next = match next_or_flush(&mut u_rx, &mut c_tx).await {
+                    Some(next) => next,
+                    None => return End::ClientGone,
+                };
+                match next {
                     Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => {
                         touch();
                         if let Message::Text(t) = &msg {
                             tap.on_upstream_text(t);
                         }
-                        if c_tx.send(msg).await.is_err() {
+                        if c_tx.feed(msg).await.is_err() {
                             return End::ClientGone;
                         }
                     }
@@ -312,6 +324,25 @@ where
         client_code,
         upstream_code,
     }
+}
+
+/// The next frame from `rx`. When none is ready at once, `tx` is flushed
+/// first: frames that arrive in a burst are fed to `tx` and leave in one
+/// write, and nothing waits in the buffer while `rx` is idle. `None` when
+/// the flush failed (the peer of `tx` is gone).
+async fn next_or_flush<R, W>(
+    rx: &mut SplitStream<WebSocketStream<R>>,
+    tx: &mut SplitSink<WebSocketStream<W>, Message>,
+) -> Option<Option<Result<Message, WsError>>>
+where
+    R: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    W: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Some(next) = rx.next().now_or_never() {
+        return Some(next);
+    }
+    tx.flush().await.ok()?;
+    Some(rx.next().await)
 }
 
 pub fn close(code: u16, reason: &str) -> CloseFrame {
