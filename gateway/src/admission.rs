@@ -64,6 +64,17 @@ impl Refusal {
         .retry_after(Duration::from_secs(1))
     }
 
+    /// 429 for a full session cap (the process's or a key's).
+    pub fn session_cap(message: String) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "too_many_sessions",
+            message,
+        )
+        .retry_after(SESSION_CAP_RETRY_AFTER)
+    }
+
     pub fn unauthorized(message: &str) -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
@@ -159,15 +170,9 @@ impl Sessions {
         let previous = self.active.fetch_add(1, Ordering::AcqRel);
         if previous >= max_sessions {
             self.active.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refusal::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                "too_many_sessions",
-                format!(
-                    "this gateway instance is at its limit of {max_sessions} concurrent sessions"
-                ),
-            )
-            .retry_after(SESSION_CAP_RETRY_AFTER));
+            return Err(Refusal::session_cap(format!(
+                "this gateway instance is at its limit of {max_sessions} concurrent sessions"
+            )));
         }
         let mut per_key = lock(&self.per_key);
         let n = per_key.entry(key_id.to_string()).or_insert(0);
@@ -178,13 +183,9 @@ impl Sessions {
                 }
                 drop(per_key);
                 self.active.fetch_sub(1, Ordering::AcqRel);
-                return Err(Refusal::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    "too_many_sessions",
-                    format!("key '{key_id}' is at its limit of {cap} concurrent sessions"),
-                )
-                .retry_after(SESSION_CAP_RETRY_AFTER));
+                return Err(Refusal::session_cap(format!(
+                    "key '{key_id}' is at its limit of {cap} concurrent sessions"
+                )));
             }
         }
         *n += 1;

@@ -14,7 +14,6 @@
 //! prints it as `Sensitive`, and [`Upstream`]'s own `Debug` leaves it out.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -160,10 +159,6 @@ impl Upstream {
             timeout,
             ws_config,
         })
-    }
-
-    pub fn url(&self) -> &Url {
-        &self.url
     }
 
     /// Connects, upgrades and reads `session.created`.
@@ -349,9 +344,6 @@ pub fn upstream_headers(route: &RouteConfig) -> Result<Vec<(HeaderName, HeaderVa
     ));
     Ok(headers)
 }
-
-/// A shared, immutable upstream.
-pub type SharedUpstream = Arc<Upstream>;
 
 #[cfg(test)]
 mod tests {
