@@ -96,8 +96,8 @@ impl Default for Config {
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
-    /// Bound on a client's HTTP upgrade request (headers) and on the
-    /// upstream's connect + handshake.
+    /// Bound on a client's HTTP upgrade request (headers) and on the whole
+    /// upstream dial (connect, TLS, upgrade, `session.created`).
     pub upgrade_timeout_secs: u64,
     /// Runtime worker threads; 0 = one per core.
     pub worker_threads: usize,

@@ -6,8 +6,11 @@
 //! as received so the client gets it byte-for-byte, whether the socket came
 //! from the pool or from a fresh dial.
 //!
-//! Every network wait is bounded by the route's `upgrade_timeout` (connect,
-//! TLS, upgrade, first event, each). `TCP_NODELAY` is set (Nagle would hold
+//! The whole dial (DNS and connect, TLS, upgrade, first event) has one
+//! deadline, `upgrade_timeout` from its start: a slow upstream costs a
+//! client at most that long before its error event, however the delay is
+//! spread over the phases. The error names the phase the deadline ran out
+//! in. `TCP_NODELAY` is set (Nagle would hold
 //! small audio deltas back for tens of milliseconds), and no
 //! `Sec-WebSocket-Extensions` is offered, so permessage-deflate is never
 //! negotiated. The upstream key is a sensitive header value: `http`'s `Debug`
@@ -161,16 +164,18 @@ impl Upstream {
         })
     }
 
-    /// Connects, upgrades and reads `session.created`.
+    /// Connects, upgrades and reads `session.created`, all within the
+    /// route's `upgrade_timeout` from now.
     pub async fn dial(&self) -> Result<Warm, DialError> {
-        let ws = self.connect().await?;
-        read_session_created(ws, self.timeout).await
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let ws = self.connect(deadline).await?;
+        read_session_created(ws, deadline).await
     }
 
-    /// Connects and upgrades; the first event is not read yet.
-    pub async fn connect(&self) -> Result<UpstreamSocket, DialError> {
+    /// Connects and upgrades by `deadline`; the first event is not read yet.
+    async fn connect(&self, deadline: tokio::time::Instant) -> Result<UpstreamSocket, DialError> {
         let authority = format!("{}:{}", self.host, self.port);
-        let tcp = within(self.timeout, "connect", TcpStream::connect(&authority))
+        let tcp = by(deadline, "connect", TcpStream::connect(&authority))
             .await?
             .map_err(|source| DialError::Connect {
                 authority: authority.clone(),
@@ -180,7 +185,7 @@ impl Upstream {
         let _ = tcp.set_nodelay(true);
         let io = match &self.tls {
             Some((connector, name)) => {
-                let tls = within(self.timeout, "tls", connector.connect(name.clone(), tcp))
+                let tls = by(deadline, "tls", connector.connect(name.clone(), tcp))
                     .await?
                     .map_err(|source| DialError::Tls { source })?;
                 Either::Right(tls)
@@ -188,8 +193,8 @@ impl Upstream {
             None => Either::Left(tcp),
         };
         let request = self.request()?;
-        let (ws, _response) = within(
-            self.timeout,
+        let (ws, _response) = by(
+            deadline,
             "upgrade",
             tokio_tungstenite::client_async_with_config(request, io, Some(self.ws_config)),
         )
@@ -213,12 +218,12 @@ impl Upstream {
     }
 }
 
-async fn within<F: std::future::Future>(
-    timeout: Duration,
+async fn by<F: std::future::Future>(
+    deadline: tokio::time::Instant,
     phase: &'static str,
     fut: F,
 ) -> Result<F::Output, DialError> {
-    tokio::time::timeout(timeout, fut)
+    tokio::time::timeout_at(deadline, fut)
         .await
         .map_err(|_| DialError::Timeout { phase })
 }
@@ -251,13 +256,12 @@ fn handshake_error(e: WsError) -> DialError {
     }
 }
 
-/// Reads the first event; it must be `session.created`. Pings before it are
-/// answered (tungstenite queues the pong) and skipped.
-pub async fn read_session_created(
+/// Reads the first event by `deadline`; it must be `session.created`. Pings
+/// before it are answered (tungstenite queues the pong) and skipped.
+async fn read_session_created(
     mut ws: UpstreamSocket,
-    timeout: Duration,
+    deadline: tokio::time::Instant,
 ) -> Result<Warm, DialError> {
-    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let next = tokio::time::timeout_at(deadline, ws.next())
             .await

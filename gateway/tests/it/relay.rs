@@ -183,6 +183,37 @@ async fn upstream_refusals_reach_the_client_as_error_events_and_close_codes() {
 }
 
 #[tokio::test]
+async fn a_slow_upstream_costs_the_client_one_upgrade_timeout_in_all() {
+    // The upgrade and `session.created` each take 0.7 s: each phase is
+    // within the 1 s timeout, the dial as a whole is not.
+    let sim = sim(SimConfig {
+        upgrade_delay: Duration::from_millis(700),
+        session_delay: Duration::from_millis(700),
+        ..SimConfig::default()
+    })
+    .await;
+    let toml = gateway_toml(&sim.url(false), "")
+        .replace("upgrade_timeout_secs = 5", "upgrade_timeout_secs = 1");
+    let gw = gateway(&toml).await;
+    let started = std::time::Instant::now();
+    let mut ws = connect(gw.addr).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    let waited = started.elapsed();
+    assert_eq!(texts.len(), 1, "one error event, then the close: {texts:?}");
+    let e: serde_json::Value = serde_json::from_str(&texts[0]).unwrap();
+    assert_eq!(e["error"]["code"], "upstream_timeout", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("session.created"),
+        "names the phase the deadline ran out in: {e}"
+    );
+    assert_eq!(code, Some(1013));
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+}
+
+#[tokio::test]
 async fn upstream_first_event_error_is_forwarded_then_closed_1011() {
     let (sim, gw) = sim_and_gateway(
         SimConfig {
