@@ -6,10 +6,13 @@
 #    session.created 7 ms) and two gateways in front of it (pool off, pool
 #    on), then patchbay-bench with targets direct / pool-off / pool-on at
 #    N sessions, C concurrent.
-# 3. Small-frames run: the same three targets in front of a simulator that
+# 3. Floor run: the same load with a fourth target, tcp-relay (a
+#    byte-copying TCP relay in front of the simulator: the least any one-hop
+#    proxy adds), and the p50s also against it.
+# 4. Small-frames run: the four targets in front of a simulator that
 #    answers each response.create with SMALL_DELTAS ~600-byte audio deltas,
 #    at a lower concurrency, to compare turn time through the gateway with
-#    direct.
+#    direct and with the relay.
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
 # Knobs (env): N C SMALL_N SMALL_C SMALL_DELTAS SMALL_DELTA_BYTES POOL_SIZE
@@ -35,6 +38,7 @@ BENCH_TIMEOUT_SECS=${BENCH_TIMEOUT_SECS:-600}
 SIM_PORT=$((BASE_PORT + 100))
 GW_OFF_PORT=$((BASE_PORT + 81))
 GW_ON_PORT=$((BASE_PORT + 82))
+RELAY_PORT=$((BASE_PORT + 83))
 ADMIN_OFF_PORT=$((BASE_PORT + 91))
 ADMIN_ON_PORT=$((BASE_PORT + 92))
 
@@ -129,12 +133,18 @@ EOF
 # cpu_ticks PID: user+system clock ticks used so far.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
-# bench NAME ARGS...: runs patchbay-bench with the three targets and reports
-# the CPU each process used meanwhile.
+# bench NAME RELAY ARGS...: runs patchbay-bench with the targets direct,
+# pool-off and pool-on (RELAY=1: also tcp-relay, second, and a second ratio
+# table against it) and reports the CPU each process used meanwhile.
 bench() {
-  local name=$1
-  shift
-  local procs=(sim gw_off gw_on) before=() p i ticks
+  local name=$1 relay=$2
+  shift 2
+  local with_relay=()
+  if [ "$relay" = 1 ]; then
+    with_relay=(--target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY"
+      --against tcp-relay)
+  fi
+  local procs=(sim relay gw_off gw_on) before=() p i ticks
   ticks=$(getconf CLK_TCK)
   for p in "${procs[@]}"; do
     i="PID_$p"
@@ -144,6 +154,7 @@ bench() {
   start_ns=$(date +%s%N)
   PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
     --target "direct=ws://127.0.0.1:$SIM_PORT/v1/realtime@$UPSTREAM_KEY" \
+    "${with_relay[@]}" \
     --target "pool-off=ws://127.0.0.1:$GW_OFF_PORT/v1/realtime" \
     --target "pool-on=ws://127.0.0.1:$GW_ON_PORT/v1/realtime" \
     --metrics "pool-off=http://127.0.0.1:$ADMIN_OFF_PORT/metrics" \
@@ -170,6 +181,8 @@ start_stack() {
   start sim "$BIN/patchbay-gateway" sim --listen "127.0.0.1:$SIM_PORT" --keys "$UPSTREAM_KEY" "$@"
   wait_port "$SIM_PORT"
   local up="ws://127.0.0.1:$SIM_PORT/v1/realtime"
+  start relay "$BIN/tcp-relay" "127.0.0.1:$RELAY_PORT" "127.0.0.1:$SIM_PORT"
+  wait_port "$RELAY_PORT"
   gateway gw-off "$GW_OFF_PORT" "$ADMIN_OFF_PORT" 0 "$up"
   gateway gw-on "$GW_ON_PORT" "$ADMIN_ON_PORT" "$POOL_SIZE" "$up"
   # /readyz of the pool-on gateway waits for the pool's first fill.
@@ -181,13 +194,19 @@ start_stack() {
 echo "== $(date -u +%FT%TZ)  $(nproc) cores  $(uname -r)"
 
 start_stack "main run" --upgrade-delay-ms 250 --session-delay-ms 7
-bench main -n "$N" -c "$C"
+bench main 0 -n "$N" -c "$C"
+echo
+# The same load with a fourth target: a byte-copying TCP relay in front of
+# the simulator, the floor of what any one-hop proxy adds. Let the pool
+# refill from the main run first (a few upstream round trips).
+sleep 2
+bench floor 1 -n "$N" -c "$C"
 stop_all
 
 echo
 start_stack "small frames" --upgrade-delay-ms 250 --session-delay-ms 7 \
   --audio-deltas "$SMALL_DELTAS" --audio-delta-bytes "$SMALL_DELTA_BYTES"
-bench small-frames -n "$SMALL_N" -c "$SMALL_C"
+bench small-frames 1 -n "$SMALL_N" -c "$SMALL_C"
 
 echo
-echo "reports and samples: $OUT_DIR/{main,small-frames}.{txt,json}; process logs: $OUT_DIR/{main-run,small-frames}-*.log"
+echo "reports and samples: $OUT_DIR/{main,floor,small-frames}.{txt,json}; process logs: $OUT_DIR/{main-run,small-frames}-*.log"

@@ -52,6 +52,10 @@ pub struct Cli {
     /// Runtime worker threads; 1 runs everything on the current thread.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Also compare every target's p50 against this target's (beside the
+    /// first target's); repeat.
+    #[arg(long = "against", value_name = "NAME")]
+    pub against: Vec<String>,
 }
 
 /// A target as given on the command line.
@@ -117,8 +121,8 @@ pub fn parse_metrics(s: &str) -> Result<MetricsSpec, String> {
 }
 
 impl Cli {
-    /// Checks what clap cannot: unique names, metrics that name a target,
-    /// non-zero counts.
+    /// Checks what clap cannot: unique names, metrics and comparisons that
+    /// name a target, non-zero counts.
     pub fn validate(&self) -> Result<(), String> {
         for (i, t) in self.targets.iter().enumerate() {
             if self.targets[..i].iter().any(|o| o.name == t.name) {
@@ -128,6 +132,11 @@ impl Cli {
         for m in &self.metrics {
             if !self.targets.iter().any(|t| t.name == m.name) {
                 return Err(format!("--metrics {}: no target of that name", m.name));
+            }
+        }
+        for a in &self.against {
+            if !self.targets.iter().any(|t| &t.name == a) {
+                return Err(format!("--against {a}: no target of that name"));
             }
         }
         for (flag, v) in [
@@ -150,6 +159,20 @@ impl Cli {
 
     pub fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout_secs)
+    }
+
+    /// Indices of the targets the report compares against: the first, then
+    /// each `--against` in order, once each.
+    pub fn baselines(&self) -> Vec<usize> {
+        let mut out = vec![0];
+        for a in &self.against {
+            if let Some(i) = self.targets.iter().position(|t| &t.name == a) {
+                if !out.contains(&i) {
+                    out.push(i);
+                }
+            }
+        }
+        out
     }
 
     /// The key for `target`: its own, else `--key`.
@@ -243,6 +266,10 @@ mod tests {
             "--threads",
             "2",
             "--beta",
+            "--against",
+            "gw",
+            "--against",
+            "direct",
         ])
         .unwrap();
         assert_eq!(c.targets.len(), 2);
@@ -254,6 +281,7 @@ mod tests {
         assert_eq!(c.metrics.len(), 1);
         assert_eq!(c.threads, 2);
         assert!(c.beta);
+        assert_eq!(c.baselines(), vec![0, 1], "the first once, then --against");
         assert_eq!(c.key_for(&c.targets[0]), Some(Secret::new("sk-sim")));
         assert_eq!(c.key_for(&c.targets[1]), Some(Secret::new("pb-key")));
     }
@@ -267,6 +295,7 @@ mod tests {
         assert_eq!(c.model, DEFAULT_MODEL);
         assert_eq!(c.timeout(), Duration::from_secs(30));
         assert!(!c.beta);
+        assert_eq!(c.baselines(), vec![0]);
     }
 
     #[test]
@@ -277,6 +306,8 @@ mod tests {
         assert!(e.contains("given twice"), "{e}");
         let e = cli(&["--target", t, "--metrics", "b=http://127.0.0.1:2/metrics"]).unwrap_err();
         assert!(e.contains("no target of that name"), "{e}");
+        let e = cli(&["--target", t, "--against", "b"]).unwrap_err();
+        assert!(e.contains("--against b: no target"), "{e}");
         let e = cli(&["--target", t, "-c", "0"]).unwrap_err();
         assert!(e.contains("--concurrency"), "{e}");
         let e = cli(&["--target", t, "-n", "0"]).unwrap_err();

@@ -4,8 +4,8 @@
 //! more targets (session `i` to target `i mod T`), and measures each
 //! session's phases ([`session`]): dial, session, first audio, turn, total.
 //! The report gives success rates, p50/p95/p99 per phase and target, and the
-//! p50 of every target against the first (the baseline); the JSON file keeps
-//! every sample. A target's Prometheus endpoint can be scraped around the
+//! p50 of every target against the first (the baseline) and any other named
+//! with `--against`; the JSON file keeps every sample. A target's Prometheus endpoint can be scraped around the
 //! run for the gateway's pool hit rate ([`scrape`]).
 //!
 //! The bench must not be what it measures: it reads event types from the
@@ -19,6 +19,7 @@ pub mod run;
 pub mod scrape;
 pub mod session;
 pub mod stats;
+pub mod tcp_relay;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -35,6 +36,8 @@ pub struct Outcome {
     pub targets: Vec<Target>,
     pub result: RunResult,
     pub pools: Vec<PoolResult>,
+    /// Targets the report compares against ([`Cli::baselines`]).
+    pub baselines: Vec<usize>,
 }
 
 impl Outcome {
@@ -44,6 +47,7 @@ impl Outcome {
             targets: &self.targets,
             result: &self.result,
             pools: &self.pools,
+            baselines: &self.baselines,
         }
     }
 }
@@ -118,5 +122,6 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<Outcome, PlanError> {
         targets,
         result,
         pools,
+        baselines: cli.baselines(),
     })
 }

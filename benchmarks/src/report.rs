@@ -43,6 +43,9 @@ pub struct Report<'a> {
     pub targets: &'a [Target],
     pub result: &'a RunResult,
     pub pools: &'a [PoolResult],
+    /// Targets to compare the others against; the first is the baseline.
+    /// Empty means the first target only.
+    pub baselines: &'a [usize],
 }
 
 /// Per-target figures derived from the samples.
@@ -216,30 +219,15 @@ impl Report<'_> {
         }
 
         if self.targets.len() > 1 {
-            let _ = writeln!(w);
-            let _ = writeln!(
-                w,
-                "p50 against {} (ratio, difference in ms)",
-                self.targets[0].name
-            );
-            let _ = write!(w, "{:<width$}", "target");
-            for p in Phase::ALL {
-                let _ = write!(w, "  {:>18}", p.name());
-            }
-            let _ = writeln!(w);
-            for (t, s) in self.targets.iter().zip(&stats).skip(1) {
-                let _ = write!(w, "{:<width$}", t.name);
-                for (pi, base) in stats[0].phases.iter().enumerate() {
-                    let cell = match (s.phases[pi], base) {
-                        (Some(x), Some(b)) => match ratio(x.p50, b.p50) {
-                            Some(r) => format!("{r:.3} ({:+.2})", delta_ms(x.p50, b.p50)),
-                            None => format!("- ({:+.2})", delta_ms(x.p50, b.p50)),
-                        },
-                        _ => "-".into(),
-                    };
-                    let _ = write!(w, "  {cell:>18}");
-                }
+            let first = [0];
+            let bases = if self.baselines.is_empty() {
+                &first[..]
+            } else {
+                self.baselines
+            };
+            for &b in bases.iter().filter(|&&b| b < stats.len()) {
                 let _ = writeln!(w);
+                self.ratio_table(w, &stats, b, width);
             }
         }
 
@@ -265,6 +253,39 @@ impl Report<'_> {
             }
         }
         o
+    }
+}
+
+impl Report<'_> {
+    /// p50 of every target but `base` against `base`'s, per phase.
+    fn ratio_table(&self, w: &mut String, stats: &[TargetStats], base: usize, width: usize) {
+        let _ = writeln!(
+            w,
+            "p50 against {} (ratio, difference in ms)",
+            self.targets[base].name
+        );
+        let _ = write!(w, "{:<width$}", "target");
+        for p in Phase::ALL {
+            let _ = write!(w, "  {:>18}", p.name());
+        }
+        let _ = writeln!(w);
+        for (ti, (t, s)) in self.targets.iter().zip(stats).enumerate() {
+            if ti == base {
+                continue;
+            }
+            let _ = write!(w, "{:<width$}", t.name);
+            for (pi, b) in stats[base].phases.iter().enumerate() {
+                let cell = match (s.phases[pi], b) {
+                    (Some(x), Some(b)) => match ratio(x.p50, b.p50) {
+                        Some(r) => format!("{r:.3} ({:+.2})", delta_ms(x.p50, b.p50)),
+                        None => format!("- ({:+.2})", delta_ms(x.p50, b.p50)),
+                    },
+                    _ => "-".into(),
+                };
+                let _ = write!(w, "  {cell:>18}");
+            }
+            let _ = writeln!(w);
+        }
     }
 }
 
@@ -498,6 +519,7 @@ mod tests {
             targets: &targets,
             result: &r,
             pools: &pools,
+            baselines: &[],
         }
         .render();
         assert!(text.contains("3/3   100.00%"), "{text}");
@@ -518,6 +540,34 @@ mod tests {
     }
 
     #[test]
+    fn each_baseline_gets_its_own_ratio_table() {
+        let (m, r) = (meta(), result());
+        let targets = [target("direct"), target("gw")];
+        let render = |baselines: &[usize]| {
+            Report {
+                meta: &m,
+                targets: &targets,
+                result: &r,
+                pools: &[],
+                baselines,
+            }
+            .render()
+        };
+        let one = render(&[0]);
+        assert_eq!(one.matches("p50 against").count(), 1, "{one}");
+        assert!(!one.contains("p50 against gw"), "{one}");
+        let two = render(&[0, 1]);
+        assert!(two.contains("p50 against direct"), "{two}");
+        // total p50 against gw: direct 200 ms over gw's 50 ms → 4, +150 ms.
+        let against_gw = &two[two.find("p50 against gw").unwrap()..];
+        assert!(against_gw.contains("4.000 (+150.00)"), "{against_gw}");
+        assert!(
+            !against_gw.contains("\ngw "),
+            "no row for the base itself: {against_gw}"
+        );
+    }
+
+    #[test]
     fn json_carries_every_sample_in_microseconds() {
         let (m, r) = (meta(), result());
         let targets = [target("direct"), target("gw")];
@@ -526,6 +576,7 @@ mod tests {
             targets: &targets,
             result: &r,
             pools: &[("gw".into(), Err("timed out".into()))],
+            baselines: &[0],
         }
         .to_json();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();

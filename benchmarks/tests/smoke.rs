@@ -55,17 +55,25 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
         .await
         .unwrap();
 
+    let relay = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    tokio::spawn(patchbay_bench::tcp_relay::serve(relay, sim.addr));
+
     let args: Vec<String> = [
         "--target".into(),
         format!("direct={}@{UPSTREAM_KEY}", sim.url(false)),
         "--target".into(),
         format!("gateway=ws://{}/v1/realtime", gw.addr),
+        "--target".into(),
+        format!("relay=ws://{relay_addr}/v1/realtime@{UPSTREAM_KEY}"),
+        "--against".into(),
+        "relay".into(),
         "--key".into(),
         CLIENT_KEY.into(),
         "-n".into(),
-        "20".into(),
+        "30".into(),
         "-c".into(),
-        "5".into(),
+        "6".into(),
         "--timeout-secs".into(),
         "10".into(),
         "--metrics".into(),
@@ -75,12 +83,12 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
     let outcome = patchbay_bench::execute(&cli(&args), false).await.unwrap();
 
     let samples = &outcome.result.samples;
-    assert_eq!(samples.len(), 20);
+    assert_eq!(samples.len(), 30);
     let failures: Vec<_> = samples.iter().filter_map(|s| s.error.as_ref()).collect();
     assert!(failures.is_empty(), "100 % success expected: {failures:?}");
-    // Interleaved: even indices to the first target, odd to the second.
+    // Interleaved: session i to target i mod 3.
     for s in samples {
-        assert_eq!(s.target, s.index % 2);
+        assert_eq!(s.target, s.index % 3);
         for p in Phase::ALL {
             assert!(s.timings.get(p).is_some(), "{} missing in {s:?}", p.name());
         }
@@ -90,8 +98,8 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
         sim.stats
             .responses_done
             .load(std::sync::atomic::Ordering::Relaxed),
-        20,
-        "ten direct and ten through the gateway"
+        30,
+        "ten direct, ten through the gateway, ten through the relay"
     );
 
     let report = outcome.report();
@@ -100,6 +108,7 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
         "10/10   100.00%",
         "first_audio",
         "p50 against direct",
+        "p50 against relay",
         "pool (counter",
     ] {
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
@@ -111,7 +120,7 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
         outcome.pools
     );
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
-    assert_eq!(json["samples"].as_array().unwrap().len(), 20);
+    assert_eq!(json["samples"].as_array().unwrap().len(), 30);
 
     gw.gateway.shutdown.cancel();
     sim.stop();
