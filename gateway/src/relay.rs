@@ -222,45 +222,47 @@ where
         }
     };
 
+    // Each leg's end is bounded by CLOSE_GRACE, error event included: a
+    // client that stopped reading must not hold the session open. Upstream
+    // text that arrives while its leg closes still reaches the tap, so a
+    // `response.done` already on its way is metered.
+    let mut upstream_text = |t: &str| tap.on_upstream_text(t);
     let (client_code, upstream_code) = match &end {
-        End::ClientClosed(code) => {
-            // The close went upstream already; tungstenite queued the reply
-            // to the client. Flush it and let the upstream answer.
+        End::ClientClosed(code) | End::UpstreamClosed(code) => {
+            // The close went to the other leg already; tungstenite queued
+            // the reply to the closer. Flush it and let the other answer.
             tokio::join!(
-                finish(&mut c_tx, &mut c_rx, None),
-                finish(&mut u_tx, &mut u_rx, None)
-            );
-            (*code, *code)
-        }
-        End::UpstreamClosed(code) => {
-            tokio::join!(
-                finish(&mut c_tx, &mut c_rx, None),
-                finish(&mut u_tx, &mut u_rx, None)
+                finish(&mut c_tx, &mut c_rx, None, None, |_| {}),
+                finish(&mut u_tx, &mut u_rx, None, None, &mut upstream_text)
             );
             (*code, *code)
         }
         End::ClientGone => {
-            finish(
-                &mut u_tx,
-                &mut u_rx,
-                Some(close(1001, "client disconnected")),
-            )
-            .await;
+            let frame = close(1001, "client disconnected");
+            finish(&mut u_tx, &mut u_rx, None, Some(frame), &mut upstream_text).await;
             (None, Some(1001))
         }
         End::UpstreamGone => {
-            finish(
-                &mut c_tx,
-                &mut c_rx,
-                Some(close(1011, "upstream connection lost")),
-            )
-            .await;
+            let frame = close(1011, "upstream connection lost");
+            finish(&mut c_tx, &mut c_rx, None, Some(frame), |_| {}).await;
             (Some(1011), None)
         }
         End::ClientTooBig => {
             tokio::join!(
-                finish(&mut c_tx, &mut c_rx, Some(close(1009, "message too big"))),
-                finish(&mut u_tx, &mut u_rx, Some(close(1001, "client closed")))
+                finish(
+                    &mut c_tx,
+                    &mut c_rx,
+                    None,
+                    Some(close(1009, "message too big")),
+                    |_| {}
+                ),
+                finish(
+                    &mut u_tx,
+                    &mut u_rx,
+                    None,
+                    Some(close(1001, "client closed")),
+                    &mut upstream_text
+                )
             );
             (Some(1009), Some(1001))
         }
@@ -269,16 +271,36 @@ where
                 finish(
                     &mut c_tx,
                     &mut c_rx,
-                    Some(close(1011, "upstream message too big"))
+                    None,
+                    Some(close(1011, "upstream message too big")),
+                    |_| {}
                 ),
-                finish(&mut u_tx, &mut u_rx, Some(close(1009, "message too big")))
+                finish(
+                    &mut u_tx,
+                    &mut u_rx,
+                    None,
+                    Some(close(1009, "message too big")),
+                    &mut upstream_text
+                )
             );
             (Some(1011), Some(1009))
         }
         End::IdleTimeout => {
             tokio::join!(
-                finish(&mut c_tx, &mut c_rx, Some(close(1001, "idle timeout"))),
-                finish(&mut u_tx, &mut u_rx, Some(close(1001, "idle timeout")))
+                finish(
+                    &mut c_tx,
+                    &mut c_rx,
+                    None,
+                    Some(close(1001, "idle timeout")),
+                    |_| {}
+                ),
+                finish(
+                    &mut u_tx,
+                    &mut u_rx,
+                    None,
+                    Some(close(1001, "idle timeout")),
+                    &mut upstream_text
+                )
             );
             (Some(1001), Some(1001))
         }
@@ -288,32 +310,41 @@ where
                 "session_expired",
                 "the session reached this gateway's maximum duration",
             );
-            let _ = c_tx.feed(Message::text(event)).await;
+            let reason = "maximum session duration";
             tokio::join!(
                 finish(
                     &mut c_tx,
                     &mut c_rx,
-                    Some(close(1001, "maximum session duration"))
+                    Some(event),
+                    Some(close(1001, reason)),
+                    |_| {}
                 ),
                 finish(
                     &mut u_tx,
                     &mut u_rx,
-                    Some(close(1000, "maximum session duration"))
+                    None,
+                    Some(close(1000, reason)),
+                    &mut upstream_text
                 )
             );
             (Some(1001), Some(1000))
         }
         End::Killed(kill) => {
-            if let Some(event) = &kill.error_event {
-                let _ = c_tx.feed(Message::text(event.clone())).await;
-            }
             let upstream_close = if kill.code == 1001 { 1001 } else { 1000 };
             tokio::join!(
-                finish(&mut c_tx, &mut c_rx, Some(close(kill.code, &kill.reason))),
+                finish(
+                    &mut c_tx,
+                    &mut c_rx,
+                    kill.error_event.clone(),
+                    Some(close(kill.code, &kill.reason)),
+                    |_| {}
+                ),
                 finish(
                     &mut u_tx,
                     &mut u_rx,
-                    Some(close(upstream_close, &kill.reason))
+                    None,
+                    Some(close(upstream_close, &kill.reason)),
+                    &mut upstream_text
                 )
             );
             (Some(kill.code), Some(upstream_close))
@@ -369,18 +400,25 @@ fn too_big(e: &WsError) -> bool {
     matches!(e, WsError::Capacity(CapacityError::MessageTooLong { .. }))
 }
 
-/// Sends our close (if any), flushes, then reads until the peer's close
-/// reply or EOF, at most [`CLOSE_GRACE`]. Reading the reply matters: closing
-/// a socket with unread data makes the kernel send a reset, which can
-/// destroy the close frame before the peer reads it.
+/// Sends `event` (if any) and our close (if any), flushes, then reads until
+/// the peer's close reply or EOF, passing text frames to `on_text`; all of
+/// it within [`CLOSE_GRACE`]. Reading the reply matters: closing a socket
+/// with unread data makes the kernel send a reset, which can destroy the
+/// close frame before the peer reads it. The bound matters as much: a peer
+/// that stopped reading would otherwise block the first write forever.
 async fn finish<S>(
     tx: &mut SplitSink<WebSocketStream<S>, Message>,
     rx: &mut SplitStream<WebSocketStream<S>>,
+    event: Option<String>,
     frame: Option<CloseFrame>,
+    mut on_text: impl FnMut(&str),
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let _ = tokio::time::timeout(CLOSE_GRACE, async {
+        if let Some(event) = event {
+            let _ = tx.feed(Message::text(event)).await;
+        }
         match frame {
             Some(f) => {
                 let _ = tx.send(Message::Close(Some(f))).await;
@@ -389,7 +427,11 @@ async fn finish<S>(
                 let _ = tx.flush().await;
             }
         }
-        while let Some(Ok(_)) = rx.next().await {}
+        while let Some(Ok(msg)) = rx.next().await {
+            if let Message::Text(t) = &msg {
+                on_text(t);
+            }
+        }
     })
     .await;
 }

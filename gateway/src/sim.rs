@@ -16,7 +16,12 @@
 //!   `response.output_audio.delta` (base64 PCM16 silence of a set size) each
 //!   followed by a `response.output_audio_transcript.delta`, the `.done`
 //!   events and `response.done` with deterministic usage ([`usage_for`]);
-//! - `response.cancel` → the response in flight ends `cancelled`.
+//! - `response.cancel` → the response in flight ends at once with a
+//!   `response.done` of status `cancelled`, usage for what was sent.
+//!
+//! A response in flight keeps reading the client: a close ends it at once
+//! (the close is answered, nothing more is sent), a cancel as above, and
+//! other events wait until the response is done, in order.
 //!
 //! Faults ([`SimFault`]): refuse the upgrade with a status, send an `error`
 //! as the first event, drop the TCP connection mid-response, or close with a
@@ -29,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use http::StatusCode;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
@@ -61,6 +66,10 @@ pub enum SimFault {
     DropMidResponse { after_deltas: usize },
     /// Close with this code and reason after each `response.done`.
     CloseAfterResponse { code: u16, reason: String },
+    /// Read nothing while a response is in flight: a close is answered only
+    /// after its `response.done`, as when that event was already on its way
+    /// when the close arrived.
+    FinishResponseBeforeClose,
 }
 
 #[derive(Debug, Clone)]
@@ -325,6 +334,8 @@ struct Session {
     seq: u64,
     responses: u64,
     items: u64,
+    /// Events that arrived while a response was in flight, to handle next.
+    deferred: std::collections::VecDeque<String>,
 }
 
 type Ws = WebSocketStream<SimIo>;
@@ -332,6 +343,13 @@ type Ws = WebSocketStream<SimIo>;
 enum Flow {
     Continue,
     Stop,
+}
+
+/// What interrupted a response in flight.
+enum Interrupt {
+    Cancel,
+    /// Closed by the client (answered) or the connection is gone.
+    Ended,
 }
 
 impl Session {
@@ -344,6 +362,59 @@ impl Session {
             seq: 0,
             responses: 0,
             items: 0,
+            deferred: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Records a client's close code and answers the close.
+    async fn closed_by_client(&self, ws: &mut Ws, frame: Option<CloseFrame>) {
+        if let (Some(f), Ok(mut codes)) = (frame, self.handle.stats.close_codes.lock()) {
+            codes.push(u16::from(f.code));
+        }
+        let _ = ws.close(None).await;
+    }
+
+    /// Waits `wait` (zero: only what is readable now) while reading the
+    /// client, as a response in flight does: a close or a lost connection
+    /// ends the response, `response.cancel` cancels it, other events are
+    /// kept for after it.
+    async fn watch(&mut self, ws: &mut Ws, wait: Duration) -> Option<Interrupt> {
+        if matches!(self.config.fault, Some(SimFault::FinishResponseBeforeClose)) {
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+            return None;
+        }
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let msg = if wait.is_zero() {
+                match ws.next().now_or_never() {
+                    Some(m) => m,
+                    None => return None,
+                }
+            } else {
+                match tokio::time::timeout_at(until, ws.next()).await {
+                    Ok(m) => m,
+                    Err(_) => return None,
+                }
+            };
+            match msg {
+                Some(Ok(Message::Text(text))) => {
+                    if event_type(&text).as_deref() == Some("response.cancel") {
+                        return Some(Interrupt::Cancel);
+                    }
+                    self.deferred.push_back(text.to_string());
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    self.closed_by_client(ws, frame).await;
+                    return Some(Interrupt::Ended);
+                }
+                Some(Ok(Message::Pong(_))) => {
+                    self.handle.stats.pongs.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return Some(Interrupt::Ended),
+            }
         }
     }
 
@@ -390,6 +461,12 @@ impl Session {
             return;
         }
         loop {
+            if let Some(text) = self.deferred.pop_front() {
+                if let Flow::Stop = self.on_event(&mut ws, &text).await {
+                    return;
+                }
+                continue;
+            }
             tokio::select! {
                 cmd = commands.recv() => match cmd {
                     Ok(Command::Ping) => { let _ = ws.send(Message::Ping(Bytes::from_static(b"sim"))).await; }
@@ -401,10 +478,7 @@ impl Session {
                         if let Flow::Stop = self.on_event(&mut ws, &text).await { return; }
                     }
                     Some(Ok(Message::Close(frame))) => {
-                        if let (Some(f), Ok(mut codes)) = (frame, self.handle.stats.close_codes.lock()) {
-                            codes.push(u16::from(f.code));
-                        }
-                        let _ = ws.close(None).await;
+                        self.closed_by_client(&mut ws, frame).await;
                         return;
                     }
                     Some(Ok(Message::Pong(_))) => {
@@ -536,41 +610,66 @@ impl Session {
         {
             return Flow::Stop;
         }
-        if !self.config.inference_delay.is_zero() {
-            tokio::time::sleep(self.config.inference_delay).await;
-        }
-        let audio =
-            base64::engine::general_purpose::STANDARD
+        let mut sent = 0;
+        let interrupt = 'deltas: {
+            if let Some(i) = self.watch(ws, self.config.inference_delay).await {
+                break 'deltas Some(i);
+            }
+            let audio = base64::engine::general_purpose::STANDARD
                 .encode(vec![0u8; self.config.audio_delta_bytes]);
-        let audio_delta = self.name("response.output_audio.delta", "response.audio.delta");
-        let transcript_delta = self.name(
-            "response.output_audio_transcript.delta",
-            "response.audio_transcript.delta",
-        );
-        for i in 0..self.config.audio_deltas {
-            if let Some(SimFault::DropMidResponse { after_deltas }) = self.config.fault {
-                if i == after_deltas {
-                    // Drop the TCP connection without a close frame.
+            let audio_delta = self.name("response.output_audio.delta", "response.audio.delta");
+            let transcript_delta = self.name(
+                "response.output_audio_transcript.delta",
+                "response.audio_transcript.delta",
+            );
+            for i in 0..self.config.audio_deltas {
+                if let Some(i) = self.watch(ws, Duration::ZERO).await {
+                    break 'deltas Some(i);
+                }
+                if let Some(SimFault::DropMidResponse { after_deltas }) = self.config.fault {
+                    if i == after_deltas {
+                        // Drop the TCP connection without a close frame.
+                        return Flow::Stop;
+                    }
+                }
+                let delta = json!({"type": audio_delta, "response_id": resp_id, "item_id": item_id,
+                "output_index": 0, "content_index": 0, "delta": audio});
+                if !self.send(ws, delta).await {
                     return Flow::Stop;
                 }
-            }
-            let delta = json!({"type": audio_delta, "response_id": resp_id, "item_id": item_id,
-                "output_index": 0, "content_index": 0, "delta": audio});
-            if !self.send(ws, delta).await {
-                return Flow::Stop;
-            }
-            self.handle
-                .stats
-                .audio_bytes_sent
-                .fetch_add(audio.len() as u64, Ordering::Relaxed);
-            let t = json!({"type": transcript_delta, "response_id": resp_id, "item_id": item_id,
+                self.handle
+                    .stats
+                    .audio_bytes_sent
+                    .fetch_add(audio.len() as u64, Ordering::Relaxed);
+                let t = json!({"type": transcript_delta, "response_id": resp_id, "item_id": item_id,
                 "output_index": 0, "content_index": 0, "delta": "la "});
-            if !self.send(ws, t).await {
-                return Flow::Stop;
+                if !self.send(ws, t).await {
+                    return Flow::Stop;
+                }
+                sent += 1;
+                if let Some(i) = self.watch(ws, self.config.delta_interval).await {
+                    break 'deltas Some(i);
+                }
             }
-            if !self.config.delta_interval.is_zero() {
-                tokio::time::sleep(self.config.delta_interval).await;
+            None
+        };
+        match interrupt {
+            Some(Interrupt::Ended) => return Flow::Stop,
+            Some(Interrupt::Cancel) => {
+                let usage = usage_for(n, sent);
+                return if self
+                    .send(
+                        ws,
+                        json!({"type": "response.done", "response": response("cancelled", usage)}),
+                    )
+                    .await
+                {
+                    Flow::Continue
+                } else {
+                    Flow::Stop
+                };
             }
+            None => {}
         }
         let audio_done = self.name("response.output_audio.done", "response.audio.done");
         let transcript_done = self.name(
@@ -626,4 +725,170 @@ async fn close(ws: &mut Ws, code: u16, reason: &str) {
         while let Some(Ok(_)) = ws.next().await {}
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    type Client = WebSocketStream<TcpStream>;
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// A response of 50 deltas 20 ms apart: one second in flight.
+    async fn slow_sim(fault: Option<SimFault>) -> SimHandle {
+        start(
+            "127.0.0.1:0".parse().unwrap(),
+            SimConfig {
+                audio_deltas: 50,
+                audio_delta_bytes: 16,
+                delta_interval: Duration::from_millis(20),
+                fault,
+                ..SimConfig::default()
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn connect(sim: &SimHandle) -> Client {
+        let mut request = sim.url(false).into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", "Bearer sk-any".parse().unwrap());
+        let tcp = TcpStream::connect(sim.addr).await.unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+        assert_eq!(next_type(&mut ws).await.unwrap(), "session.created");
+        ws
+    }
+
+    /// The next text frame's type and text; `None` at a close or the end.
+    async fn next_event(ws: &mut Client) -> Option<(String, String)> {
+        loop {
+            match tokio::time::timeout(WAIT, ws.next())
+                .await
+                .expect("in time")
+            {
+                Some(Ok(Message::Text(t))) => {
+                    let kind = event_type(&t).map(|k| k.into_owned()).unwrap_or_default();
+                    return Some((kind, t.to_string()));
+                }
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return None,
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    async fn next_type(ws: &mut Client) -> Option<String> {
+        next_event(ws).await.map(|(k, _)| k)
+    }
+
+    async fn send_type(ws: &mut Client, kind: &str) {
+        ws.send(Message::text(format!(r#"{{"type":"{kind}"}}"#)))
+            .await
+            .unwrap();
+    }
+
+    async fn until_first_delta(ws: &mut Client) {
+        while next_type(ws).await.as_deref() != Some("response.output_audio.delta") {}
+    }
+
+    #[tokio::test]
+    async fn cancel_ends_the_response_with_usage_for_what_was_sent() {
+        let sim = slow_sim(None).await;
+        let mut ws = connect(&sim).await;
+        send_type(&mut ws, "response.create").await;
+        until_first_delta(&mut ws).await;
+        send_type(&mut ws, "response.cancel").await;
+        let mut deltas = 1;
+        let done = loop {
+            let (kind, text) = next_event(&mut ws).await.expect("response.done");
+            match kind.as_str() {
+                "response.output_audio.delta" => deltas += 1,
+                "response.done" => break serde_json::from_str::<Value>(&text).unwrap(),
+                _ => {}
+            }
+        };
+        assert_eq!(done["response"]["status"], "cancelled");
+        assert!(deltas < 50, "cancelled early: {deltas} deltas");
+        assert_eq!(
+            done["response"]["usage"]["output_token_details"]["audio_tokens"],
+            AUDIO_TOKENS_PER_DELTA * deltas
+        );
+        // The session goes on.
+        send_type(&mut ws, "session.update").await;
+        assert_eq!(next_type(&mut ws).await.unwrap(), "session.updated");
+        sim.stop();
+    }
+
+    #[tokio::test]
+    async fn a_close_during_a_response_is_answered_at_once() {
+        let sim = slow_sim(None).await;
+        let mut ws = connect(&sim).await;
+        send_type(&mut ws, "response.create").await;
+        until_first_delta(&mut ws).await;
+        let started = std::time::Instant::now();
+        ws.send(Message::Close(Some(CloseFrame {
+            code: CloseCode::from(4000),
+            reason: "bye".into(),
+        })))
+        .await
+        .unwrap();
+        let mut after_close = Vec::new();
+        while let Some(kind) = next_type(&mut ws).await {
+            after_close.push(kind);
+        }
+        // At most the frames already on their way, never the rest of a
+        // one-second response.
+        assert!(started.elapsed() < Duration::from_millis(500));
+        assert!(
+            !after_close.iter().any(|k| k == "response.done"),
+            "{after_close:?}"
+        );
+        assert_eq!(*sim.stats.close_codes.lock().unwrap(), vec![4000]);
+        sim.stop();
+    }
+
+    #[tokio::test]
+    async fn with_the_fault_a_close_waits_for_the_response_done() {
+        let sim = slow_sim(Some(SimFault::FinishResponseBeforeClose)).await;
+        let mut ws = connect(&sim).await;
+        send_type(&mut ws, "response.create").await;
+        until_first_delta(&mut ws).await;
+        ws.send(Message::Close(None)).await.unwrap();
+        let mut after_close = Vec::new();
+        while let Some(kind) = next_type(&mut ws).await {
+            after_close.push(kind);
+        }
+        assert_eq!(
+            after_close.last().map(String::as_str),
+            Some("response.done")
+        );
+        sim.stop();
+    }
+
+    #[tokio::test]
+    async fn events_sent_during_a_response_are_answered_after_it_in_order() {
+        let sim = slow_sim(None).await;
+        let mut ws = connect(&sim).await;
+        send_type(&mut ws, "response.create").await;
+        send_type(&mut ws, "session.update").await;
+        send_type(&mut ws, "input_audio_buffer.commit").await;
+        let mut order = Vec::new();
+        while order.last().map(String::as_str)
+            != Some("conversation.item.input_audio_transcription.completed")
+        {
+            let kind = next_type(&mut ws).await.expect("events");
+            if !kind.contains("delta") {
+                order.push(kind);
+            }
+        }
+        let at = |k: &str| order.iter().position(|o| o == k).unwrap();
+        assert!(at("response.done") < at("session.updated"), "{order:?}");
+        assert!(
+            at("session.updated") < at("input_audio_buffer.committed"),
+            "{order:?}"
+        );
+        sim.stop();
+    }
 }

@@ -332,6 +332,45 @@ async fn a_response_cut_short_by_the_upstream_is_logged_unknown_with_502() {
 }
 
 #[tokio::test]
+async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
+    // The client asks for a response and closes at once. The upstream
+    // answers the close only after its response.done (with usage), as when
+    // that event was already on its way: it reaches the gateway during the
+    // close handshake. That turn was billed upstream and must be metered,
+    // not logged as unknown.
+    let sim_config = SimConfig {
+        inference_delay: Duration::from_millis(100),
+        fault: Some(SimFault::FinishResponseBeforeClose),
+        ..SimConfig::default()
+    };
+    let mut rig = rig(sim_config, "", 15).await;
+    let mut ws = connect(rig.addr).await;
+    ws.send(Message::text(
+        json!({"type": "response.create"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    ws.close(None).await.unwrap();
+    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(spliced.end.outcome(), "client_closed");
+    let rows = rig.rows.rows();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!((r.status, r.usage_unknown), (200, false), "{r:?}");
+    let usage = usage_for(1, SimConfig::default().audio_deltas);
+    assert_eq!(
+        r.output_tokens,
+        usage["output_tokens"].as_u64().unwrap(),
+        "{r:?}"
+    );
+    assert!(r.cost_usd > 0.0);
+    rig.sim.stop();
+}
+
+#[tokio::test]
 async fn input_audio_transcription_usage_gets_its_own_row() {
     let mut rig = rig(SimConfig::default(), "", 15).await;
     let mut ws = connect(rig.addr).await;

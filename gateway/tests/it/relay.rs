@@ -385,6 +385,38 @@ async fn a_client_that_stops_reading_does_not_grow_the_gateway_without_bound() {
 }
 
 #[tokio::test]
+async fn a_client_that_stops_reading_is_still_ended_at_the_session_limit() {
+    // The client reads nothing while a long response fills every buffer on
+    // its leg; the gateway's error event to it can never be written. The
+    // session must end anyway, its slot freed and its upstream closed.
+    let (sim, gw) = sim_and_gateway(
+        SimConfig {
+            audio_deltas: 40_000,
+            audio_delta_bytes: 32 * 1024,
+            ..SimConfig::default()
+        },
+        "[relay]\nmax_session_secs = 1\n",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    recv_text(&mut ws).await;
+    send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+    // Limit (1 s) + one close grace per leg (2 s), with room to spare.
+    let ended = tokio::time::timeout(Duration::from_secs(6), async {
+        while gw.gateway.sessions.active() != 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the session outlived its limit by > 5 s");
+    assert!(
+        eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await,
+        "upstream leg closed"
+    );
+    drop(ws);
+}
+
+#[tokio::test]
 async fn admin_endpoints_report_health_readiness_and_metrics() {
     let (_sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
     assert_eq!(http_get(gw.admin_addr, "/healthz").await.0, 200);
