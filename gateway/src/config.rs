@@ -511,6 +511,29 @@ impl Config {
         if self.drain.wait_secs == 0 {
             return Err(ConfigError::new("drain.wait_secs", "must be at least 1"));
         }
+        // Every duration is added to a clock reading somewhere; past a year
+        // it is a typo, and near u64::MAX seconds the addition would
+        // overflow at run time instead of failing here.
+        for (k, v) in [
+            (
+                "server.upgrade_timeout_secs",
+                self.server.upgrade_timeout_secs,
+            ),
+            ("pool.max_idle_secs", self.pool.max_idle_secs),
+            ("pool.warmup_timeout_secs", self.pool.warmup_timeout_secs),
+            ("relay.idle_timeout_secs", self.relay.idle_timeout_secs),
+            ("relay.max_session_secs", self.relay.max_session_secs),
+            ("metering.flush_secs", self.metering.flush_secs),
+            ("drain.wait_secs", self.drain.wait_secs),
+            ("drain.linger_secs", self.drain.linger_secs),
+        ] {
+            if v > MAX_SECS {
+                return Err(ConfigError::new(
+                    k,
+                    format!("must be at most {MAX_SECS} (one year)"),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -669,6 +692,9 @@ fn unknown_field(msg: &str) -> Option<&str> {
     rest.find('`').map(|end| &rest[..end])
 }
 
+/// Upper bound of every `*_secs` setting: one year.
+pub const MAX_SECS: u64 = 366 * 24 * 3600;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -756,6 +782,28 @@ mod tests {
         assert_eq!(c.drain.mode, DrainMode::Linger);
         assert_eq!(c.pool.size, 9);
         assert_eq!(c.pool.max_idle_secs, 11);
+    }
+
+    #[test]
+    fn durations_past_a_year_are_refused_by_name() {
+        for (section, key) in [
+            ("server", "upgrade_timeout_secs"),
+            ("pool", "max_idle_secs"),
+            ("pool", "warmup_timeout_secs"),
+            ("relay", "idle_timeout_secs"),
+            ("relay", "max_session_secs"),
+            ("metering", "flush_secs"),
+            ("drain", "wait_secs"),
+            ("drain", "linger_secs"),
+        ] {
+            let toml = format!("[{section}]\n{key} = 9223372036854775807\n");
+            let e = Config::from_toml_with_env(&toml, &env_of(BASE_ENV)).unwrap_err();
+            assert_eq!(e.key, format!("{section}.{key}"), "{e}");
+            assert!(e.to_string().contains("one year"), "{e}");
+            let toml = format!("[{section}]\n{key} = {MAX_SECS}\n");
+            Config::from_toml_with_env(&toml, &env_of(BASE_ENV))
+                .unwrap_or_else(|e| panic!("a year of {section}.{key} is allowed: {e}"));
+        }
     }
 
     #[test]

@@ -186,7 +186,7 @@ pub struct Pool {
     pub size: Option<i32>,
     /// A warm socket older than this is closed (upstream sessions expire).
     #[serde(default = "default_pool_max_idle_seconds")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 31_622_400))]
     pub max_idle_seconds: i32,
     /// Upper bound of the per-pod size.
     #[serde(default = "default_pool_max_size")]
@@ -210,7 +210,7 @@ impl Default for Pool {
 pub struct Metering {
     /// Seconds between flushes of usage records; 0 flushes every turn.
     #[serde(default = "default_metering_flush_seconds")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = 31_622_400))]
     pub flush_seconds: i32,
     /// Secret key holding a Redis URL; without it counters live in each pod's memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -270,15 +270,15 @@ pub struct Price {
 pub struct Drain {
     /// Seconds the gateway drains live sessions after SIGTERM (at least 1).
     #[serde(default = "default_drain_wait_seconds")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 31_622_400))]
     pub wait_seconds: i32,
     #[serde(default = "default_pre_stop_sleep_seconds")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = 31_622_400))]
     pub pre_stop_sleep_seconds: i32,
     #[serde(default)]
     pub mode: DrainMode,
     #[serde(default)]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = 31_622_400))]
     pub linger_seconds: i32,
 }
 
@@ -367,6 +367,11 @@ impl RealtimeRoute {
             .find(|c| c.type_ == type_)
     }
 }
+
+/// Upper bound of every `*Seconds` field (one year), as the gateway's own
+/// bound on its `*_secs` settings; the schema's `maximum` repeats it as a
+/// literal (a test keeps the two equal).
+pub const MAX_SECONDS: i32 = 31_622_400;
 
 /// The CRD as YAML, exactly what `patchbay-operator crd` prints and `crds/realtimeroute.yaml` holds.
 pub fn crd_yaml() -> String {
@@ -466,6 +471,19 @@ mod tests {
             props["gateway"]["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"],
             true
         );
+        for (section, field) in [
+            ("pool", "maxIdleSeconds"),
+            ("metering", "flushSeconds"),
+            ("drain", "waitSeconds"),
+            ("drain", "preStopSleepSeconds"),
+            ("drain", "lingerSeconds"),
+        ] {
+            assert_eq!(
+                props[section]["properties"][field]["maximum"].as_f64(),
+                Some(f64::from(MAX_SECONDS)),
+                "{section}.{field}"
+            );
+        }
         let required: Vec<&str> = spec["required"]
             .as_array()
             .unwrap()

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use patchbay_gateway::auth::KeySet;
 use patchbay_gateway::config::Config;
-use patchbay_operator::crd::{DrainMode, Protocol, RealtimeRoute, SecretKeyRef};
+use patchbay_operator::crd::{DrainMode, Protocol, RealtimeRoute, SecretKeyRef, MAX_SECONDS};
 use patchbay_operator::gateway_config;
 use serde::Deserialize;
 
@@ -106,6 +106,24 @@ fn the_gateway_loads_the_config_of_a_beta_close_mode_route_with_a_pool_override(
         key: "virtual-keys.toml".into(),
     };
     assert_loads("beta/close/override", &route, &keys);
+}
+
+#[test]
+fn the_gateway_loads_the_config_at_the_schema_maxima() {
+    assert_eq!(
+        u64::try_from(MAX_SECONDS).unwrap(),
+        patchbay_gateway::config::MAX_SECS,
+        "the CRD's bound on seconds is the gateway's"
+    );
+    let keys = example_keys_file();
+    let mut route = example_route("realtimeroute-full.yaml");
+    route.spec.drain.mode = DrainMode::Linger;
+    route.spec.drain.wait_seconds = MAX_SECONDS;
+    route.spec.drain.linger_seconds = MAX_SECONDS;
+    route.spec.drain.pre_stop_sleep_seconds = MAX_SECONDS;
+    route.spec.pool.max_idle_seconds = MAX_SECONDS;
+    route.spec.metering.flush_seconds = MAX_SECONDS;
+    assert_loads("maxima", &route, &keys);
 }
 
 #[test]
