@@ -115,7 +115,17 @@ impl KeySet {
             {
                 return Err(format!("keys[{i}].id: duplicate id {:?}", k.id));
             }
+            check_budget(k.budget_usd, || format!("keys[{i}].budget_usd"))?;
             entries.push((digest, k));
+        }
+        for (i, t) in file.teams.iter().enumerate() {
+            if t.id.is_empty() {
+                return Err(format!("teams[{i}].id: must not be empty"));
+            }
+            if file.teams[..i].iter().any(|o| o.id == t.id) {
+                return Err(format!("teams[{i}].id: duplicate id {:?}", t.id));
+            }
+            check_budget(t.budget_usd, || format!("teams[{i}].budget_usd"))?;
         }
         Ok(Self {
             entries,
@@ -171,6 +181,17 @@ impl KeySet {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// A budget must be a finite number >= 0: `nan` would never be reached and
+/// a negative one would refuse everything.
+fn check_budget(budget: Option<f64>, key: impl FnOnce() -> String) -> Result<(), String> {
+    match budget {
+        Some(b) if !(b.is_finite() && b >= 0.0) => {
+            Err(format!("{}: must be a number >= 0, got {b}", key()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -295,6 +316,30 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
+    fn budgets_that_could_never_apply_are_named() {
+        let d = hex_of("x");
+        for (budget, needle) in [
+            ("nan", "keys[0].budget_usd"),
+            ("-1.0", "keys[0].budget_usd"),
+            ("inf", "keys[0].budget_usd"),
+        ] {
+            let e = KeySet::parse(&format!(
+                "[[keys]]\nid = \"a\"\nsha256 = \"{d}\"\nbudget_usd = {budget}\n"
+            ))
+            .unwrap_err();
+            assert!(e.contains(needle), "{budget}: {e}");
+        }
+        let e = KeySet::parse("[[teams]]\nid = \"t\"\nbudget_usd = nan\n").unwrap_err();
+        assert!(e.contains("teams[0].budget_usd"), "{e}");
+        let e = KeySet::parse("[[teams]]\nid = \"t\"\n[[teams]]\nid = \"t\"\n").unwrap_err();
+        assert!(e.contains("teams[1].id: duplicate"), "{e}");
+        KeySet::parse(&format!(
+            "[[keys]]\nid = \"a\"\nsha256 = \"{d}\"\nbudget_usd = 0.0\nteam = \"t\"\n[[teams]]\nid = \"t\"\nbudget_usd = 5\n"
+        ))
+        .expect("zero and whole-number budgets are fine");
     }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {

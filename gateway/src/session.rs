@@ -33,9 +33,12 @@ use crate::metrics::{model, OutcomeLabels};
 use crate::relay::{self, Kill, Limits, Tap};
 use crate::upstream::dial::{DialError, Warm};
 
-/// Client frames held while the upstream is dialled; past this the client
-/// is not read until the upstream is ready (TCP pushes back).
+/// Client frames held while the upstream is dialled; past either bound the
+/// client is not read until the upstream is ready (TCP pushes back), so a
+/// session holds at most this much plus one message
+/// (`relay.max_message_bytes`) before its upstream exists.
 const MAX_PENDING_FRAMES: usize = 64;
+const MAX_PENDING_BYTES: usize = 1 << 20;
 
 pub struct Session {
     pub id: String,
@@ -65,6 +68,7 @@ impl Session {
 
         let deadline = self.started + Duration::from_secs(gw.config.relay.max_session_secs);
         let mut pending = Vec::new();
+        let mut pending_bytes = 0usize;
         let shutdown = gw.shutdown.clone();
         let label = model(&self.route.config.model);
         let warm = match self.route.pool.take() {
@@ -76,8 +80,11 @@ impl Session {
                 let result = loop {
                     tokio::select! {
                         r = &mut dial => break r,
-                        msg = client.next(), if pending.len() < MAX_PENDING_FRAMES => match msg {
-                            Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => pending.push(m),
+                        msg = client.next(), if pending.len() < MAX_PENDING_FRAMES && pending_bytes < MAX_PENDING_BYTES => match msg {
+                            Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => {
+                                pending_bytes += m.len();
+                                pending.push(m);
+                            }
                             Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
                                 let _ = client.close(None).await;
                                 self.log_end("client_left_before_session", None, None, None);
@@ -214,14 +221,17 @@ pub fn dial_error_to_client(e: &DialError) -> (String, u16) {
                 s if *s >= 500 => ("upstream_unavailable", TRY_AGAIN_LATER),
                 _ => ("upstream_refused", INTERNAL),
             };
-            (error_event("server_error", code, &e.to_string()), close)
+            (
+                error_event("server_error", code, &e.client_message()),
+                close,
+            )
         }
         DialError::Timeout { .. } => (
-            error_event("server_error", "upstream_timeout", &e.to_string()),
+            error_event("server_error", "upstream_timeout", &e.client_message()),
             TRY_AGAIN_LATER,
         ),
         _ => (
-            error_event("server_error", "upstream_unavailable", &e.to_string()),
+            error_event("server_error", "upstream_unavailable", &e.client_message()),
             INTERNAL,
         ),
     }

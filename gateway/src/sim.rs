@@ -274,10 +274,26 @@ impl Callback for UpgradeCheck<'_> {
         }
         let known = self.config.keys.is_empty() || self.config.keys.iter().any(|k| k == key);
         if key.is_empty() || !known {
-            return Err(refusal(401, "Incorrect API key provided."));
+            // OpenAI's wording, with the key masked the way it masks it.
+            let message = format!(
+                "Incorrect API key provided: {}. You can find your API key at https://platform.openai.com/account/api-keys.",
+                mask_key(key)
+            );
+            return Err(refusal(401, &message));
         }
         Ok(resp)
     }
+}
+
+/// A key as OpenAI quotes it back: a short prefix, stars, the last four.
+pub fn mask_key(key: &str) -> String {
+    let chars: Vec<char> = key.chars().collect();
+    if chars.len() <= 8 {
+        return "*".repeat(chars.len());
+    }
+    let head: String = chars[..4].iter().collect();
+    let tail: String = chars[chars.len() - 4..].iter().collect();
+    format!("{head}{}{tail}", "*".repeat(chars.len() - 8))
 }
 
 fn refusal(status: u16, message: &str) -> ErrorResponse {

@@ -95,6 +95,18 @@ fn body_suffix(body: &str) -> String {
 }
 
 impl DialError {
+    /// The message a client may see. A refusal's body stays in the logs:
+    /// OpenAI's 401 body quotes the gateway's own upstream key (masked, but
+    /// with its prefix and last characters), which is no client's business.
+    pub fn client_message(&self) -> String {
+        match self {
+            DialError::Refused { status, .. } => {
+                format!("upstream refused the connection: HTTP {status}")
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// Label for `patchbay_pool_dials_total{result}` and the dial histogram.
     pub fn result_label(&self) -> &'static str {
         match self {

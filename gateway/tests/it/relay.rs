@@ -214,6 +214,71 @@ async fn a_slow_upstream_costs_the_client_one_upgrade_timeout_in_all() {
 }
 
 #[tokio::test]
+async fn a_refused_upstream_key_is_not_quoted_back_to_the_client() {
+    // The simulator accepts only UPSTREAM_KEY; this gateway dials with
+    // another key, and the 401 body quotes it masked, as OpenAI does.
+    let sim = sim(SimConfig::default()).await;
+    let wrong = "sk-wrong-upstream-key-7f3a";
+    let toml = gateway_toml(&sim.url(false), "").replace("SIM_KEY", "WRONG_SIM_KEY");
+    let env = |k: &str| match k {
+        "WRONG_SIM_KEY" => Some(wrong.to_string()),
+        other => test_env(other),
+    };
+    let config = patchbay_gateway::config::Config::from_toml_with_env(&toml, &env).unwrap();
+    let gw = patchbay_gateway::gateway::start(config).await.unwrap();
+    let mut ws = connect(gw.addr).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1011));
+    let e: serde_json::Value = serde_json::from_str(&texts[0]).unwrap();
+    assert_eq!(e["error"]["code"], "upstream_auth_failed");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains("HTTP 401"), "{message}");
+    let masked = patchbay_gateway::sim::mask_key(wrong);
+    assert!(masked.ends_with("7f3a"), "{masked}");
+    for leak in [masked.as_str(), "7f3a", "Incorrect API key"] {
+        assert!(
+            !message.contains(leak),
+            "{leak:?} reached the client: {message}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn frames_sent_during_a_slow_dial_all_arrive_in_order_past_the_hold_budget() {
+    // 40 events of ~64 KB (2.5 MB) while the upstream takes 300 ms to
+    // upgrade: more than the gateway holds (1 MiB) before the upstream
+    // exists. It stops reading, then relays the rest; nothing is lost.
+    let (_sim, gw) = sim_and_gateway(
+        SimConfig {
+            upgrade_delay: Duration::from_millis(300),
+            ..SimConfig::default()
+        },
+        "",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    let pad = "x".repeat(64 * 1024);
+    for i in 0..40 {
+        send_json(
+            &mut ws,
+            serde_json::json!({"type": "conversation.item.create", "n": i, "pad": pad}),
+        )
+        .await;
+    }
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+    let mut items = Vec::new();
+    while items.len() < 40 {
+        let text = recv_text(&mut ws).await;
+        if kind(&text) == "conversation.item.added" {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            items.push(v["item"]["id"].as_str().unwrap().to_string());
+        }
+    }
+    let expected: Vec<String> = (1..=40).map(|i| format!("item_{i}")).collect();
+    assert_eq!(items, expected);
+}
+
+#[tokio::test]
 async fn upstream_first_event_error_is_forwarded_then_closed_1011() {
     let (sim, gw) = sim_and_gateway(
         SimConfig {
