@@ -163,7 +163,10 @@ impl RedisStore {
         if let Some((key_id, tokens)) = &batch.tpm {
             let (minute, _) = window_position(batch.now);
             let key = self.names.tpm(key_id, minute);
-            pipe.incr(&key, *tokens)
+            // Redis integers are i64; a bogus usage report must not make
+            // every later flush fail.
+            let by = i64::try_from(*tokens).unwrap_or(i64::MAX);
+            pipe.incr(&key, by)
                 .ignore()
                 .expire(&key, WINDOW_TTL.as_secs() as i64)
                 .ignore();
