@@ -54,6 +54,12 @@ pub fn ws_config(max_message_bytes: usize) -> WebSocketConfig {
 /// Sees upstream text frames on their way to the client.
 pub trait Tap {
     fn on_upstream_text(&mut self, _text: &str) {}
+    /// Responses the upstream has started and not yet finished: when the
+    /// client leaves with one in flight, the relay cancels it and waits
+    /// (bounded) for its `response.done`, which reports its usage.
+    fn responses_in_flight(&self) -> usize {
+        0
+    }
 }
 
 impl Tap for () {}
@@ -72,7 +78,8 @@ pub struct Kill {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum End {
-    /// The client sent a close; it was forwarded upstream.
+    /// The client sent a close; it was forwarded upstream (after cancelling
+    /// a response in flight).
     ClientClosed(Option<u16>),
     /// The upstream sent a close; it was forwarded to the client.
     UpstreamClosed(Option<u16>),
@@ -139,6 +146,7 @@ where
     let (mut u_tx, mut u_rx) = upstream.split();
     let started = Instant::now();
     let last_activity_ms = AtomicU64::new(0);
+    let mut client_close: Option<CloseFrame> = None;
 
     let end = {
         let touch = || {
@@ -165,8 +173,10 @@ where
                     }
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => touch(),
                     Some(Ok(Message::Close(frame))) => {
+                        // Forwarded at the end, once a response in flight
+                        // has been cancelled.
                         let code = frame.as_ref().map(|f| u16::from(f.code));
-                        let _ = u_tx.send(Message::Close(sendable(frame))).await;
+                        client_close = sendable(frame);
                         return End::ClientClosed(code);
                     }
                     Some(Ok(Message::Frame(_))) => {}
@@ -228,9 +238,28 @@ where
     // `response.done` already on its way is metered.
     let mut upstream_text = |t: &str| tap.on_upstream_text(t);
     let (client_code, upstream_code) = match &end {
-        End::ClientClosed(code) | End::UpstreamClosed(code) => {
-            // The close went to the other leg already; tungstenite queued
-            // the reply to the closer. Flush it and let the other answer.
+        End::ClientClosed(code) => {
+            // Tungstenite queued the close reply to the client: flush it.
+            // Upstream, a response in flight is cancelled first, then the
+            // client's close goes on as it came.
+            let upstream = async {
+                cancel_in_flight(&mut u_tx, &mut u_rx, tap).await;
+                let _ = tokio::time::timeout(
+                    CLOSE_GRACE,
+                    u_tx.feed(Message::Close(client_close.take())),
+                )
+                .await;
+                finish(&mut u_tx, &mut u_rx, None, None, |t| {
+                    tap.on_upstream_text(t)
+                })
+                .await;
+            };
+            tokio::join!(finish(&mut c_tx, &mut c_rx, None, None, |_| {}), upstream);
+            (*code, *code)
+        }
+        End::UpstreamClosed(code) => {
+            // The close went to the client already; tungstenite queued the
+            // reply to the upstream. Flush it and let the client answer.
             tokio::join!(
                 finish(&mut c_tx, &mut c_rx, None, None, |_| {}),
                 finish(&mut u_tx, &mut u_rx, None, None, &mut upstream_text)
@@ -238,8 +267,12 @@ where
             (*code, *code)
         }
         End::ClientGone => {
+            cancel_in_flight(&mut u_tx, &mut u_rx, tap).await;
             let frame = close(1001, "client disconnected");
-            finish(&mut u_tx, &mut u_rx, None, Some(frame), &mut upstream_text).await;
+            finish(&mut u_tx, &mut u_rx, None, Some(frame), |t| {
+                tap.on_upstream_text(t)
+            })
+            .await;
             (None, Some(1001))
         }
         End::UpstreamGone => {
@@ -398,6 +431,42 @@ fn sendable(frame: Option<CloseFrame>) -> Option<CloseFrame> {
 
 fn too_big(e: &WsError) -> bool {
     matches!(e, WsError::Capacity(CapacityError::MessageTooLong { .. }))
+}
+
+/// `{"type":"response.cancel"}`: ends the response in progress; the upstream
+/// answers with its `response.done` (status `cancelled`, usage so far).
+const RESPONSE_CANCEL: &str = r#"{"type":"response.cancel"}"#;
+
+/// The client left while a response was in flight: cancel it and read the
+/// upstream (through the tap) until no response is in flight, at most
+/// [`CLOSE_GRACE`]. The upstream bills what it generated; its
+/// `response.done` is how the gateway learns how much. Without it the turn
+/// would be logged as cut short with unknown usage, and a client could
+/// leave just before every `response.done` to spend without being charged.
+async fn cancel_in_flight<U, T>(
+    tx: &mut SplitSink<WebSocketStream<U>, Message>,
+    rx: &mut SplitStream<WebSocketStream<U>>,
+    tap: &mut T,
+) where
+    U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: Tap,
+{
+    if tap.responses_in_flight() == 0 {
+        return;
+    }
+    let _ = tokio::time::timeout(CLOSE_GRACE, async {
+        if tx.send(Message::text(RESPONSE_CANCEL)).await.is_err() {
+            return;
+        }
+        while tap.responses_in_flight() > 0 {
+            match rx.next().await {
+                Some(Ok(Message::Text(t))) => tap.on_upstream_text(&t),
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
 }
 
 /// Sends `event` (if any) and our close (if any), flushes, then reads until

@@ -394,6 +394,10 @@ impl TurnTracker {
 }
 
 impl Tap for TurnTracker {
+    fn responses_in_flight(&self) -> usize {
+        self.open_turns()
+    }
+
     fn on_upstream_text(&mut self, text: &str) {
         match sniff(text) {
             Sniffed::Created => self.on_created(text),

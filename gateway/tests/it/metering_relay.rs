@@ -18,12 +18,16 @@ use patchbay_gateway::metering::{EndReason, Metering, SessionMeta};
 use patchbay_gateway::metrics::Metrics;
 use patchbay_gateway::relay::{self, Limits, Spliced, Tap};
 use patchbay_gateway::secret::Secret;
-use patchbay_gateway::sim::{self, usage_for, SimConfig, SimFault, SimHandle};
+use patchbay_gateway::sim::{
+    self, usage_for, SimConfig, SimFault, SimHandle, AUDIO_TOKENS_PER_DELTA,
+};
 use patchbay_gateway::store::MemoryStore;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -333,13 +337,15 @@ async fn a_response_cut_short_by_the_upstream_is_logged_unknown_with_502() {
 
 #[tokio::test]
 async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
-    // The client asks for a response and closes at once. The upstream
-    // answers the close only after its response.done (with usage), as when
-    // that event was already on its way: it reaches the gateway during the
-    // close handshake. That turn was billed upstream and must be metered,
-    // not logged as unknown.
+    // The key is removed mid-response (the 1 s key tick ends the session).
+    // The upstream answers the gateway's close only after its response.done
+    // (with usage), as when that event was already on its way: it reaches
+    // the gateway during the close handshake. That turn was billed upstream
+    // and must be metered, not logged as cut short.
     let sim_config = SimConfig {
-        inference_delay: Duration::from_millis(100),
+        audio_deltas: 100,
+        audio_delta_bytes: 16,
+        delta_interval: Duration::from_millis(20),
         fault: Some(SimFault::FinishResponseBeforeClose),
         ..SimConfig::default()
     };
@@ -350,24 +356,100 @@ async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
     ))
     .await
     .unwrap();
-    ws.close(None).await.unwrap();
+    rig.keys.replace(KeySet::default());
+    let (_, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008));
     let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(spliced.end.outcome(), "client_closed");
+    assert_eq!(spliced.end.outcome(), "key_revoked");
     let rows = rig.rows.rows();
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];
     assert_eq!((r.status, r.usage_unknown), (200, false), "{r:?}");
-    let usage = usage_for(1, SimConfig::default().audio_deltas);
-    assert_eq!(
-        r.output_tokens,
-        usage["output_tokens"].as_u64().unwrap(),
-        "{r:?}"
-    );
-    assert!(r.cost_usd > 0.0);
+    assert_eq!(r.output_audio_tokens, 100 * AUDIO_TOKENS_PER_DELTA, "{r:?}");
     rig.sim.stop();
+}
+
+/// A response of 100 small deltas 20 ms apart (two seconds), and the
+/// number of deltas the client saw before it left.
+async fn leave_mid_response(rig: &Rig, gracefully: bool) -> u64 {
+    let mut ws = connect(rig.addr).await;
+    ws.send(Message::text(
+        json!({"type": "response.create"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    let mut seen = 0;
+    while seen < 3 {
+        let text = next_text(&mut ws).await.expect("deltas");
+        if kind(&text) == "response.output_audio.delta" {
+            seen += 1;
+        }
+    }
+    if gracefully {
+        ws.close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "done listening".into(),
+        }))
+        .await
+        .unwrap();
+    }
+    drop(ws);
+    seen
+}
+
+fn slow_response() -> SimConfig {
+    SimConfig {
+        audio_deltas: 100,
+        audio_delta_bytes: 16,
+        delta_interval: Duration::from_millis(20),
+        ..SimConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_client_leaving_mid_response_is_charged_for_what_was_generated() {
+    // The client closes after 3 of 100 deltas. The gateway cancels the
+    // response upstream and meters the usage of its cancelled
+    // response.done; only then does the client's close go upstream.
+    for gracefully in [true, false] {
+        let mut rig = rig(slow_response(), "", 15).await;
+        let seen = leave_mid_response(&rig, gracefully).await;
+        let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let outcome = if gracefully {
+            "client_closed"
+        } else {
+            "client_gone"
+        };
+        assert_eq!(spliced.end.outcome(), outcome);
+        let rows = rig.rows.rows();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let r = &rows[0];
+        assert_eq!(
+            (r.status, r.usage_unknown, r.end_reason.as_str()),
+            (499, false, "cancelled"),
+            "{outcome}: {r:?}"
+        );
+        let deltas = r.output_audio_tokens / AUDIO_TOKENS_PER_DELTA;
+        assert!(
+            (seen..100).contains(&deltas),
+            "{outcome}: charged for {deltas} deltas, the client saw {seen}"
+        );
+        assert!(r.cost_usd > 0.0, "{r:?}");
+        let codes = rig.sim.stats.close_codes.lock().unwrap().clone();
+        let expected = if gracefully { 1000 } else { 1001 };
+        assert_eq!(
+            codes,
+            vec![expected],
+            "{outcome}: the close reached the upstream after the cancel"
+        );
+        rig.sim.stop();
+    }
 }
 
 #[tokio::test]
