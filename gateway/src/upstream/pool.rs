@@ -325,8 +325,14 @@ impl Pool {
                 _ = tick.tick() => self.reap(),
                 Some(done) = dials.join_next(), if !dials.is_empty() => {
                     self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                    // A dial whose task panicked counts as failed, so a
+                    // bug cannot spin the pool without backing off.
+                    let done = done.unwrap_or_else(|e| {
+                        let message = format!("dial task failed: {e}");
+                        (generation, Err(DialError::Handshake { message }))
+                    });
                     match done {
-                        Ok((_, Ok(w))) => {
+                        (_, Ok(w)) => {
                             if !backoff.is_zero() {
                                 generation += 1;
                             }
@@ -335,7 +341,7 @@ impl Pool {
                             self.backoff_ms.store(0, Ordering::Release);
                             self.push(w);
                         }
-                        Ok((g, Err(e))) => {
+                        (g, Err(e)) => {
                             tracing::debug!(model = %self.model, error = %e, "pool dial failed");
                             if g == generation {
                                 generation += 1;
@@ -346,7 +352,6 @@ impl Pool {
                                     backoff_ms = backoff.as_millis() as u64, "pool dial failed; backing off");
                             }
                         }
-                        Err(_) => {}
                     }
                 }
             }
