@@ -837,26 +837,36 @@ mod tests {
         sim.stop();
     }
 
-    #[tokio::test]
-    async fn a_close_during_a_response_is_answered_at_once() {
-        let sim = slow_sim(None).await;
-        let mut ws = connect(&sim).await;
+    /// Starts a response, closes with `frame` after its first delta, and
+    /// returns the event types that still came, and how long the simulator
+    /// took to answer the close.
+    async fn close_mid_response(
+        sim: &SimHandle,
+        frame: Option<CloseFrame>,
+    ) -> (Vec<String>, Duration) {
+        let mut ws = connect(sim).await;
         send_type(&mut ws, "response.create").await;
         until_first_delta(&mut ws).await;
         let started = std::time::Instant::now();
-        ws.send(Message::Close(Some(CloseFrame {
-            code: CloseCode::from(4000),
-            reason: "bye".into(),
-        })))
-        .await
-        .unwrap();
+        ws.send(Message::Close(frame)).await.unwrap();
         let mut after_close = Vec::new();
         while let Some(kind) = next_type(&mut ws).await {
             after_close.push(kind);
         }
+        (after_close, started.elapsed())
+    }
+
+    #[tokio::test]
+    async fn a_close_during_a_response_is_answered_at_once() {
+        let sim = slow_sim(None).await;
+        let frame = CloseFrame {
+            code: CloseCode::from(4000),
+            reason: "bye".into(),
+        };
+        let (after_close, took) = close_mid_response(&sim, Some(frame)).await;
         // At most the frames already on their way, never the rest of a
         // one-second response.
-        assert!(started.elapsed() < Duration::from_millis(500));
+        assert!(took < Duration::from_millis(500), "{took:?}");
         assert!(
             !after_close.iter().any(|k| k == "response.done"),
             "{after_close:?}"
@@ -868,14 +878,7 @@ mod tests {
     #[tokio::test]
     async fn with_the_fault_a_close_waits_for_the_response_done() {
         let sim = slow_sim(Some(SimFault::FinishResponseBeforeClose)).await;
-        let mut ws = connect(&sim).await;
-        send_type(&mut ws, "response.create").await;
-        until_first_delta(&mut ws).await;
-        ws.send(Message::Close(None)).await.unwrap();
-        let mut after_close = Vec::new();
-        while let Some(kind) = next_type(&mut ws).await {
-            after_close.push(kind);
-        }
+        let (after_close, _) = close_mid_response(&sim, None).await;
         assert_eq!(
             after_close.last().map(String::as_str),
             Some("response.done")

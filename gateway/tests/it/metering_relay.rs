@@ -171,6 +171,22 @@ async fn connect(addr: SocketAddr) -> Client {
     ws
 }
 
+async fn response_create(ws: &mut Client) {
+    ws.send(Message::text(
+        json!({"type": "response.create"}).to_string(),
+    ))
+    .await
+    .unwrap();
+}
+
+/// How the rig's next session ended (its meter has finished by then).
+async fn session_end(rig: &mut Rig) -> Spliced {
+    tokio::time::timeout(WAIT, rig.ended.recv())
+        .await
+        .expect("the session ends in time")
+        .expect("the rig is running")
+}
+
 fn kind(text: &str) -> String {
     event_type(text).map(|t| t.into_owned()).unwrap_or_default()
 }
@@ -207,11 +223,7 @@ async fn until_close(ws: &mut Client) -> (Vec<String>, Option<u16>) {
 }
 
 async fn one_turn(ws: &mut Client) {
-    ws.send(Message::text(
-        json!({"type": "response.create"}).to_string(),
-    ))
-    .await
-    .unwrap();
+    response_create(ws).await;
     while let Some(t) = next_text(ws).await {
         if kind(&t) == "response.done" {
             return;
@@ -227,10 +239,7 @@ async fn simulator_turns_are_metered_as_the_simulator_reports_them() {
     one_turn(&mut ws).await;
     one_turn(&mut ws).await;
     ws.close(None).await.unwrap();
-    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let spliced = session_end(&mut rig).await;
     assert_eq!(spliced.end.outcome(), "client_closed");
     let rows = rig.rows.rows();
     assert_eq!(rows.len(), 2);
@@ -270,10 +279,7 @@ async fn a_session_is_closed_with_an_error_event_and_1008_when_its_budget_runs_o
         error["error"]["message"],
         "budget exceeded for key 'k' (limit $0.005)"
     );
-    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let spliced = session_end(&mut rig).await;
     assert_eq!(spliced.end.outcome(), "budget_exhausted");
     assert_eq!(spliced.client_code, Some(1008));
     // The upstream leg was closed too.
@@ -296,10 +302,7 @@ async fn a_removed_key_ends_its_live_session_with_an_error_event_and_1008() {
     assert_eq!(code, Some(1008));
     let error: serde_json::Value = serde_json::from_str(texts.last().unwrap()).unwrap();
     assert_eq!(error["error"]["code"], "invalid_api_key");
-    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let spliced = session_end(&mut rig).await;
     assert_eq!(spliced.end.outcome(), "key_revoked");
     rig.sim.stop();
 }
@@ -312,17 +315,10 @@ async fn a_response_cut_short_by_the_upstream_is_logged_unknown_with_502() {
     };
     let mut rig = rig(sim_config, "", 15).await;
     let mut ws = connect(rig.addr).await;
-    ws.send(Message::text(
-        json!({"type": "response.create"}).to_string(),
-    ))
-    .await
-    .unwrap();
+    response_create(&mut ws).await;
     let (_, code) = until_close(&mut ws).await;
     assert_eq!(code, Some(1011));
-    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let spliced = session_end(&mut rig).await;
     assert_eq!(spliced.end.outcome(), "upstream_gone");
     let rows = rig.rows.rows();
     assert_eq!(rows.len(), 1);
@@ -343,26 +339,16 @@ async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
     // the gateway during the close handshake. That turn was billed upstream
     // and must be metered, not logged as cut short.
     let sim_config = SimConfig {
-        audio_deltas: 100,
-        audio_delta_bytes: 16,
-        delta_interval: Duration::from_millis(20),
         fault: Some(SimFault::FinishResponseBeforeClose),
-        ..SimConfig::default()
+        ..slow_response()
     };
     let mut rig = rig(sim_config, "", 15).await;
     let mut ws = connect(rig.addr).await;
-    ws.send(Message::text(
-        json!({"type": "response.create"}).to_string(),
-    ))
-    .await
-    .unwrap();
+    response_create(&mut ws).await;
     rig.keys.replace(KeySet::default());
     let (_, code) = until_close(&mut ws).await;
     assert_eq!(code, Some(1008));
-    let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let spliced = session_end(&mut rig).await;
     assert_eq!(spliced.end.outcome(), "key_revoked");
     let rows = rig.rows.rows();
     assert_eq!(rows.len(), 1, "{rows:?}");
@@ -376,11 +362,7 @@ async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
 /// number of deltas the client saw before it left.
 async fn leave_mid_response(rig: &Rig, gracefully: bool) -> u64 {
     let mut ws = connect(rig.addr).await;
-    ws.send(Message::text(
-        json!({"type": "response.create"}).to_string(),
-    ))
-    .await
-    .unwrap();
+    response_create(&mut ws).await;
     let mut seen = 0;
     while seen < 3 {
         let text = next_text(&mut ws).await.expect("deltas");
@@ -417,10 +399,7 @@ async fn a_client_leaving_mid_response_is_charged_for_what_was_generated() {
     for gracefully in [true, false] {
         let mut rig = rig(slow_response(), "", 15).await;
         let seen = leave_mid_response(&rig, gracefully).await;
-        let spliced = tokio::time::timeout(WAIT, rig.ended.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let spliced = session_end(&mut rig).await;
         let outcome = if gracefully {
             "client_closed"
         } else {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::common::*;
 use futures_util::SinkExt;
-use patchbay_gateway::sim::{SimConfig, SimFault};
+use patchbay_gateway::gateway::Running;
+use patchbay_gateway::sim::{SimConfig, SimFault, SimHandle};
 use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -416,21 +417,27 @@ async fn half_open_upgrades_do_not_block_a_normal_session() {
     drop(stalled);
 }
 
-#[tokio::test]
-async fn a_client_that_stops_reading_does_not_grow_the_gateway_without_bound() {
-    // The upstream tries to send ~1.7 GB of audio; the client reads nothing.
+/// A client that asked for a ~1.7 GB response and will read none of it.
+async fn stalled_client(extra: &str) -> (SimHandle, Running, Client) {
     let (sim, gw) = sim_and_gateway(
         SimConfig {
             audio_deltas: 40_000,
             audio_delta_bytes: 32 * 1024,
             ..SimConfig::default()
         },
-        "",
+        extra,
     )
     .await;
     let mut ws = connect(gw.addr).await;
     recv_text(&mut ws).await;
     send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+    (sim, gw, ws)
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_does_not_grow_the_gateway_without_bound() {
+    // The upstream tries to send ~1.7 GB of audio; the client reads nothing.
+    let (sim, _gw, ws) = stalled_client("").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let at_2s = sim.stats.audio_bytes_sent.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -454,18 +461,7 @@ async fn a_client_that_stops_reading_is_still_ended_at_the_session_limit() {
     // The client reads nothing while a long response fills every buffer on
     // its leg; the gateway's error event to it can never be written. The
     // session must end anyway, its slot freed and its upstream closed.
-    let (sim, gw) = sim_and_gateway(
-        SimConfig {
-            audio_deltas: 40_000,
-            audio_delta_bytes: 32 * 1024,
-            ..SimConfig::default()
-        },
-        "[relay]\nmax_session_secs = 1\n",
-    )
-    .await;
-    let mut ws = connect(gw.addr).await;
-    recv_text(&mut ws).await;
-    send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+    let (sim, gw, ws) = stalled_client("[relay]\nmax_session_secs = 1\n").await;
     // Limit (1 s) + one close grace per leg (2 s), with room to spare.
     let ended = tokio::time::timeout(Duration::from_secs(6), async {
         while gw.gateway.sessions.active() != 0 {
