@@ -64,7 +64,8 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         .await?;
 
     // 1. validate
-    let checked = match validate::check_spec(&route.spec) {
+    let checked = match validate::check_name(&name).and_then(|()| validate::check_spec(&route.spec))
+    {
         Ok(()) => validate::check_secrets(&ctx, &namespace, &route.spec).await,
         Err(problem) => Err(problem),
     };

@@ -385,6 +385,33 @@ async fn a_missing_secret_is_degraded_with_a_reason_an_event_and_a_backoff() {
 }
 
 #[tokio::test]
+async fn a_route_name_that_cannot_name_a_service_is_invalid_and_applies_nothing() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut route = fixtures::route(fixtures::minimal_spec());
+    route.metadata.name = Some("v1.voice".into());
+    let route = Arc::new(route);
+    let task = tokio::spawn(reconcile(route.clone(), ctx.clone()));
+
+    let (_, reply) = server.expect(Method::GET, &apps("v1.voice-gateway")).await;
+    reply.not_found("deployment");
+    assert_eq!(
+        server.expect_event().await,
+        ("Warning".into(), "InvalidSpec".into())
+    );
+    let status = format!(
+        "/apis/patchbay.dev/v1alpha1/namespaces/{NAMESPACE}/realtimeroutes/v1.voice/status{APPLY}"
+    );
+    let (seen, reply) = server.expect(Method::PATCH, &status).await;
+    let degraded = condition(&seen.body["status"], "Degraded");
+    assert_eq!(degraded["reason"], "InvalidSpec");
+    assert!(degraded["message"].as_str().unwrap().contains("v1.voice"));
+    reply.ok(&patched(&route, &seen.body));
+    let error = task.await.unwrap().expect_err("an invalid name fails");
+    assert_eq!(error.reason(), "InvalidSpec");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
 async fn an_api_server_that_does_not_answer_times_out_and_is_counted() {
     let (mut ctx, mut server, registry) = fixtures::mock_context();
     Arc::get_mut(&mut ctx).unwrap().api_timeout = Duration::from_millis(50);

@@ -12,6 +12,29 @@ use crate::context::Context;
 use crate::crd::{Provider, RealtimeRouteSpec, SecretKeyRef};
 use crate::error::{Error, Result};
 
+/// The route's name becomes its Service's name and a label value: it must be
+/// a DNS-1035 label (at most 63 characters of `a-z`, `0-9` and `-`, starting
+/// with a letter, ending with a letter or digit). Otherwise the Service (and
+/// what is applied after it) would be refused by the API server on every
+/// reconcile, with no condition saying why.
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidSpec(format!(
+            "metadata.name {name:?} cannot name the route's Service: use at most 63 characters \
+             of a-z, 0-9 and '-', starting with a letter and ending with a letter or digit"
+        )))
+    }
+}
+
 /// Problems a schema cannot express.
 pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
     if let Some(url) = &spec.upstream.url {
@@ -79,6 +102,17 @@ pub async fn check_secrets(ctx: &Context, namespace: &str, spec: &RealtimeRouteS
 mod tests {
     use super::*;
     use crate::fixtures;
+
+    #[test]
+    fn a_route_name_must_be_a_dns_label() {
+        for good in ["voice", "v1-voice", "a", &"a".repeat(63)] {
+            check_name(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for bad in ["", "1voice", "v1.voice", "Voice", "voice-", &"a".repeat(64)] {
+            let err = check_name(bad).unwrap_err();
+            assert_eq!(err.reason(), "InvalidSpec", "{bad}");
+        }
+    }
 
     #[test]
     fn an_azure_route_needs_a_url() {
