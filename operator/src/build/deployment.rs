@@ -194,10 +194,11 @@ fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
             failure_threshold: Some(3),
             ..Probe::default()
         }),
-        lifecycle: Some(Lifecycle {
+        // No hook at 0: Kubernetes before 1.33 refuses `sleep: {seconds: 0}`.
+        lifecycle: (spec.drain.pre_stop_sleep_seconds > 0).then(|| Lifecycle {
             pre_stop: Some(LifecycleHandler {
                 sleep: Some(SleepAction {
-                    seconds: i64::from(spec.drain.pre_stop_sleep_seconds.max(0)),
+                    seconds: i64::from(spec.drain.pre_stop_sleep_seconds),
                 }),
                 ..LifecycleHandler::default()
             }),
@@ -341,6 +342,18 @@ mod tests {
         assert_eq!(
             pod(&d).termination_grace_period_seconds,
             Some(3 + 20 + 120 + GRACE_MARGIN_SECONDS)
+        );
+    }
+
+    #[test]
+    fn no_pre_stop_hook_when_the_sleep_is_zero() {
+        let mut spec = fixtures::minimal_spec();
+        spec.drain.pre_stop_sleep_seconds = 0;
+        let d = build(spec);
+        assert!(gateway(&d).lifecycle.is_none());
+        assert_eq!(
+            pod(&d).termination_grace_period_seconds,
+            Some(10 + GRACE_MARGIN_SECONDS)
         );
     }
 
