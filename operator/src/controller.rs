@@ -85,10 +85,7 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
     }
 
     // 2. build
-    let observed_replicas = before
-        .as_ref()
-        .and_then(|d| d.status.as_ref())
-        .and_then(|s| s.replicas);
+    let observed_replicas = before.as_ref().and_then(replicas_to_size_for);
     let desired = build::desired(&BuildInput {
         route: &route,
         default_image: &ctx.gateway_image,
@@ -190,4 +187,45 @@ pub async fn check_crd_installed(client: &Client, watch_namespace: Option<&str>)
             name: String::new(),
             source: Box::new(source),
         })
+}
+
+/// The replica count the pools are sized for: the Deployment's desired count
+/// (the HPA's choice, or the route's fixed count), not `status.replicas`,
+/// which also counts the surge pods of a rollout and would shrink every
+/// pool, then grow it back, on each one.
+fn replicas_to_size_for(d: &Deployment) -> Option<i32> {
+    d.spec
+        .as_ref()
+        .and_then(|s| s.replicas)
+        .or_else(|| d.status.as_ref().and_then(|s| s.replicas))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+
+    #[test]
+    fn pools_are_sized_for_the_desired_replicas_not_the_surge() {
+        let rolling = Deployment {
+            spec: Some(DeploymentSpec {
+                replicas: Some(4),
+                ..DeploymentSpec::default()
+            }),
+            status: Some(DeploymentStatus {
+                replicas: Some(5),
+                ..DeploymentStatus::default()
+            }),
+            ..Deployment::default()
+        };
+        assert_eq!(replicas_to_size_for(&rolling), Some(4));
+        let no_spec_count = Deployment {
+            status: Some(DeploymentStatus {
+                replicas: Some(3),
+                ..DeploymentStatus::default()
+            }),
+            ..Deployment::default()
+        };
+        assert_eq!(replicas_to_size_for(&no_spec_count), Some(3));
+    }
 }

@@ -45,6 +45,8 @@ fn gw() -> String {
 fn deployment_response(applied: &Value, replicas: i32, ready: i32) -> Value {
     let mut d = applied.clone();
     d["metadata"]["generation"] = json!(1);
+    // What the API server holds: the HPA's (or the route's) count.
+    d["spec"]["replicas"] = json!(replicas);
     d["status"] = json!({
         "observedGeneration": 1,
         "replicas": replicas,
