@@ -310,15 +310,46 @@ pub struct GatewayPod {
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "open_object")]
-    pub resources: Option<ResourceRequirements>,
+    pub resources: Option<Open<ResourceRequirements>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "open_object_list")]
-    pub tolerations: Option<Vec<Toleration>>,
+    pub tolerations: Option<Open<Vec<Toleration>>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "open_object")]
-    pub affinity: Option<Affinity>,
+    pub affinity: Option<Open<Affinity>>,
+}
+
+/// A Kubernetes type the CRD publishes as an open object
+/// (`x-kubernetes-preserve-unknown-fields`): kept as the JSON the API server
+/// stored and converted to `T` where it is used. The API server accepts any
+/// object there, so decoding must not depend on it: the watcher decodes a
+/// whole page of routes at once, and one route with, say,
+/// `resources: {limits: "1"}` would otherwise stop reconciling for every
+/// route. `validate::check_spec` reports the conversion error on that route
+/// alone, as `InvalidSpec`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Open<T> {
+    raw: serde_json::Value,
+    #[serde(skip)]
+    kind: std::marker::PhantomData<T>,
+}
+
+impl<T: Serialize + serde::de::DeserializeOwned> Open<T> {
+    pub fn new(value: &T) -> Self {
+        Self {
+            // Serialising a k8s-openapi type into a JSON value cannot fail.
+            raw: serde_json::to_value(value).unwrap_or_default(),
+            kind: std::marker::PhantomData,
+        }
+    }
+
+    /// The typed value, or why the stored JSON is not one.
+    pub fn get(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_value(self.raw.clone())
+    }
 }
 
 /// Observed state, written by the operator only.

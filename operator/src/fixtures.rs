@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::api::core::v1::{Affinity, Toleration};
 use kube::client::Body;
 use kube::Client;
 use prometheus_client::registry::Registry;
@@ -19,7 +19,7 @@ use tower_test::mock::{self, Handle, SendResponse};
 
 use crate::context::Context;
 use crate::crd::{
-    Autoscaling, Drain, GatewayPod, Metering, Pool, Price, Protocol, Provider, RealtimeRoute,
+    Autoscaling, Drain, GatewayPod, Metering, Open, Pool, Price, Protocol, Provider, RealtimeRoute,
     RealtimeRouteSpec, Replicas, SecretKeyRef, Unpriced, Upstream,
 };
 use crate::metrics::Metrics;
@@ -111,13 +111,13 @@ pub fn full_spec() -> RealtimeRouteSpec {
             image: Some("registry.example/patchbay/gateway:1.2.3".into()),
             resources: None,
             node_selector: Some(BTreeMap::from([("pool".into(), "realtime".into())])),
-            tolerations: Some(vec![Toleration {
+            tolerations: Some(Open::new(&vec![Toleration {
                 key: Some("realtime".into()),
                 operator: Some("Exists".into()),
                 effect: Some("NoSchedule".into()),
                 ..Toleration::default()
-            }]),
-            affinity: Some(serde_json::from_value(json!({
+            }])),
+            affinity: Some(Open::new(&serde_json::from_value::<Affinity>(json!({
                 "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
                     "weight": 100,
                     "podAffinityTerm": {
@@ -126,7 +126,7 @@ pub fn full_spec() -> RealtimeRouteSpec {
                     }
                 }]}
             }))
-            .expect("affinity")),
+            .expect("affinity"))),
         },
     }
 }

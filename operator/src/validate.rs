@@ -48,6 +48,28 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
             "upstream.url is required for provider azure".into(),
         ));
     }
+    let gw = &spec.gateway;
+    let overrides = [
+        (
+            "gateway.resources",
+            gw.resources.as_ref().map(|r| r.get().err()),
+        ),
+        (
+            "gateway.tolerations",
+            gw.tolerations.as_ref().map(|t| t.get().err()),
+        ),
+        (
+            "gateway.affinity",
+            gw.affinity.as_ref().map(|a| a.get().err()),
+        ),
+    ];
+    for (field, problem) in overrides {
+        if let Some(Some(e)) = problem {
+            return Err(Error::InvalidSpec(format!(
+                "{field} is not a valid Kubernetes value: {e}"
+            )));
+        }
+    }
     let models = spec.metering.prices.iter().map(|p| p.model.as_str());
     let mut seen = std::collections::BTreeSet::new();
     for model in models {
@@ -112,6 +134,31 @@ mod tests {
             let err = check_name(bad).unwrap_err();
             assert_eq!(err.reason(), "InvalidSpec", "{bad}");
         }
+    }
+
+    #[test]
+    fn a_malformed_pod_override_decodes_and_is_reported_on_its_route_alone() {
+        // What the API server accepts for an open object; a typed field
+        // would fail the whole watch page.
+        let spec: RealtimeRouteSpec = serde_json::from_value(serde_json::json!({
+            "model": "gpt-realtime",
+            "upstream": {"apiKeySecretRef": {"name": "openai", "key": "api-key"}},
+            "clientKeysSecretRef": {"name": "keys", "key": "keys.toml"},
+            "gateway": {"resources": {"limits": "1"}}
+        }))
+        .expect("a route with any object in gateway.resources decodes");
+        let err = check_spec(&spec).unwrap_err();
+        assert_eq!(err.reason(), "InvalidSpec");
+        assert!(err.to_string().contains("gateway.resources"), "{err}");
+
+        let mut spec = fixtures::full_spec();
+        spec.gateway.tolerations =
+            Some(serde_json::from_value(serde_json::json!([{"tolerationSeconds": "60"}])).unwrap());
+        assert!(check_spec(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("gateway.tolerations"));
+        check_spec(&fixtures::full_spec()).expect("the well-formed overrides pass");
     }
 
     #[test]

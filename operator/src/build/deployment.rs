@@ -141,8 +141,9 @@ fn pod_spec(route: &RealtimeRoute, default_image: &str) -> PodSpec {
             },
         ]),
         node_selector: spec.gateway.node_selector.clone(),
-        tolerations: spec.gateway.tolerations.clone(),
-        affinity: spec.gateway.affinity.clone(),
+        // Checked by `validate::check_spec` before anything is built.
+        tolerations: spec.gateway.tolerations.as_ref().and_then(|t| t.get().ok()),
+        affinity: spec.gateway.affinity.as_ref().and_then(|a| a.get().ok()),
         ..PodSpec::default()
     }
 }
@@ -207,7 +208,8 @@ fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
         resources: Some(
             spec.gateway
                 .resources
-                .clone()
+                .as_ref()
+                .and_then(|r| r.get().ok())
                 .unwrap_or_else(default_resources),
         ),
         security_context: Some(SecurityContext {
