@@ -5,15 +5,16 @@
 //! reach the pod as environment variables (`api_key_env`, `redis_url_env` name them) or as the
 //! mounted key file.
 //!
-//! `[pool] size` is the size at `replicas.min`, a fallback only: the live value comes from
-//! `size_file`, which the pool ConfigMap feeds. Deriving it from the observed replica count instead
-//! would change this file, its hash and so the pod template on every scale event, restarting the
-//! very pods the autoscaler just added.
+//! `[pool] size` is a fixed fallback ([`POOL_SIZE_FALLBACK`]), used only if the size file were
+//! missing: the live value comes from `size_file`, which the pool ConfigMap feeds (it is applied
+//! before the Deployment). Nothing that sizes the pool (`peakConcurrency`, `replicas`,
+//! `pool.size`, the observed replica count) reaches this file, so none of them changes its hash and
+//! the pod template: editing them, or an HPA scale event, never restarts the gateway pods and the
+//! sessions they carry.
 
 use serde::Serialize;
 
 use crate::crd::{DrainMode, Protocol, Provider, RealtimeRouteSpec, Unpriced, OPENAI_REALTIME_URL};
-use crate::pool;
 
 /// Port clients connect to (Service port `http`).
 pub const HTTP_PORT: u16 = 8080;
@@ -44,6 +45,9 @@ const MAX_SESSIONS_PER_POD: u32 = 1000;
 pub fn config_path() -> String {
     format!("{CONFIG_DIR}/{CONFIG_FILE_NAME}")
 }
+
+/// `[pool] size` in the rendered file; see the module doc.
+pub const POOL_SIZE_FALLBACK: i32 = 1;
 
 /// Full path of the pool size file inside the pod.
 pub fn pool_size_path() -> String {
@@ -171,7 +175,7 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
             api_key_env: UPSTREAM_API_KEY_ENV,
         }],
         pool: PoolSection {
-            size: pool::pool_size(spec, spec.replicas.min),
+            size: POOL_SIZE_FALLBACK,
             max_idle_secs: spec.pool.max_idle_seconds,
             max_size: spec.pool.max_size,
             size_file: pool_size_path(),
@@ -271,14 +275,19 @@ mod tests {
     }
 
     #[test]
-    fn the_config_does_not_depend_on_the_observed_replica_count() {
-        // render() takes only the spec: a scale event cannot reach the file or its hash.
+    fn nothing_that_sizes_the_pool_reaches_the_config() {
+        // render() takes only the spec, so a scale event cannot reach the file or its hash; and
+        // editing what sizes the pool changes only the pool ConfigMap, never the pod template.
         let spec = fixtures::autoscaled_spec();
-        assert_eq!(render(&spec), render(&spec.clone()));
+        let mut edited = spec.clone();
+        edited.peak_concurrency *= 3;
+        edited.replicas.min += 1;
+        edited.pool.size = Some(7);
+        assert_eq!(render(&spec), render(&edited));
         let doc: toml::Table = toml::from_str(&render(&spec)).unwrap();
         assert_eq!(
             doc["pool"]["size"].as_integer(),
-            Some(i64::from(pool::pool_size(&spec, spec.replicas.min)))
+            Some(i64::from(POOL_SIZE_FALLBACK))
         );
     }
 }
