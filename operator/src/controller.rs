@@ -69,20 +69,23 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         Ok(()) => validate::check_secrets(&ctx, &namespace, &route.spec).await,
         Err(problem) => Err(problem),
     };
-    if let Err(problem) = checked {
-        if problem.is_user_error() {
-            tracing::warn!(route = %name, %namespace, reason = problem.reason(), "{problem}");
-            events::publish(&ctx, &route, &[events::problem(&problem)]).await;
-            let seen = Observation {
-                deployment: before.as_ref(),
-                pool_size: None,
-                problem: Some(&problem),
-            };
-            let status = status::compute(&route, &seen, &status::now_rfc3339());
-            status::patch(&ctx, &route, &namespace, &status).await?;
+    let secret_versions = match checked {
+        Ok(versions) => versions,
+        Err(problem) => {
+            if problem.is_user_error() {
+                tracing::warn!(route = %name, %namespace, reason = problem.reason(), "{problem}");
+                events::publish(&ctx, &route, &[events::problem(&problem)]).await;
+                let seen = Observation {
+                    deployment: before.as_ref(),
+                    pool_size: None,
+                    problem: Some(&problem),
+                };
+                let status = status::compute(&route, &seen, &status::now_rfc3339());
+                status::patch(&ctx, &route, &namespace, &status).await?;
+            }
+            return Err(problem);
         }
-        return Err(problem);
-    }
+    };
 
     // 2. build
     let observed_replicas = before.as_ref().and_then(replicas_to_size_for);
@@ -90,6 +93,7 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         route: &route,
         default_image: &ctx.gateway_image,
         observed_replicas,
+        secret_versions: &secret_versions,
     });
 
     // 3. apply

@@ -140,6 +140,7 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: None,
+            secret_versions: &std::collections::BTreeMap::new(),
         });
         assert_eq!(reasons(&changes(&route, None, &d, false)), ["Created"]);
     }
@@ -151,6 +152,7 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: None,
+            secret_versions: &std::collections::BTreeMap::new(),
         });
         route.status = Some(crate::crd::RealtimeRouteStatus {
             pool_size_per_pod: Some(d.pool_size),
@@ -166,6 +168,7 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: Some(2),
+            secret_versions: &std::collections::BTreeMap::new(),
         });
         route.status = Some(crate::crd::RealtimeRouteStatus {
             pool_size_per_pod: Some(before.pool_size),
@@ -176,6 +179,7 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: Some(5),
+            secret_versions: &std::collections::BTreeMap::new(),
         });
         assert_eq!(
             reasons(&changes(&route, Some(&before.deployment), &after, true)),

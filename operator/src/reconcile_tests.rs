@@ -143,6 +143,13 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
         seen.body["spec"].get("replicas").is_none(),
         "the HPA owns replicas"
     );
+    // The upstream key's Secret version, as read with the Secret checks.
+    let upstream = &route.spec.upstream.api_key_secret_ref.name;
+    assert_eq!(
+        seen.body["spec"]["template"]["metadata"]["annotations"]
+            [crate::build::SECRET_VERSIONS_ANNOTATION],
+        format!("{upstream}=rv-{upstream}")
+    );
     assert_owned(&seen.body);
     reply.ok(&deployment_response(&seen.body, 2, 0));
 
@@ -201,6 +208,7 @@ async fn a_fixed_route_sets_replicas_and_deletes_the_hpa_it_owned() {
             route: &route,
             default_image: "patchbay/gateway:test",
             observed_replicas: Some(2),
+            secret_versions: &fixtures::secret_versions(&route.spec),
         });
         deployment_response(&serde_json::to_value(&d.deployment).unwrap(), 2, 2)
     };
@@ -295,6 +303,7 @@ async fn a_scaled_deployment_resizes_only_the_pool_config_map() {
             route: &route,
             default_image: "patchbay/gateway:test",
             observed_replicas: observed,
+            secret_versions: &fixtures::secret_versions(&route.spec),
         })
     };
     let at_two = build(Some(2));

@@ -5,6 +5,8 @@
 //! ([`check_secrets`]). Secrets are looked up by metadata only: the operator needs to know they
 //! are there, never what they hold, and its RBAC grants `get` on Secrets for exactly this.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
@@ -97,9 +99,15 @@ pub fn secret_refs(spec: &RealtimeRouteSpec) -> Vec<(&'static str, &SecretKeyRef
     refs
 }
 
-/// Fails with [`Error::SecretNotFound`] on the first referenced Secret that does not exist.
-pub async fn check_secrets(ctx: &Context, namespace: &str, spec: &RealtimeRouteSpec) -> Result<()> {
+/// Fails with [`Error::SecretNotFound`] on the first referenced Secret that does not exist;
+/// otherwise returns each referenced Secret's `resourceVersion` by name (metadata only).
+pub async fn check_secrets(
+    ctx: &Context,
+    namespace: &str,
+    spec: &RealtimeRouteSpec,
+) -> Result<BTreeMap<String, String>> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut versions = BTreeMap::new();
     for (field, secret) in secret_refs(spec) {
         let found = ctx
             .call(
@@ -109,15 +117,18 @@ pub async fn check_secrets(ctx: &Context, namespace: &str, spec: &RealtimeRouteS
                 secrets.get_metadata_opt(&secret.name),
             )
             .await?;
-        if found.is_none() {
+        let Some(found) = found else {
             return Err(Error::SecretNotFound {
                 namespace: namespace.to_string(),
                 name: secret.name.clone(),
                 field,
             });
+        };
+        if let Some(version) = found.metadata.resource_version {
+            versions.insert(secret.name.clone(), version);
         }
     }
-    Ok(())
+    Ok(versions)
 }
 
 #[cfg(test)]

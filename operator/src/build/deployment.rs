@@ -65,8 +65,41 @@ pub fn termination_grace_period_seconds(spec: &RealtimeRouteSpec) -> i64 {
         + GRACE_MARGIN_SECONDS
 }
 
-pub fn deployment(route: &RealtimeRoute, default_image: &str, config_hash: &str) -> Deployment {
+/// The pod-template annotation naming the `resourceVersion` of each Secret the gateway reads
+/// into its environment (upstream key, Redis URL): those are read once, at start, so a rotated
+/// Secret must roll the pods. The client keys file is mounted and re-read live; it is not here.
+pub const SECRET_VERSIONS_ANNOTATION: &str = "patchbay.dev/env-secret-versions";
+
+/// `name=version,…` over the env Secrets, sorted; `None` when no version is known.
+fn env_secret_versions(
+    spec: &RealtimeRouteSpec,
+    versions: &BTreeMap<String, String>,
+) -> Option<String> {
+    let mut names = vec![spec.upstream.api_key_secret_ref.name.as_str()];
+    if let Some(redis) = &spec.metering.redis_url_secret_ref {
+        names.push(redis.name.as_str());
+    }
+    names.sort_unstable();
+    names.dedup();
+    let pairs: Vec<String> = names
+        .into_iter()
+        .filter_map(|n| versions.get(n).map(|v| format!("{n}={v}")))
+        .collect();
+    (!pairs.is_empty()).then(|| pairs.join(","))
+}
+
+pub fn deployment(
+    route: &RealtimeRoute,
+    default_image: &str,
+    config_hash: &str,
+    secret_versions: &BTreeMap<String, String>,
+) -> Deployment {
     let spec = &route.spec;
+    let mut annotations =
+        BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string())]);
+    if let Some(v) = env_secret_versions(spec, secret_versions) {
+        annotations.insert(SECRET_VERSIONS_ANNOTATION.to_string(), v);
+    }
     Deployment {
         metadata: child_meta(route, gateway_name(route)),
         spec: Some(DeploymentSpec {
@@ -85,10 +118,7 @@ pub fn deployment(route: &RealtimeRoute, default_image: &str, config_hash: &str)
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels(route)),
-                    annotations: Some(BTreeMap::from([(
-                        CONFIG_HASH_ANNOTATION.to_string(),
-                        config_hash.to_string(),
-                    )])),
+                    annotations: Some(annotations),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(pod_spec(route, default_image)),
@@ -309,7 +339,12 @@ mod tests {
     use crate::fixtures;
 
     fn build(spec: RealtimeRouteSpec) -> Deployment {
-        deployment(&fixtures::route(spec), "patchbay/gateway:test", "abc")
+        deployment(
+            &fixtures::route(spec),
+            "patchbay/gateway:test",
+            "abc",
+            &BTreeMap::new(),
+        )
     }
 
     fn pod(d: &Deployment) -> &PodSpec {
@@ -345,6 +380,38 @@ mod tests {
             pod(&d).termination_grace_period_seconds,
             Some(3 + 20 + 120 + GRACE_MARGIN_SECONDS)
         );
+    }
+
+    #[test]
+    fn rotating_an_env_secret_rolls_the_pods_and_rotating_client_keys_does_not() {
+        let spec = fixtures::full_spec();
+        let upstream = spec.upstream.api_key_secret_ref.name.clone();
+        let redis = spec.metering.redis_url_secret_ref.clone().unwrap().name;
+        let keys = spec.client_keys_secret_ref.name.clone();
+        let route = fixtures::route(spec);
+        let template = |versions: &[(&str, &str)]| {
+            let versions: BTreeMap<String, String> = versions
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            deployment(&route, "img", "abc", &versions)
+                .spec
+                .unwrap()
+                .template
+                .metadata
+                .unwrap()
+                .annotations
+                .unwrap()
+        };
+        let before = template(&[(&upstream, "1"), (&redis, "7"), (&keys, "3")]);
+        let mut expected = [format!("{upstream}=1"), format!("{redis}=7")];
+        expected.sort();
+        assert_eq!(before[SECRET_VERSIONS_ANNOTATION], expected.join(","));
+        let keys_rotated = template(&[(&upstream, "1"), (&redis, "7"), (&keys, "4")]);
+        assert_eq!(before, keys_rotated, "the keys file is re-read live");
+        let key_rotated = template(&[(&upstream, "2"), (&redis, "7"), (&keys, "3")]);
+        assert_ne!(before, key_rotated, "the upstream key is read at start");
+        assert!(!template(&[]).contains_key(SECRET_VERSIONS_ANNOTATION));
     }
 
     #[test]

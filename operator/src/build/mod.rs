@@ -25,7 +25,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 pub use configmap::{config_hash, gateway_config_map, pool_config_map};
-pub use deployment::{deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION};
+pub use deployment::{
+    deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION,
+    SECRET_VERSIONS_ANNOTATION,
+};
 pub use hpa::{hpa, SESSIONS_ACTIVE_METRIC};
 pub use pdb::pdb;
 pub use service::service;
@@ -45,8 +48,10 @@ pub struct BuildInput<'a> {
     pub route: &'a RealtimeRoute,
     /// Image used when the route does not name one.
     pub default_image: &'a str,
-    /// The Deployment's observed `status.replicas`, if it exists and reports one.
+    /// The replica count to size pools for, once the Deployment exists.
     pub observed_replicas: Option<i32>,
+    /// `resourceVersion` of each referenced Secret, by name (empty when unknown).
+    pub secret_versions: &'a BTreeMap<String, String>,
 }
 
 /// Every child object a route should have, in apply order.
@@ -72,7 +77,12 @@ pub fn desired(input: &BuildInput<'_>) -> Desired {
     let config_hash = config_hash(&gateway_config);
     let (pool_config, pool_size) = pool_config_map(input.route, input.observed_replicas);
     Desired {
-        deployment: deployment(input.route, input.default_image, &config_hash),
+        deployment: deployment(
+            input.route,
+            input.default_image,
+            &config_hash,
+            input.secret_versions,
+        ),
         service: service(input.route),
         hpa: hpa(input.route),
         pdb: pdb(input.route),
@@ -174,6 +184,7 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: None,
+            secret_versions: &BTreeMap::new(),
         });
         assert!(d.hpa.is_some());
         for meta in all_metas(&d) {
@@ -197,6 +208,7 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: None,
+            secret_versions: &BTreeMap::new(),
         });
         let name = fixtures::ROUTE_NAME;
         assert_eq!(
@@ -225,6 +237,7 @@ mod tests {
                 route: &route,
                 default_image: "img",
                 observed_replicas: observed,
+                secret_versions: &BTreeMap::new(),
             })
         };
         let (before, after) = (at(Some(2)), at(Some(5)));
@@ -249,6 +262,7 @@ mod tests {
                 route: &fixtures::route(spec),
                 default_image: "img",
                 observed_replicas: Some(2),
+                secret_versions: &BTreeMap::new(),
             })
         }
         let mut spec = fixtures::autoscaled_spec();
