@@ -159,6 +159,7 @@ EVERY_OPTION = {
     "nodeSelector": {"kubernetes.io/os": "linux"},
     "imagePullSecrets": [{"name": "regcred"}],
     "podAnnotations": {"example.com/team": "voice"},
+    "podLabels": {"example.com/team": "voice"},
 }
 
 
@@ -441,6 +442,8 @@ BAD_VALUES = [
     ({"probes": {"liveness": {"periodSeconds": 0}}}, "/probes/liveness/periodSeconds"),
     ({"tolerations": [{"operator": "Maybe"}]}, "/tolerations/0/operator"),
     ({"nodeSelector": {"disk": 1}}, "/nodeSelector/disk"),
+    ({"podLabels": {"app.kubernetes.io/instance": "other"}}, "/podLabels"),
+    ({"podLabels": {"app.kubernetes.io/version": "x"}}, "/podLabels"),
     ({"extraEnv": [{"name": "POD_NAME", "value": "x"}]}, "/extraEnv/0/name"),
     ({"replica": 2}, "additional properties 'replica' not allowed"),
 ]
