@@ -66,7 +66,12 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
     // 1. validate
     let checked = match validate::check_name(&name).and_then(|()| validate::check_spec(&route.spec))
     {
-        Ok(()) => validate::check_secrets(&ctx, &namespace, &route.spec).await,
+        Ok(()) => match validate::check_secrets(&ctx, &namespace, &route.spec).await {
+            Ok(versions) => validate::check_service_name_free(&ctx, &namespace, &route)
+                .await
+                .map(|()| versions),
+            Err(problem) => Err(problem),
+        },
         Err(problem) => Err(problem),
     };
     let secret_versions = match checked {

@@ -16,6 +16,14 @@ pub enum Error {
     /// The spec passed schema validation but cannot be served.
     #[error("invalid spec: {0}")]
     InvalidSpec(String),
+    /// A child's name is taken by an object the route does not control; applying would take it
+    /// over (and deleting the route would then delete it).
+    #[error("{kind} {namespace}/{name} exists and belongs to something else; rename the route or remove the {kind}")]
+    NameTaken {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
     /// The API server answered with an error.
     #[error("{verb} {kind} {name}: {source}")]
     Api {
@@ -44,6 +52,7 @@ impl Error {
         match self {
             Error::SecretNotFound { .. } => "SecretNotFound",
             Error::InvalidSpec(_) => "InvalidSpec",
+            Error::NameTaken { .. } => "NameTaken",
             Error::Api { .. } => "ApiError",
             Error::Timeout { .. } => "ApiTimeout",
             Error::MissingNamespace => "MissingNamespace",
@@ -52,7 +61,10 @@ impl Error {
 
     /// Bad input the user must fix, as opposed to a transient failure.
     pub fn is_user_error(&self) -> bool {
-        matches!(self, Error::SecretNotFound { .. } | Error::InvalidSpec(_))
+        matches!(
+            self,
+            Error::SecretNotFound { .. } | Error::InvalidSpec(_) | Error::NameTaken { .. }
+        )
     }
 }
 

@@ -75,6 +75,11 @@ async fn observe(server: &mut ApiServer, deployment: Option<&Value>, spec: &Real
         let (_, reply) = server.expect(Method::GET, &core("secrets", &secret)).await;
         reply.ok(&secret_metadata(&secret));
     }
+    // The Service name is free (or the route's own).
+    let (_, reply) = server
+        .expect(Method::GET, &core("services", ROUTE_NAME))
+        .await;
+    reply.not_found("service");
 }
 
 /// Answer one server-side apply on `path`, echoing the body; returns the body.
@@ -420,6 +425,47 @@ async fn a_route_name_that_cannot_name_a_service_is_invalid_and_applies_nothing(
     let error = task.await.unwrap().expect_err("an invalid name fails");
     assert_eq!(error.reason(), "InvalidSpec");
     server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_service_name_taken_by_someone_else_is_never_taken_over() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = Arc::new(fixtures::route(fixtures::minimal_spec()));
+    let task = tokio::spawn(reconcile(route.clone(), ctx.clone()));
+
+    let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
+    reply.not_found("deployment");
+    for secret in ["openai", "voice-keys"] {
+        let (_, reply) = server.expect(Method::GET, &core("secrets", secret)).await;
+        reply.ok(&secret_metadata(secret));
+    }
+    // A Service of the route's name that another owner (or nobody) controls.
+    let (_, reply) = server
+        .expect(Method::GET, &core("services", ROUTE_NAME))
+        .await;
+    reply.ok(&json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": {"name": ROUTE_NAME, "namespace": NAMESPACE, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "Deployment", "name": "someone-else",
+            "uid": "00000000-0000-4000-8000-00000000beef", "controller": true
+        }]}
+    }));
+    assert_eq!(
+        server.expect_event().await,
+        ("Warning".into(), "NameTaken".into())
+    );
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    let degraded = condition(&seen.body["status"], "Degraded");
+    assert_eq!(degraded["reason"], "NameTaken");
+    assert!(degraded["message"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("Service {NAMESPACE}/{ROUTE_NAME} exists")));
+    reply.ok(&patched(&route, &seen.body));
+    let error = task.await.unwrap().expect_err("a taken name fails");
+    assert_eq!(error.reason(), "NameTaken");
+    server.expect_silence().await; // nothing was applied
 }
 
 #[tokio::test]

@@ -7,11 +7,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::{Api, ResourceExt};
 
 use crate::context::Context;
-use crate::crd::{Provider, RealtimeRouteSpec, SecretKeyRef};
+use crate::crd::{Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
 use crate::error::{Error, Result};
 
 /// The route's name becomes its Service's name and a label value: it must be
@@ -129,6 +129,40 @@ pub async fn check_secrets(
         }
     }
     Ok(versions)
+}
+
+/// The Service is named after the route itself, so it is the child most likely to collide with
+/// an object someone else made. A forced server-side apply would take that object over (and the
+/// garbage collector would delete it with the route): refuse instead, with [`Error::NameTaken`].
+/// The other children carry a `-gateway` or `-pool` suffix.
+pub async fn check_service_name_free(
+    ctx: &Context,
+    namespace: &str,
+    route: &RealtimeRoute,
+) -> Result<()> {
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = crate::build::service_name(route);
+    let existing = ctx
+        .call("get", "Service", &name, services.get_metadata_opt(&name))
+        .await?;
+    let Some(existing) = existing else {
+        return Ok(());
+    };
+    let ours = route.uid().is_some_and(|uid| {
+        existing
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && o.uid == uid)
+    });
+    if ours {
+        Ok(())
+    } else {
+        Err(Error::NameTaken {
+            kind: "Service",
+            namespace: namespace.to_string(),
+            name,
+        })
+    }
 }
 
 #[cfg(test)]
