@@ -37,14 +37,33 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// The rules the gateway's own config loader applies to `upstream_url`, so that a route the
+/// operator accepts never renders a config its pods refuse (and crash-loop on).
+fn check_upstream_url(url: &str, provider: Provider) -> Result<()> {
+    let invalid = |why: &str| Err(Error::InvalidSpec(format!("upstream.url {url:?}: {why}")));
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return invalid("not a URL");
+    };
+    if !matches!(uri.scheme_str(), Some("ws" | "wss")) {
+        return invalid("must be a ws:// or wss:// URL");
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return invalid("has no host");
+    }
+    let api_version = uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv.split('=').next() == Some("api-version"))
+    });
+    if provider == Provider::Azure && !uri.path().ends_with("/openai/v1/realtime") && !api_version {
+        return invalid("an Azure /openai/realtime URL needs ?api-version=…");
+    }
+    Ok(())
+}
+
 /// Problems a schema cannot express.
 pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
     if let Some(url) = &spec.upstream.url {
-        if !(url.starts_with("wss://") || url.starts_with("ws://")) {
-            return Err(Error::InvalidSpec(format!(
-                "upstream.url must be a ws:// or wss:// URL, got {url:?}"
-            )));
-        }
+        check_upstream_url(url, spec.upstream.provider)?;
     } else if spec.upstream.provider == Provider::Azure {
         return Err(Error::InvalidSpec(
             "upstream.url is required for provider azure".into(),
@@ -221,6 +240,30 @@ mod tests {
         let mut spec = fixtures::minimal_spec();
         spec.upstream.url = Some("https://api.openai.com/v1/realtime".into());
         assert!(check_spec(&spec).unwrap_err().to_string().contains("ws://"));
+    }
+
+    #[test]
+    fn upstream_urls_the_gateway_would_refuse_are_refused_here() {
+        let mut spec = fixtures::minimal_spec();
+        for url in ["wss://", "wss:// /x", "wss:///v1/realtime"] {
+            spec.upstream.url = Some(url.into());
+            let err = check_spec(&spec).unwrap_err();
+            assert_eq!(err.reason(), "InvalidSpec", "{url}");
+            assert!(err.to_string().contains("upstream.url"), "{url}: {err}");
+        }
+        spec.upstream.provider = Provider::Azure;
+        spec.upstream.url = Some("wss://res.openai.azure.com/openai/realtime?deployment=d".into());
+        assert!(check_spec(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("api-version"));
+        for ok in [
+            "wss://res.openai.azure.com/openai/realtime?api-version=2025-04-01-preview&deployment=d",
+            "wss://res.openai.azure.com/openai/v1/realtime",
+        ] {
+            spec.upstream.url = Some(ok.into());
+            check_spec(&spec).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
     }
 
     #[test]
