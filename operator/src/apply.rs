@@ -60,12 +60,39 @@ where
     .await
 }
 
+/// Field manager that keeps `spec.replicas` while a fixed-count route becomes autoscaled.
+pub const HANDOFF_MANAGER: &str = "patchbay-operator-handoff";
+
+/// The replica count to hand off before an apply without `spec.replicas`: `Some` when the
+/// desired Deployment leaves replicas to the HPA but the operator's own apply still owns the field
+/// (the route was fixed-count until now). Applying without it would make server-side apply delete
+/// the field, and the Deployment would fall back to 1 replica, killing live sessions, until the
+/// HPA acted. The Kubernetes-documented hand-over: another manager applies the same value first,
+/// so the field keeps an owner and its value.
+pub fn replicas_to_hand_off(desired: &Deployment, before: Option<&Deployment>) -> Option<i32> {
+    let wants_replicas = desired.spec.as_ref().and_then(|s| s.replicas).is_some();
+    let before = before?;
+    let current = before.spec.as_ref()?.replicas?;
+    let we_own_replicas = before.managed_fields().iter().any(|m| {
+        m.manager.as_deref() == Some(MANAGER)
+            && m.operation.as_deref() == Some("Apply")
+            && m.fields_v1.as_ref().is_some_and(|f| {
+                f.0.get("f:spec")
+                    .and_then(|s| s.get("f:replicas"))
+                    .is_some()
+            })
+    });
+    (!wants_replicas && we_own_replicas).then_some(current)
+}
+
 /// Apply every desired child of `route` in dependency order; delete the HPA when not desired.
+/// `before` is the Deployment as observed at the start of the reconcile.
 pub async fn apply_all(
     ctx: &Context,
     route: &RealtimeRoute,
     namespace: &str,
     desired: &Desired,
+    before: Option<&Deployment>,
 ) -> Result<Applied> {
     // No `..`: a new child kind must be applied here before this compiles.
     let Desired {
@@ -83,6 +110,26 @@ pub async fn apply_all(
     apply_one(ctx, &config_maps, gateway_config).await?;
     apply_one(ctx, &config_maps, pool_config).await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    if let Some(replicas) = replicas_to_hand_off(deployment, before) {
+        let name = gateway_name(route);
+        let handoff = serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name},
+            "spec": {"replicas": replicas},
+        });
+        ctx.call(
+            "apply",
+            "Deployment",
+            &name,
+            deployments.patch(
+                &name,
+                &PatchParams::apply(HANDOFF_MANAGER),
+                &Patch::Apply(&handoff),
+            ),
+        )
+        .await?;
+    }
     let deployment = apply_one(ctx, &deployments, deployment).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
     apply_one(ctx, &services, service).await?;
@@ -142,5 +189,71 @@ where
             Ok(false)
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DeploymentSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        FieldsV1, ManagedFieldsEntry, ObjectMeta,
+    };
+
+    fn deployment(replicas: Option<i32>, owners: &[(&str, &str, serde_json::Value)]) -> Deployment {
+        Deployment {
+            metadata: ObjectMeta {
+                managed_fields: Some(
+                    owners
+                        .iter()
+                        .map(|(manager, op, fields)| ManagedFieldsEntry {
+                            manager: Some(manager.to_string()),
+                            operation: Some(op.to_string()),
+                            fields_v1: Some(FieldsV1(fields.clone())),
+                            ..ManagedFieldsEntry::default()
+                        })
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DeploymentSpec {
+                replicas,
+                ..DeploymentSpec::default()
+            }),
+            ..Deployment::default()
+        }
+    }
+
+    #[test]
+    fn replicas_are_handed_off_only_when_our_apply_owned_them_and_no_longer_sets_them() {
+        let ours = (
+            "patchbay-operator",
+            "Apply",
+            serde_json::json!({"f:spec": {"f:replicas": {}}}),
+        );
+        let hpa = (
+            "kube-controller-manager",
+            "Update",
+            serde_json::json!({"f:spec": {"f:replicas": {}}}),
+        );
+        let autoscaled = deployment(None, &[]);
+        let fixed = deployment(Some(3), &[]);
+        // Fixed → autoscaled: hand the current count off.
+        assert_eq!(
+            replicas_to_hand_off(&autoscaled, Some(&deployment(Some(4), &[ours.clone()]))),
+            Some(4)
+        );
+        // Already autoscaled (the HPA owns the field): nothing to do.
+        assert_eq!(
+            replicas_to_hand_off(&autoscaled, Some(&deployment(Some(6), &[hpa]))),
+            None
+        );
+        // Still fixed: the apply sets replicas itself.
+        assert_eq!(
+            replicas_to_hand_off(&fixed, Some(&deployment(Some(4), &[ours]))),
+            None
+        );
+        // Nothing exists yet.
+        assert_eq!(replicas_to_hand_off(&autoscaled, None), None);
     }
 }

@@ -102,7 +102,7 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
     });
 
     // 3. apply
-    let applied = apply::apply_all(&ctx, &route, &namespace, &desired).await?;
+    let applied = apply::apply_all(&ctx, &route, &namespace, &desired, before.as_ref()).await?;
     let changes = events::changes(&route, before.as_ref(), &desired, applied.hpa_deleted);
     for change in &changes {
         tracing::info!(route = %name, %namespace, reason = change.reason, "{}", change.note);

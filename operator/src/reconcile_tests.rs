@@ -469,6 +469,56 @@ async fn a_service_name_taken_by_someone_else_is_never_taken_over() {
 }
 
 #[tokio::test]
+async fn a_fixed_route_becoming_autoscaled_hands_its_replicas_off_before_dropping_them() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = fixtures::route(fixtures::autoscaled_spec());
+    // The Deployment as the fixed-count route left it: 4 replicas, owned by our apply.
+    let mut fixed_route = route.clone();
+    fixed_route.spec.replicas.max = Some(4);
+    fixed_route.spec.replicas.min = 4;
+    let mut existing = serde_json::to_value(
+        &crate::build::desired(&crate::build::BuildInput {
+            route: &fixed_route,
+            default_image: "patchbay/gateway:test",
+            observed_replicas: Some(4),
+            secret_versions: &fixtures::secret_versions(&route.spec),
+        })
+        .deployment,
+    )
+    .unwrap();
+    existing["metadata"]["managedFields"] = json!([{
+        "manager": "patchbay-operator", "operation": "Apply", "apiVersion": "apps/v1",
+        "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}
+    }]);
+    let existing = deployment_response(&existing, 4, 4);
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, Some(&existing), &route.spec).await;
+    expect_apply(&mut server, &core("configmaps", &gw())).await;
+    expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+
+    // First another manager applies the same count, so the field keeps an owner…
+    let (seen, reply) = server
+        .expect(
+            Method::PATCH,
+            &format!("{}?&fieldManager=patchbay-operator-handoff", apps(&gw())),
+        )
+        .await;
+    assert_eq!(seen.body["spec"], json!({"replicas": 4}));
+    reply.ok(&existing);
+    // …then the operator's apply leaves replicas out.
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    assert!(seen.body["spec"].get("replicas").is_none());
+    reply.ok(&existing);
+    task.abort();
+}
+
+#[tokio::test]
 async fn an_api_server_that_does_not_answer_times_out_and_is_counted() {
     let (mut ctx, mut server, registry) = fixtures::mock_context();
     Arc::get_mut(&mut ctx).unwrap().api_timeout = Duration::from_millis(50);
