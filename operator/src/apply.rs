@@ -240,7 +240,10 @@ mod tests {
         let fixed = deployment(Some(3), &[]);
         // Fixed → autoscaled: hand the current count off.
         assert_eq!(
-            replicas_to_hand_off(&autoscaled, Some(&deployment(Some(4), &[ours.clone()]))),
+            replicas_to_hand_off(
+                &autoscaled,
+                Some(&deployment(Some(4), std::slice::from_ref(&ours)))
+            ),
             Some(4)
         );
         // Already autoscaled (the HPA owns the field): nothing to do.
