@@ -82,6 +82,22 @@ async fn observe(server: &mut ApiServer, deployment: Option<&Value>, spec: &Real
     reply.not_found("service");
 }
 
+/// Answer the status patch of a reconcile that failed for `reason`; returns the `Degraded`
+/// condition it set.
+async fn expect_degraded(
+    server: &mut ApiServer,
+    route: &RealtimeRoute,
+    path: &str,
+    reason: &str,
+) -> Value {
+    let (seen, reply) = server.expect(Method::PATCH, path).await;
+    let degraded = condition(&seen.body["status"], "Degraded").clone();
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], reason);
+    reply.ok(&patched(route, &seen.body));
+    degraded
+}
+
 /// Answer one server-side apply on `path`, echoing the body; returns the body.
 async fn expect_apply(server: &mut ApiServer, path: &str) -> Value {
     let (seen, reply) = server
@@ -417,11 +433,8 @@ async fn a_route_name_that_cannot_name_a_service_is_invalid_and_applies_nothing(
     let status = format!(
         "/apis/patchbay.dev/v1alpha1/namespaces/{NAMESPACE}/realtimeroutes/v1.voice/status{APPLY}"
     );
-    let (seen, reply) = server.expect(Method::PATCH, &status).await;
-    let degraded = condition(&seen.body["status"], "Degraded");
-    assert_eq!(degraded["reason"], "InvalidSpec");
+    let degraded = expect_degraded(&mut server, &route, &status, "InvalidSpec").await;
     assert!(degraded["message"].as_str().unwrap().contains("v1.voice"));
-    reply.ok(&patched(&route, &seen.body));
     let error = task.await.unwrap().expect_err("an invalid name fails");
     assert_eq!(error.reason(), "InvalidSpec");
     server.expect_silence().await;
@@ -455,14 +468,11 @@ async fn a_service_name_taken_by_someone_else_is_never_taken_over() {
         server.expect_event().await,
         ("Warning".into(), "NameTaken".into())
     );
-    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
-    let degraded = condition(&seen.body["status"], "Degraded");
-    assert_eq!(degraded["reason"], "NameTaken");
+    let degraded = expect_degraded(&mut server, &route, &status_path(), "NameTaken").await;
     assert!(degraded["message"]
         .as_str()
         .unwrap()
         .contains(&format!("Service {NAMESPACE}/{ROUTE_NAME} exists")));
-    reply.ok(&patched(&route, &seen.body));
     let error = task.await.unwrap().expect_err("a taken name fails");
     assert_eq!(error.reason(), "NameTaken");
     server.expect_silence().await; // nothing was applied
