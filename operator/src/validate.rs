@@ -40,22 +40,24 @@ pub fn check_name(name: &str) -> Result<()> {
 /// The rules the gateway's own config loader applies to `upstream_url`, so that a route the
 /// operator accepts never renders a config its pods refuse (and crash-loop on).
 fn check_upstream_url(url: &str, provider: Provider) -> Result<()> {
-    let invalid = |why: &str| Err(Error::InvalidSpec(format!("upstream.url {url:?}: {why}")));
-    let Ok(uri) = url.parse::<http::Uri>() else {
-        return invalid("not a URL");
+    let invalid = |why: String| Err(Error::InvalidSpec(format!("upstream.url {url:?}: {why}")));
+    // The same parser as the gateway's loader (`url`), so ports, hosts and escapes are judged
+    // the same way.
+    let parsed = match url::Url::parse(url) {
+        Ok(u) => u,
+        Err(e) => return invalid(format!("not a valid URL ({e})")),
     };
-    if !matches!(uri.scheme_str(), Some("ws" | "wss")) {
-        return invalid("must be a ws:// or wss:// URL");
+    if !matches!(parsed.scheme(), "ws" | "wss") {
+        return invalid("must be a ws:// or wss:// URL".into());
     }
-    if uri.host().is_none_or(str::is_empty) {
-        return invalid("has no host");
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return invalid("has no host".into());
     }
-    let api_version = uri.query().is_some_and(|q| {
-        q.split('&')
-            .any(|kv| kv.split('=').next() == Some("api-version"))
-    });
-    if provider == Provider::Azure && !uri.path().ends_with("/openai/v1/realtime") && !api_version {
-        return invalid("an Azure /openai/realtime URL needs ?api-version=…");
+    if provider == Provider::Azure
+        && !parsed.path().ends_with("/openai/v1/realtime")
+        && !parsed.query_pairs().any(|(k, _)| k == "api-version")
+    {
+        return invalid("an Azure /openai/realtime URL needs ?api-version=…".into());
     }
     Ok(())
 }
@@ -245,7 +247,12 @@ mod tests {
     #[test]
     fn upstream_urls_the_gateway_would_refuse_are_refused_here() {
         let mut spec = fixtures::minimal_spec();
-        for url in ["wss://", "wss:// /x", "wss:///v1/realtime"] {
+        for url in [
+            "wss://",
+            "wss:// /x",
+            "wss://host:99999/v1/realtime",
+            "wss://host:abc/v1/realtime",
+        ] {
             spec.upstream.url = Some(url.into());
             let err = check_spec(&spec).unwrap_err();
             assert_eq!(err.reason(), "InvalidSpec", "{url}");
