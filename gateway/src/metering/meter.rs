@@ -56,6 +56,10 @@ use crate::store::{BudgetKey, FlushBatch};
 pub const BUDGET_TICK: Duration = Duration::from_secs(1);
 /// How often the session's key is checked against the key store.
 pub const KEY_CHECK_TICK: Duration = Duration::from_secs(1);
+/// Ceiling of one flush's tpm increment. Real turns are thousands of tokens;
+/// a bogus usage report must not push a Redis counter past i64, where every
+/// later INCRBY on it would fail (and with it every flush of that key).
+pub const MAX_TPM_INCREMENT: u64 = 1 << 40;
 /// A window this large is flushed before its tick.
 pub const MAX_WINDOW_TURNS: usize = 256;
 /// Stream rows kept for the next flush while the store is failing.
@@ -229,7 +233,8 @@ impl MeterTask {
         let batch = FlushBatch {
             now: SystemTime::now(),
             charges: budgets.iter().map(|(b, _)| (b.clone(), cost)).collect(),
-            tpm: (self.key.tpm.is_some() && tokens > 0).then(|| (self.key.id.clone(), tokens)),
+            tpm: (self.key.tpm.is_some() && tokens > 0)
+                .then(|| (self.key.id.clone(), tokens.min(MAX_TPM_INCREMENT))),
             rows: stream_rows,
             stream_maxlen: self.shared.config.stream_maxlen,
         };

@@ -163,8 +163,8 @@ impl RedisStore {
         if let Some((key_id, tokens)) = &batch.tpm {
             let (minute, _) = window_position(batch.now);
             let key = self.names.tpm(key_id, minute);
-            // Redis integers are i64; a bogus usage report must not make
-            // every later flush fail.
+            // Redis integers are i64; the meter caps an increment far
+            // below that (`MAX_TPM_INCREMENT`).
             let by = i64::try_from(*tokens).unwrap_or(i64::MAX);
             pipe.incr(&key, by)
                 .ignore()
