@@ -233,9 +233,11 @@ where
     };
 
     // Each leg's end is bounded by CLOSE_GRACE, error event included: a
-    // client that stopped reading must not hold the session open. Upstream
-    // text that arrives while its leg closes still reaches the tap, so a
-    // `response.done` already on its way is metered.
+    // client that stopped reading must not hold the session open. When the
+    // client leaves with a response in flight, the upstream leg first spends
+    // up to another CLOSE_GRACE on the cancel (2 × CLOSE_GRACE in all).
+    // Upstream text that arrives while its leg closes still reaches the tap,
+    // so a `response.done` already on its way is metered.
     let mut upstream_text = |t: &str| tap.on_upstream_text(t);
     let (client_code, upstream_code) = match &end {
         End::ClientClosed(code) => {
@@ -253,6 +255,10 @@ where
                     tap.on_upstream_text(t)
                 })
                 .await;
+            };
+            let upstream = async {
+                // Over the bound, the leg is dropped as it is.
+                let _ = tokio::time::timeout(2 * CLOSE_GRACE, upstream).await;
             };
             tokio::join!(finish(&mut c_tx, &mut c_rx, None, None, |_| {}), upstream);
             (*code, *code)
