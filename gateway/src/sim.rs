@@ -806,7 +806,9 @@ mod tests {
     }
 
     async fn until_first_delta(ws: &mut Client) {
-        while next_type(ws).await.as_deref() != Some("response.output_audio.delta") {}
+        while next_type(ws).await.expect("a delta before the end") != "response.output_audio.delta"
+        {
+        }
     }
 
     #[tokio::test]

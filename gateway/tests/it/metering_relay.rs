@@ -338,9 +338,13 @@ async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
     // (with usage), as when that event was already on its way: it reaches
     // the gateway during the close handshake. That turn was billed upstream
     // and must be metered, not logged as cut short.
+    // The model takes 2 s to its first audio: the kill comes at ~1 s, the
+    // response.done at ~2 s, inside the close grace. Sleep-timed, so a
+    // loaded machine does not shift either by much.
     let sim_config = SimConfig {
+        inference_delay: Duration::from_secs(2),
         fault: Some(SimFault::FinishResponseBeforeClose),
-        ..slow_response()
+        ..SimConfig::default()
     };
     let mut rig = rig(sim_config, "", 15).await;
     let mut ws = connect(rig.addr).await;
@@ -354,7 +358,12 @@ async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];
     assert_eq!((r.status, r.usage_unknown), (200, false), "{r:?}");
-    assert_eq!(r.output_audio_tokens, 100 * AUDIO_TOKENS_PER_DELTA, "{r:?}");
+    let deltas = SimConfig::default().audio_deltas as u64;
+    assert_eq!(
+        r.output_audio_tokens,
+        deltas * AUDIO_TOKENS_PER_DELTA,
+        "{r:?}"
+    );
     rig.sim.stop();
 }
 
@@ -377,6 +386,10 @@ async fn leave_mid_response(rig: &Rig, gracefully: bool) -> u64 {
         }))
         .await
         .unwrap();
+        // Read to the close reply: dropping a socket with unread frames
+        // resets it, which would make this a client that went away.
+        let _ =
+            tokio::time::timeout(WAIT, async { while let Some(Ok(_)) = ws.next().await {} }).await;
     }
     drop(ws);
     seen

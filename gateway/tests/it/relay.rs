@@ -244,38 +244,57 @@ async fn a_refused_upstream_key_is_not_quoted_back_to_the_client() {
     }
 }
 
-#[tokio::test]
-async fn frames_sent_during_a_slow_dial_all_arrive_in_order_past_the_hold_budget() {
-    // 40 events of ~64 KB (2.5 MB) while the upstream takes 300 ms to
-    // upgrade: more than the gateway holds (1 MiB) before the upstream
-    // exists. It stops reading, then relays the rest; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_holds_at_most_its_budget_of_frames_during_a_slow_dial() {
+    // 60 events of 1 MiB while the upstream takes 500 ms to upgrade: under
+    // the 64-frame cap, so only the 1 MiB byte budget stops the gateway from
+    // holding all 60 MiB. Past it, the gateway stops reading: the kernel's
+    // buffers take a few MB more and the client's sends stall until the
+    // upstream is ready. Then everything is relayed, in order.
+    const EVENTS: usize = 60;
     let (_sim, gw) = sim_and_gateway(
         SimConfig {
-            upgrade_delay: Duration::from_millis(300),
+            upgrade_delay: Duration::from_millis(500),
             ..SimConfig::default()
         },
         "",
     )
     .await;
-    let mut ws = connect(gw.addr).await;
-    let pad = "x".repeat(64 * 1024);
-    for i in 0..40 {
-        send_json(
-            &mut ws,
-            serde_json::json!({"type": "conversation.item.create", "n": i, "pad": pad}),
-        )
-        .await;
+    let ws = connect(gw.addr).await;
+    let (mut tx, mut rx) = futures_util::StreamExt::split(ws);
+    let pad = "x".repeat(1 << 20);
+    let sender = tokio::spawn(async move {
+        for i in 0..EVENTS {
+            let event = serde_json::json!({"type": "conversation.item.create", "n": i, "pad": pad});
+            tx.send(Message::text(event.to_string())).await.unwrap();
+        }
+        (std::time::Instant::now(), tx)
+    });
+    let first = tokio::time::timeout(WAIT, futures_util::StreamExt::next(&mut rx))
+        .await
+        .expect("session.created in time");
+    let created_at = std::time::Instant::now();
+    match first {
+        Some(Ok(Message::Text(t))) => assert_eq!(kind(&t), "session.created"),
+        other => panic!("expected session.created, got {other:?}"),
     }
-    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+    let (sent_at, _tx) = sender.await.unwrap();
+    assert!(
+        sent_at > created_at,
+        "all {EVENTS} MiB were taken before the upstream was ready: the gateway held them"
+    );
     let mut items = Vec::new();
-    while items.len() < 40 {
-        let text = recv_text(&mut ws).await;
-        if kind(&text) == "conversation.item.added" {
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-            items.push(v["item"]["id"].as_str().unwrap().to_string());
+    while items.len() < EVENTS {
+        match tokio::time::timeout(WAIT, futures_util::StreamExt::next(&mut rx)).await {
+            Ok(Some(Ok(Message::Text(t)))) if kind(&t) == "conversation.item.added" => {
+                let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                items.push(v["item"]["id"].as_str().unwrap().to_string());
+            }
+            Ok(Some(Ok(_))) => {}
+            other => panic!("relay ended early: {other:?}"),
         }
     }
-    let expected: Vec<String> = (1..=40).map(|i| format!("item_{i}")).collect();
+    let expected: Vec<String> = (1..=EVENTS).map(|i| format!("item_{i}")).collect();
     assert_eq!(items, expected);
 }
 
