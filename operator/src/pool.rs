@@ -5,8 +5,9 @@
 //! fleet as a whole holds about one warm socket per expected concurrent connect. `pool.size` is an
 //! explicit per-pod override (clamped to `[0, maxSize]`; 0 turns the pool off).
 //!
-//! Under an autoscaler the replica count is the Deployment's observed `status.replicas`; before the
-//! first observation it is `replicas.min`. The result is published through the `<name>-pool`
+//! Under an autoscaler the replica count is the Deployment's `spec.replicas` (the HPA's choice;
+//! not `status.replicas`, which counts a rollout's surge pods); before the first observation it is
+//! `replicas.min`. The result is published through the `<name>-pool`
 //! ConfigMap, never through the pod template, so a scale event resizes pools without a rollout.
 
 use crate::crd::RealtimeRouteSpec;
@@ -26,8 +27,8 @@ pub fn pool_size(spec: &RealtimeRouteSpec, replicas: i32) -> i32 {
 
 /// The replica count the pool is sized for.
 ///
-/// With a fixed count it is that count. Under an autoscaler it is the Deployment's observed
-/// `status.replicas`, or `replicas.min` while there is none (no Deployment yet, or no pods yet).
+/// With a fixed count it is that count. Under an autoscaler it is the Deployment's desired
+/// `spec.replicas`, or `replicas.min` while there is none (no Deployment yet).
 pub fn sizing_replicas(spec: &RealtimeRouteSpec, observed: Option<i32>) -> i32 {
     if spec.replicas.autoscaled() {
         observed.filter(|r| *r > 0).unwrap_or(spec.replicas.min)
