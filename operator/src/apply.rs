@@ -149,6 +149,42 @@ pub async fn apply_all(
     })
 }
 
+/// Who holds an object's name: nobody yet, the route (as its controller), or someone else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    Nobody,
+    Route,
+    Other,
+}
+
+/// Reads `name`'s metadata only and tells who holds it.
+pub async fn holder<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    name: &str,
+    route: &RealtimeRoute,
+) -> Result<Holder>
+where
+    K: k8s_openapi::Resource + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let Some(existing) = ctx
+        .call("get", K::KIND, name, api.get_metadata_opt(name))
+        .await?
+    else {
+        return Ok(Holder::Nobody);
+    };
+    let route_uid = route.uid();
+    let controlled = existing
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == route_uid.as_ref());
+    Ok(if controlled {
+        Holder::Route
+    } else {
+        Holder::Other
+    })
+}
+
 /// Delete `name` if it exists and `route` is its controller. Returns whether it was deleted.
 pub async fn delete_if_owned<K>(
     ctx: &Context,
@@ -160,18 +196,7 @@ where
     K: k8s_openapi::Resource + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
     let kind = K::KIND;
-    let Some(existing) = ctx
-        .call("get", kind, name, api.get_metadata_opt(name))
-        .await?
-    else {
-        return Ok(false);
-    };
-    let route_uid = route.uid();
-    let owned = existing
-        .owner_references()
-        .iter()
-        .any(|o| o.controller == Some(true) && Some(&o.uid) == route_uid.as_ref());
-    if !owned {
+    if holder(ctx, api, name, route).await? != Holder::Route {
         return Ok(false);
     }
     match ctx

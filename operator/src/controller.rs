@@ -64,17 +64,7 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         .await?;
 
     // 1. validate
-    let checked = match validate::check_name(&name).and_then(|()| validate::check_spec(&route.spec))
-    {
-        Ok(()) => match validate::check_secrets(&ctx, &namespace, &route.spec).await {
-            Ok(versions) => validate::check_service_name_free(&ctx, &namespace, &route)
-                .await
-                .map(|()| versions),
-            Err(problem) => Err(problem),
-        },
-        Err(problem) => Err(problem),
-    };
-    let secret_versions = match checked {
+    let secret_versions = match validate::check_route(&ctx, &namespace, &route).await {
         Ok(versions) => versions,
         Err(problem) => {
             if problem.is_user_error() {

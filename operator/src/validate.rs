@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::{Api, ResourceExt};
 
+use crate::apply::Holder;
 use crate::context::Context;
 use crate::crd::{Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
 use crate::error::{Error, Result};
@@ -163,27 +164,28 @@ pub async fn check_service_name_free(
 ) -> Result<()> {
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
     let name = crate::build::service_name(route);
-    let existing = ctx
-        .call("get", "Service", &name, services.get_metadata_opt(&name))
-        .await?;
-    let Some(existing) = existing else {
-        return Ok(());
-    };
-    let ours = route.uid().is_some_and(|uid| {
-        existing
-            .owner_references()
-            .iter()
-            .any(|o| o.controller == Some(true) && o.uid == uid)
-    });
-    if ours {
-        Ok(())
-    } else {
-        Err(Error::NameTaken {
+    match crate::apply::holder(ctx, &services, &name, route).await? {
+        Holder::Nobody | Holder::Route => Ok(()),
+        Holder::Other => Err(Error::NameTaken {
             kind: "Service",
             namespace: namespace.to_string(),
             name,
-        })
+        }),
     }
+}
+
+/// Stage 1 as a whole: the route's name, its spec, its Secrets and its Service name, in that
+/// order. Returns the referenced Secrets' `resourceVersion`s by name.
+pub async fn check_route(
+    ctx: &Context,
+    namespace: &str,
+    route: &RealtimeRoute,
+) -> Result<BTreeMap<String, String>> {
+    check_name(&route.name_any())?;
+    check_spec(&route.spec)?;
+    let versions = check_secrets(ctx, namespace, &route.spec).await?;
+    check_service_name_free(ctx, namespace, route).await?;
+    Ok(versions)
 }
 
 #[cfg(test)]

@@ -160,7 +160,6 @@ pub fn child_meta(route: &RealtimeRoute, name: String) -> ObjectMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::RealtimeRouteSpec;
     use crate::fixtures;
 
     fn all_metas(d: &Desired) -> Vec<&ObjectMeta> {
@@ -177,15 +176,20 @@ mod tests {
         metas
     }
 
+    /// What the route builds to with no Secret versions known.
+    fn build(route: &RealtimeRoute, observed_replicas: Option<i32>) -> Desired {
+        desired(&BuildInput {
+            route,
+            default_image: "img",
+            observed_replicas,
+            secret_versions: &BTreeMap::new(),
+        })
+    }
+
     #[test]
     fn every_child_is_owned_by_the_route_and_labelled() {
         let route = fixtures::route(fixtures::autoscaled_spec());
-        let d = desired(&BuildInput {
-            route: &route,
-            default_image: "img",
-            observed_replicas: None,
-            secret_versions: &BTreeMap::new(),
-        });
+        let d = build(&route, None);
         assert!(d.hpa.is_some());
         for meta in all_metas(&d) {
             let owner = &meta.owner_references.as_ref().unwrap()[0];
@@ -204,12 +208,7 @@ mod tests {
     #[test]
     fn children_are_named_after_the_route() {
         let route = fixtures::route(fixtures::autoscaled_spec());
-        let d = desired(&BuildInput {
-            route: &route,
-            default_image: "img",
-            observed_replicas: None,
-            secret_versions: &BTreeMap::new(),
-        });
+        let d = build(&route, None);
         let name = fixtures::ROUTE_NAME;
         assert_eq!(
             d.gateway_config.metadata.name,
@@ -232,14 +231,7 @@ mod tests {
     #[test]
     fn a_replica_change_changes_the_pool_config_map_and_nothing_else() {
         let route = fixtures::route(fixtures::autoscaled_spec());
-        let at = |observed| {
-            desired(&BuildInput {
-                route: &route,
-                default_image: "img",
-                observed_replicas: observed,
-                secret_versions: &BTreeMap::new(),
-            })
-        };
+        let at = |observed| build(&route, observed);
         let (before, after) = (at(Some(2)), at(Some(5)));
         assert_ne!(before.pool_config, after.pool_config);
         assert_ne!(before.pool_size, after.pool_size);
@@ -257,14 +249,7 @@ mod tests {
 
     #[test]
     fn a_config_change_changes_the_pod_template_hash() {
-        fn build(spec: RealtimeRouteSpec) -> Desired {
-            desired(&BuildInput {
-                route: &fixtures::route(spec),
-                default_image: "img",
-                observed_replicas: Some(2),
-                secret_versions: &BTreeMap::new(),
-            })
-        }
+        let build = |spec| build(&fixtures::route(spec), Some(2));
         let mut spec = fixtures::autoscaled_spec();
         let before = build(spec.clone());
         spec.drain.wait_seconds += 5;
