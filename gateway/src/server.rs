@@ -253,6 +253,8 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
         Err(r) => return refuse(&gw, &model_name, r),
     };
 
+    let params = crate::upstream::dial::session_params(query);
+
     // Everything passed: answer 101 and run the session in a tracked task.
     let accept = req
         .headers()
@@ -266,6 +268,7 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
         route,
         key,
         permit,
+        params,
         started,
     };
     gw.tasks.spawn(session.run(on_upgrade));

@@ -5,7 +5,9 @@
 //!
 //! Behaviour per connection: optional upgrade delay (before the 101), key
 //! check (`Authorization: Bearer` or `api-key`), `session.created` after the
-//! session delay, then:
+//! session delay (with `?intent=transcription`: beta
+//! `transcription_session.created`, GA a `session.created` whose session
+//! has `type: transcription`), then:
 //! - `session.update` → `session.updated`;
 //! - `conversation.item.create` → `conversation.item.added` + `.done`
 //!   (beta: `conversation.item.created`);
@@ -123,6 +125,8 @@ pub struct SimStats {
     pub responses_done: AtomicU64,
     /// Close codes received from clients (the gateway's upstream leg).
     pub close_codes: Mutex<Vec<u16>>,
+    /// The query string of every upgrade request, as received.
+    pub queries: Mutex<Vec<String>>,
     /// The credential headers of every upgrade request, as received.
     pub auth_headers: Mutex<Vec<String>>,
     /// Text frames sent, when [`SimConfig::record`] is set.
@@ -230,10 +234,12 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         tokio::time::sleep(config.upgrade_delay).await;
     }
     let mut beta = false;
+    let mut transcription = false;
     let check = UpgradeCheck {
         config: &config,
         stats: &handle.stats,
         beta: &mut beta,
+        transcription: &mut transcription,
     };
     let ws_config = WebSocketConfig::default()
         .max_message_size(Some(config.max_message_bytes))
@@ -249,6 +255,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
     handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
     let mut session = Session::new(config, handle.clone(), beta);
+    session.transcription = transcription;
     session.run(ws).await;
     handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
 }
@@ -259,6 +266,7 @@ struct UpgradeCheck<'a> {
     config: &'a SimConfig,
     stats: &'a SimStats,
     beta: &'a mut bool,
+    transcription: &'a mut bool,
 }
 
 impl Callback for UpgradeCheck<'_> {
@@ -272,6 +280,12 @@ impl Callback for UpgradeCheck<'_> {
             seen.push(key.to_string());
         }
         *self.beta = header("openai-beta") == Some("realtime=v1");
+        let query = req.uri().query().unwrap_or("").to_string();
+        *self.transcription = url::form_urlencoded::parse(query.as_bytes())
+            .any(|(k, v)| k == "intent" && v == "transcription");
+        if let Ok(mut seen) = self.stats.queries.lock() {
+            seen.push(query);
+        }
         if let Some(SimFault::Refuse { status }) = &self.config.fault {
             return Err(refusal(*status, "simulated refusal"));
         }
@@ -352,6 +366,8 @@ struct Session {
     config: Arc<SimConfig>,
     handle: SimHandle,
     beta: bool,
+    /// Opened with `?intent=transcription`.
+    transcription: bool,
     id: String,
     seq: u64,
     responses: u64,
@@ -380,6 +396,7 @@ impl Session {
             config,
             handle,
             beta,
+            transcription: false,
             id: format!("sess_{}", crate::ids::short_id()),
             seq: 0,
             responses: 0,
@@ -491,7 +508,16 @@ impl Session {
             let _ = ws.close(None).await;
             return;
         }
-        let created = json!({"type": "session.created", "session": self.session_object()});
+        let created = match (self.transcription, self.beta) {
+            (true, true) => json!({"type": "transcription_session.created",
+                                   "session": self.transcription_session_object()}),
+            (true, false) => {
+                let mut session = self.session_object();
+                session["type"] = Value::from("transcription");
+                json!({"type": "session.created", "session": session})
+            }
+            (false, _) => json!({"type": "session.created", "session": self.session_object()}),
+        };
         if !self.send(&mut ws, created).await {
             return;
         }
@@ -547,6 +573,22 @@ impl Session {
                                               "prefix_padding_ms": 300, "silence_duration_ms": 200}},
                 "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy", "speed": 1.0}
             },
+            "include": null
+        })
+    }
+
+    /// The beta protocol's transcription session
+    /// (`transcription_session.created`).
+    fn transcription_session_object(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "realtime.transcription_session",
+            "modalities": ["text"],
+            "input_audio_format": "pcm16",
+            "input_audio_transcription": {"model": "gpt-4o-transcribe", "language": null, "prompt": ""},
+            "turn_detection": {"type": "server_vad", "threshold": 0.5,
+                               "prefix_padding_ms": 300, "silence_duration_ms": 500},
+            "input_audio_noise_reduction": null,
             "include": null
         })
     }

@@ -478,7 +478,10 @@ fn classify(t: &str) -> Sniffed {
         CREATED => Sniffed::Created,
         DONE => Sniffed::Done,
         TRANSCRIPTION_COMPLETED => Sniffed::Transcription,
-        "session.created" | "session.updated" => Sniffed::Session,
+        "session.created"
+        | "session.updated"
+        | "transcription_session.created"
+        | "transcription_session.updated" => Sniffed::Session,
         t if t.starts_with("response.") && t.ends_with(".delta") => Sniffed::Delta,
         _ => Sniffed::Other,
     }
