@@ -1,5 +1,8 @@
-//! The upstream side: dialling (with TLS) and, in `pool`, warm sockets.
+//! The upstream side: dialling (with TLS), warm sockets in `pool`, and, for
+//! routes with several upstreams, health (`breaker`) and choice (`select`).
 
+pub mod breaker;
 pub mod dial;
 pub mod pool;
+pub mod select;
 pub mod tls;
