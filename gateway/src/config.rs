@@ -101,6 +101,16 @@ pub struct ServerConfig {
     pub upgrade_timeout_secs: u64,
     /// Runtime worker threads; 0 = one per core.
     pub worker_threads: usize,
+    /// Extra upstreams a session's set-up may try after a retryable dial
+    /// failure (routes with several upstreams).
+    pub max_failovers: usize,
+    /// Consecutive failures that open an upstream's circuit breaker.
+    pub breaker_failures: u32,
+    /// How long a breaker first stays open before one probe dial.
+    pub breaker_open_secs: u64,
+    /// The longest a breaker stays open (doubling while probes fail); at
+    /// least `breaker_open_secs`.
+    pub breaker_max_open_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +120,20 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             upgrade_timeout_secs: 10,
             worker_threads: 0,
+            max_failovers: 2,
+            breaker_failures: crate::upstream::breaker::DEFAULT_FAILURES_TO_OPEN,
+            breaker_open_secs: crate::upstream::breaker::DEFAULT_OPEN.as_secs(),
+            breaker_max_open_secs: crate::upstream::breaker::DEFAULT_MAX_OPEN.as_secs(),
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn breaker(&self) -> crate::upstream::breaker::BreakerConfig {
+        crate::upstream::breaker::BreakerConfig {
+            failures_to_open: self.breaker_failures,
+            open: std::time::Duration::from_secs(self.breaker_open_secs),
+            max_open: std::time::Duration::from_secs(self.breaker_max_open_secs),
         }
     }
 }
@@ -142,14 +166,20 @@ pub enum BudgetPeriod {
 pub struct RouteConfig {
     /// What clients put in `?model=`.
     pub model: String,
+    /// The single-upstream shorthand: `provider`, `upstream_url`,
+    /// `upstream_model`, `api_key_env` and `ca_file` describe one upstream
+    /// named after the route's model. Leave them out and list
+    /// `[[routes.upstreams]]` instead for several.
     #[serde(default = "default_provider")]
     pub provider: Provider,
+    #[serde(default)]
     pub upstream_url: String,
     /// Model (OpenAI) or deployment (Azure) sent upstream; defaults to `model`.
     pub upstream_model: Option<String>,
     #[serde(default = "default_protocol")]
     pub protocol: Protocol,
     /// Environment variable holding the upstream key.
+    #[serde(default)]
     pub api_key_env: String,
     /// Extra trust root (PEM) for a wss upstream.
     pub ca_file: Option<PathBuf>,
@@ -159,6 +189,46 @@ pub struct RouteConfig {
     /// Resolved from `api_key_env` during validation.
     #[serde(skip)]
     pub api_key: Secret,
+    /// The route's upstreams; after validation never empty (the shorthand
+    /// becomes a list of one).
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+/// One upstream of a route (`[[routes.upstreams]]`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Appears in rows, logs and metric labels; unique within the route.
+    pub name: String,
+    #[serde(default = "default_provider")]
+    pub provider: Provider,
+    pub upstream_url: String,
+    /// Model (OpenAI) or deployment (Azure); defaults to the route's model.
+    pub upstream_model: Option<String>,
+    /// Must equal the route's `protocol` (clients must not see event names
+    /// change between sessions); may be left out.
+    pub protocol: Option<Protocol>,
+    pub api_key_env: String,
+    pub ca_file: Option<PathBuf>,
+    /// Lower is preferred; upstreams of equal priority share by weight.
+    #[serde(default)]
+    pub priority: u32,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    #[serde(skip)]
+    pub api_key: Secret,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+impl UpstreamConfig {
+    /// The model or deployment sent upstream.
+    pub fn upstream_model<'a>(&'a self, route: &'a RouteConfig) -> &'a str {
+        self.upstream_model.as_deref().unwrap_or(&route.model)
+    }
 }
 
 fn default_provider() -> Provider {
@@ -182,6 +252,7 @@ impl Default for RouteConfig {
             budget_usd: None,
             budget_period: BudgetPeriod::Total,
             api_key: Secret::default(),
+            upstreams: Vec::new(),
         }
     }
 }
@@ -189,6 +260,31 @@ impl Default for RouteConfig {
 impl RouteConfig {
     pub fn upstream_model(&self) -> &str {
         self.upstream_model.as_deref().unwrap_or(&self.model)
+    }
+
+    /// The route's upstreams: the validated list, or (for a route built in
+    /// code without validation) the shorthand as a list of one.
+    pub fn upstream_list(&self) -> Vec<UpstreamConfig> {
+        if !self.upstreams.is_empty() {
+            return self.upstreams.clone();
+        }
+        vec![self.shorthand_upstream()]
+    }
+
+    /// The single-upstream keys as one upstream named after the model.
+    fn shorthand_upstream(&self) -> UpstreamConfig {
+        UpstreamConfig {
+            name: self.model.clone(),
+            provider: self.provider,
+            upstream_url: self.upstream_url.clone(),
+            upstream_model: self.upstream_model.clone(),
+            protocol: Some(self.protocol),
+            api_key_env: self.api_key_env.clone(),
+            ca_file: self.ca_file.clone(),
+            priority: 0,
+            weight: 1,
+            api_key: self.api_key.clone(),
+        }
     }
 }
 
@@ -400,6 +496,32 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        for (k, v) in [
+            (
+                "server.breaker_failures",
+                u64::from(self.server.breaker_failures),
+            ),
+            ("server.breaker_open_secs", self.server.breaker_open_secs),
+            (
+                "server.breaker_max_open_secs",
+                self.server.breaker_max_open_secs,
+            ),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::new(k, "must be at least 1"));
+            }
+            if k.ends_with("_secs") && v > MAX_SECS {
+                return Err(ConfigError::new(
+                    k,
+                    format!("must be at most {MAX_SECS} (one year)"),
+                ));
+            }
+        }
+        // The longest open time is at least the first.
+        self.server.breaker_max_open_secs = self
+            .server
+            .breaker_max_open_secs
+            .max(self.server.breaker_open_secs);
         if self.routes.is_empty() {
             return Err(ConfigError::new("routes", "at least one route is required"));
         }
@@ -408,24 +530,81 @@ impl Config {
             if route.model.trim().is_empty() {
                 return Err(ConfigError::new(key("model"), "must not be empty"));
             }
-            validate_upstream_url(route).map_err(|m| ConfigError::new(key("upstream_url"), m))?;
-            match env(&route.api_key_env) {
-                Some(v) if !v.trim().is_empty() => route.api_key = Secret::new(v.trim()),
-                _ => {
+            let listed = !route.upstreams.is_empty();
+            if listed && (!route.upstream_url.is_empty() || !route.api_key_env.is_empty()) {
+                return Err(ConfigError::new(
+                    key("upstreams"),
+                    "use either upstream_url/api_key_env or [[routes.upstreams]], not both",
+                ));
+            }
+            if !listed {
+                if route.upstream_url.is_empty() {
                     return Err(ConfigError::new(
-                        key("api_key_env"),
-                        format!(
-                            "environment variable {} (the upstream key) is not set",
-                            route.api_key_env
-                        ),
-                    ))
+                        key("upstream_url"),
+                        "required (or list [[routes.upstreams]])",
+                    ));
+                }
+                if route.api_key_env.is_empty() {
+                    return Err(ConfigError::new(key("api_key_env"), "required"));
                 }
             }
-            if let Some(ca) = &route.ca_file {
-                if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
-                    return Err(ConfigError::new(key("ca_file"), e.to_string()));
+            let prefix = |j: usize, k: &str| {
+                if listed {
+                    format!("routes[{i}].upstreams[{j}].{k}")
+                } else {
+                    format!("routes[{i}].{k}")
+                }
+            };
+            let mut ups = route.upstream_list();
+            for j in 0..ups.len() {
+                let up = &mut ups[j];
+                if up.name.trim().is_empty() {
+                    return Err(ConfigError::new(prefix(j, "name"), "must not be empty"));
+                }
+                if let Some(p) = up.protocol {
+                    if p != route.protocol {
+                        return Err(ConfigError::new(
+                            prefix(j, "protocol"),
+                            format!(
+                                "route {:?} speaks {:?}; all its upstreams must speak one protocol",
+                                route.model, route.protocol
+                            ),
+                        ));
+                    }
+                }
+                up.protocol = Some(route.protocol);
+                validate_upstream_url(up.provider, &up.upstream_url)
+                    .map_err(|m| ConfigError::new(prefix(j, "upstream_url"), m))?;
+                match env(&up.api_key_env) {
+                    Some(v) if !v.trim().is_empty() => up.api_key = Secret::new(v.trim()),
+                    _ => {
+                        return Err(ConfigError::new(
+                            prefix(j, "api_key_env"),
+                            format!(
+                                "environment variable {} (the upstream key) is not set",
+                                up.api_key_env
+                            ),
+                        ))
+                    }
+                }
+                if let Some(ca) = &up.ca_file {
+                    if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
+                        return Err(ConfigError::new(prefix(j, "ca_file"), e.to_string()));
+                    }
                 }
             }
+            for j in 0..ups.len() {
+                if ups[..j].iter().any(|u| u.name == ups[j].name) {
+                    return Err(ConfigError::new(
+                        prefix(j, "name"),
+                        format!("duplicate upstream name {:?}", ups[j].name),
+                    ));
+                }
+            }
+            if !listed {
+                route.api_key = ups[0].api_key.clone();
+            }
+            route.upstreams = ups;
             if let Some(b) = route.budget_usd {
                 if !(b.is_finite() && b >= 0.0) {
                     return Err(ConfigError::new(key("budget_usd"), "must be a number >= 0"));
@@ -580,15 +759,15 @@ pub fn prices_from_toml(text: &str) -> Result<Vec<PriceRow>, ConfigError> {
     Ok(prices)
 }
 
-fn validate_upstream_url(route: &RouteConfig) -> Result<(), String> {
-    let url = Url::parse(&route.upstream_url).map_err(|e| format!("invalid URL: {e}"))?;
+fn validate_upstream_url(provider: Provider, upstream_url: &str) -> Result<(), String> {
+    let url = Url::parse(upstream_url).map_err(|e| format!("invalid URL: {e}"))?;
     if !matches!(url.scheme(), "ws" | "wss") {
         return Err(format!("scheme must be ws or wss, not {}", url.scheme()));
     }
     if url.host_str().is_none() {
         return Err("URL has no host".into());
     }
-    if route.provider == Provider::Azure
+    if provider == Provider::Azure
         && !url.path().ends_with("/openai/v1/realtime")
         && !url.query_pairs().any(|(k, _)| k == "api-version")
     {
@@ -788,6 +967,8 @@ mod tests {
     fn durations_past_a_year_are_refused_by_name() {
         for (section, key) in [
             ("server", "upgrade_timeout_secs"),
+            ("server", "breaker_open_secs"),
+            ("server", "breaker_max_open_secs"),
             ("pool", "max_idle_secs"),
             ("pool", "warmup_timeout_secs"),
             ("relay", "idle_timeout_secs"),

@@ -6,8 +6,8 @@
 //! `serve`, `demo` and the in-process tests.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -15,11 +15,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::Sessions;
 use crate::auth::{KeySet, KeyStore};
-use crate::config::{Config, RouteConfig};
+use crate::config::{Config, RouteConfig, UpstreamConfig};
 use crate::metering::Metering;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UpstreamLabels};
+use crate::upstream::breaker::Breaker;
 use crate::upstream::dial::Upstream;
 use crate::upstream::pool::{parse_size_file, Pool};
+use crate::upstream::select::{self, Candidate, Selector};
 use crate::{server, watch};
 
 /// How often `[pool] size_file` is re-read.
@@ -29,12 +31,147 @@ pub const KEYS_FILE_POLL: Duration = Duration::from_secs(2);
 /// How often the config file is checked for price edits.
 pub const CONFIG_FILE_POLL: Duration = Duration::from_secs(2);
 
-/// A configured route, ready to dial, with its warm pool.
+/// A configured route, ready to dial, with a warm pool per upstream.
 #[derive(Debug)]
 pub struct Route {
     pub config: RouteConfig,
+    /// The first upstream's dialler and pool: the only ones of a
+    /// single-upstream route.
     pub upstream: Arc<Upstream>,
     pub pool: Arc<Pool>,
+    /// Every upstream, in config order.
+    pub upstreams: Vec<RouteUpstream>,
+    selector: Mutex<Selector>,
+    /// The route's pool size, split across its serving upstreams.
+    pool_size: AtomicUsize,
+    metrics: Arc<Metrics>,
+}
+
+/// One upstream of a route.
+#[derive(Debug)]
+pub struct RouteUpstream {
+    pub config: UpstreamConfig,
+    pub upstream: Arc<Upstream>,
+    pub pool: Arc<Pool>,
+    /// Shared by this upstream's session dials and pool refills.
+    pub breaker: Arc<Mutex<Breaker>>,
+}
+
+impl RouteUpstream {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        self.breaker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a session may dial (or take a warm socket of) this upstream
+    /// now; takes the breaker's probe when its open time is up.
+    pub fn try_dial(&self, now: std::time::Instant) -> bool {
+        self.breaker().allow(now)
+    }
+}
+
+impl Route {
+    /// Several upstreams: failover, weights and circuit breakers apply. A
+    /// single-upstream route dials its upstream for every session, as its
+    /// pool's own backoff already keeps it from being hammered.
+    pub fn balanced(&self) -> bool {
+        self.upstreams.len() > 1
+    }
+
+    /// The order in which one session tries the upstreams (indexes into
+    /// `upstreams`): see `upstream::select`. Empty when every breaker is
+    /// open.
+    pub fn plan(&self, now: std::time::Instant) -> Vec<usize> {
+        if !self.balanced() {
+            return vec![0];
+        }
+        let candidates: Vec<Candidate> = self
+            .upstreams
+            .iter()
+            .map(|u| Candidate {
+                priority: u.config.priority,
+                weight: u.config.weight,
+                available: u.breaker().would_allow(now),
+            })
+            .collect();
+        self.selector
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .plan(&candidates)
+    }
+
+    /// Sets the route's pool size and re-splits it.
+    pub fn set_pool_size(&self, n: usize) {
+        self.pool_size.store(n, Ordering::Release);
+        self.rebalance();
+    }
+
+    pub fn pool_size(&self) -> usize {
+        self.pool_size.load(Ordering::Acquire)
+    }
+
+    /// Splits the pool size across the upstreams that serve now: those of
+    /// the best priority whose breakers are closed, by weight. Every other
+    /// upstream keeps no warm sockets (a lower priority fills only while the
+    /// better ones are open). Also publishes `upstream_circuit_open`.
+    pub fn rebalance(&self) {
+        let size = self.pool_size();
+        if !self.balanced() {
+            self.pool.set_target(size);
+            return;
+        }
+        let open: Vec<bool> = self
+            .upstreams
+            .iter()
+            .map(|u| u.breaker().is_open())
+            .collect();
+        for (u, open) in self.upstreams.iter().zip(&open) {
+            self.metrics
+                .upstream_circuit_open
+                .get_or_create(&UpstreamLabels {
+                    model: self.config.model.clone(),
+                    upstream: u.config.name.clone(),
+                })
+                .set(i64::from(*open));
+        }
+        let best = self
+            .upstreams
+            .iter()
+            .zip(&open)
+            .filter(|(_, open)| !**open)
+            .map(|(u, _)| u.config.priority)
+            .min();
+        let serving: Vec<usize> = (0..self.upstreams.len())
+            .filter(|&i| !open[i] && Some(self.upstreams[i].config.priority) == best)
+            .collect();
+        let weights: Vec<u32> = serving
+            .iter()
+            .map(|&i| self.upstreams[i].config.weight)
+            .collect();
+        let shares = select::split(size, &weights);
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let share = serving
+                .iter()
+                .position(|&s| s == i)
+                .map_or(0, |k| shares[k]);
+            u.pool.set_target(share);
+        }
+    }
+
+    /// Keeps the pool split current with the breakers until `stop`.
+    async fn watch_health(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(crate::upstream::pool::REPLENISH_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => self.rebalance(),
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -81,30 +218,51 @@ impl Gateway {
             .routes
             .iter()
             .map(|r| {
-                let upstream = Upstream::new(r, timeout, config.relay.max_message_bytes).map_err(
-                    |message| StartError::Route {
-                        model: r.model.clone(),
-                        message,
-                    },
-                )?;
-                let upstream = Arc::new(upstream);
-                let pool = Pool::new(
-                    upstream.clone(),
-                    &r.model,
-                    pool_size,
-                    max_idle,
-                    metrics.clone(),
-                );
-                Ok(Arc::new(Route {
+                let err = |message| StartError::Route {
+                    model: r.model.clone(),
+                    message,
+                };
+                let list = r.upstream_list();
+                let several = list.len() > 1;
+                let shares = initial_shares(&list, pool_size);
+                let upstreams = list
+                    .into_iter()
+                    .zip(shares)
+                    .map(|(up, share)| {
+                        let upstream = Arc::new(
+                            Upstream::for_upstream(r, &up, timeout, config.relay.max_message_bytes)
+                                .map_err(err)?,
+                        );
+                        let breaker = Arc::new(Mutex::new(Breaker::new(config.server.breaker())));
+                        let mut pool =
+                            Pool::new(upstream.clone(), &r.model, share, max_idle, metrics.clone());
+                        if several {
+                            pool = pool.with_breaker(&up.name, breaker.clone());
+                        }
+                        Ok(RouteUpstream {
+                            config: up,
+                            upstream,
+                            pool: Arc::new(pool),
+                            breaker,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, StartError>>()?;
+                let route = Route {
                     config: r.clone(),
-                    upstream,
-                    pool: Arc::new(pool),
-                }))
+                    upstream: upstreams[0].upstream.clone(),
+                    pool: upstreams[0].pool.clone(),
+                    selector: Mutex::new(Selector::new(upstreams.len())),
+                    upstreams,
+                    pool_size: AtomicUsize::new(pool_size),
+                    metrics: metrics.clone(),
+                };
+                route.rebalance();
+                Ok(Arc::new(route))
             })
             .collect::<Result<Vec<_>, StartError>>()?;
         let keys = Arc::new(KeyStore::new(load_keys(&config)?));
         let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
-        let ready = routes.iter().all(|r| r.pool.target() == 0);
+        let ready = routes.iter().all(|r| r.pool_size() == 0);
         Ok(Self {
             config,
             routes,
@@ -145,11 +303,11 @@ impl Gateway {
         Ok(permit)
     }
 
-    /// Sets every route's pool target (clamped to `[pool] max_size`).
+    /// Sets every route's pool size (clamped to `[pool] max_size`).
     pub fn set_pool_size(&self, n: usize) {
         let n = n.min(self.config.pool.max_size);
         for r in &self.routes {
-            r.pool.set_target(n);
+            r.set_pool_size(n);
         }
     }
 
@@ -160,6 +318,20 @@ impl Gateway {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire) && !self.sessions.is_draining()
     }
+}
+
+/// Each upstream's first pool target: every breaker starts closed, so the
+/// best priority serves, split by weight (see [`Route::rebalance`]).
+fn initial_shares(list: &[UpstreamConfig], size: usize) -> Vec<usize> {
+    let best = list.iter().map(|u| u.priority).min();
+    let serving: Vec<usize> = (0..list.len())
+        .filter(|&i| Some(list[i].priority) == best)
+        .collect();
+    let weights: Vec<u32> = serving.iter().map(|&i| list[i].weight).collect();
+    let split = select::split(size, &weights);
+    (0..list.len())
+        .map(|i| serving.iter().position(|&s| s == i).map_or(0, |k| split[k]))
+        .collect()
 }
 
 /// The configured size, or the size file's when it is present and valid.
@@ -190,7 +362,7 @@ fn apply_size_file(gw: &Gateway, text: &str) {
     match parse_size_file(text) {
         Ok(n) => {
             let n = n.min(gw.config.pool.max_size);
-            if gw.routes.first().is_some_and(|r| r.pool.target() != n) {
+            if gw.routes.first().is_some_and(|r| r.pool_size() != n) {
                 tracing::info!(size = n, "pool size changed");
                 gw.set_pool_size(n);
             }
@@ -235,7 +407,11 @@ fn apply_prices(gw: &Gateway, text: &str) {
 /// `/readyz` turns ready once every pool first reached its target, or when
 /// the warm-up timeout passes, whichever comes first.
 async fn mark_ready_when_warm(gw: Arc<Gateway>) {
-    let warm = futures_util::future::join_all(gw.routes.iter().map(|r| r.pool.wait_warm()));
+    let warm = futures_util::future::join_all(
+        gw.routes
+            .iter()
+            .flat_map(|r| r.upstreams.iter().map(|u| u.pool.wait_warm())),
+    );
     let timeout = Duration::from_secs(gw.config.pool.warmup_timeout_secs);
     if tokio::time::timeout(timeout, warm).await.is_err() {
         tracing::warn!(
@@ -282,9 +458,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         source,
     })?;
     for route in &gateway.routes {
-        gateway
-            .tasks
-            .spawn(route.pool.clone().replenish(gateway.draining.clone()));
+        for u in &route.upstreams {
+            gateway
+                .tasks
+                .spawn(u.pool.clone().replenish(gateway.draining.clone()));
+        }
+        if route.balanced() {
+            tokio::spawn(route.clone().watch_health(gateway.draining.clone()));
+        }
     }
     let watchers: [Watcher; 3] = [
         (

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 24] = [
+pub const FIELDS: [&str; 25] = [
     "request_id",
     "session_id",
     "key_id",
@@ -30,6 +30,7 @@ pub const FIELDS: [&str; 24] = [
     "model",
     "upstream_model",
     "provider",
+    "upstream",
     "started_at",
     "ended_at",
     "latency_ms",
@@ -60,6 +61,8 @@ pub struct RequestLogRow {
     pub model: String,
     pub upstream_model: String,
     pub provider: String,
+    /// The upstream's `name` (a single-upstream route's model).
+    pub upstream: String,
     /// RFC 3339, UTC, milliseconds.
     pub started_at: String,
     pub ended_at: String,
@@ -98,6 +101,7 @@ impl RequestLogRow {
             ("model", self.model.clone()),
             ("upstream_model", self.upstream_model.clone()),
             ("provider", self.provider.clone()),
+            ("upstream", self.upstream.clone()),
             ("started_at", self.started_at.clone()),
             ("ended_at", self.ended_at.clone()),
             ("latency_ms", n(self.latency_ms)),
@@ -186,6 +190,7 @@ mod tests {
             model: "gpt-realtime".into(),
             upstream_model: "gpt-realtime-2025-08-28".into(),
             provider: "openai".into(),
+            upstream: "gpt-realtime".into(),
             started_at: "2025-01-01T00:00:00.000Z".into(),
             ended_at: "2025-01-01T00:00:01.250Z".into(),
             latency_ms: 1250,

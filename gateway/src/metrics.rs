@@ -25,7 +25,22 @@ pub struct OutcomeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub model: String,
+    pub upstream: String,
     pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    pub model: String,
+    pub upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailoverLabels {
+    pub model: String,
+    pub from: String,
+    pub to: String,
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -63,7 +78,9 @@ pub struct Metrics {
     pub session_setup_seconds: HistogramFamily,
     pub pool_hits: Family<ModelLabel, Counter>,
     pub pool_misses: Family<ReasonLabels, Counter>,
-    pub pool_warm_sockets: Family<ModelLabel, Gauge>,
+    pub pool_warm_sockets: Family<UpstreamLabels, Gauge>,
+    pub upstream_failovers: Family<FailoverLabels, Counter>,
+    pub upstream_circuit_open: Family<UpstreamLabels, Gauge>,
     pub pool_dials: Family<ResultLabels, Counter>,
     pub refusals: Family<ReasonLabels, Counter>,
     pub turns: Family<StatusLabels, Counter>,
@@ -99,6 +116,8 @@ impl Metrics {
             pool_hits: Family::default(),
             pool_misses: Family::default(),
             pool_warm_sockets: Family::default(),
+            upstream_failovers: Family::default(),
+            upstream_circuit_open: Family::default(),
             pool_dials: Family::default(),
             refusals: Family::default(),
             turns: Family::default(),
@@ -147,7 +166,21 @@ impl Metrics {
             "Warm upstream sockets waiting",
             m.pool_warm_sockets.clone(),
         );
-        r.register("pool_dials", "Pool dials, by result", m.pool_dials.clone());
+        r.register(
+            "pool_dials",
+            "Pool dials, by upstream and result",
+            m.pool_dials.clone(),
+        );
+        r.register(
+            "upstream_failovers",
+            "Session set-ups moved to another upstream after a failed dial",
+            m.upstream_failovers.clone(),
+        );
+        r.register(
+            "upstream_circuit_open",
+            "1 while an upstream's circuit breaker is open (no dials go to it)",
+            m.upstream_circuit_open.clone(),
+        );
         r.register(
             "admission_refusals",
             "Upgrades refused before any upstream dial, by reason",

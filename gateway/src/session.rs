@@ -29,9 +29,10 @@ use crate::auth::KeyEntry;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
 use crate::metering::{EndReason, SessionMeta};
-use crate::metrics::{model, OutcomeLabels};
+use crate::metrics::{model, FailoverLabels, OutcomeLabels};
 use crate::relay::{self, Kill, Limits, Tap};
 use crate::upstream::dial::{DialError, Warm};
+use crate::upstream::failover;
 
 /// Client frames held while the upstream is dialled; past either bound the
 /// client is not read until the upstream is ready (TCP pushes back), so a
@@ -75,51 +76,113 @@ impl Session {
         let mut pending_bytes = 0usize;
         let shutdown = gw.shutdown.clone();
         let label = model(&self.route.config.model);
-        let pooled = if self.params.is_empty() {
-            self.route.pool.take().ok()
+        let route = self.route.clone();
+        let balanced = route.balanced();
+        let max_failovers = if balanced {
+            gw.config.server.max_failovers
         } else {
-            None
+            0
         };
-        let warm = match pooled {
-            Some(w) => Ok(w),
-            None => {
-                let dial_started = Instant::now();
-                let dial = self.route.upstream.dial_with(&self.params);
-                tokio::pin!(dial);
-                let result = loop {
-                    tokio::select! {
-                        r = &mut dial => break r,
-                        msg = client.next(), if pending.len() < MAX_PENDING_FRAMES && pending_bytes < MAX_PENDING_BYTES => match msg {
-                            Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => {
-                                pending_bytes += m.len();
-                                pending.push(m);
-                            }
-                            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
-                                let _ = client.close(None).await;
-                                self.log_end("client_left_before_session", None, None, None);
+        // Candidates in order (see `upstream::select`); each gets its own
+        // dial deadline, and a retryable failure moves on to the next.
+        let mut attempts = 0;
+        let mut last: Option<(usize, DialError)> = None;
+        let mut chosen: Option<(usize, Warm)> = None;
+        for idx in route.plan(std::time::Instant::now()) {
+            if attempts > max_failovers {
+                break;
+            }
+            let up = &route.upstreams[idx];
+            if balanced && !up.try_dial(std::time::Instant::now()) {
+                // Its breaker's probe went to another session meanwhile.
+                continue;
+            }
+            attempts += 1;
+            if let Some((from, e)) = &last {
+                gw.metrics
+                    .upstream_failovers
+                    .get_or_create(&FailoverLabels {
+                        model: route.config.model.clone(),
+                        from: route.upstreams[*from].name().to_string(),
+                        to: up.name().to_string(),
+                        reason: failover::reason(e).into(),
+                    })
+                    .inc();
+            }
+            let pooled = if self.params.is_empty() {
+                up.pool.take().ok()
+            } else {
+                None
+            };
+            let result = match pooled {
+                Some(w) => Ok(w),
+                None => {
+                    let dial_started = Instant::now();
+                    let dial = up.upstream.dial_with(&self.params);
+                    tokio::pin!(dial);
+                    let result = loop {
+                        tokio::select! {
+                            r = &mut dial => break r,
+                            msg = client.next(), if pending.len() < MAX_PENDING_FRAMES && pending_bytes < MAX_PENDING_BYTES => match msg {
+                                Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => {
+                                    pending_bytes += m.len();
+                                    pending.push(m);
+                                }
+                                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                                    let _ = client.close(None).await;
+                                    self.log_end("client_left_before_session", None, None, None);
+                                    return;
+                                }
+                                Some(Ok(_)) => {}
+                            },
+                            _ = shutdown.cancelled() => {
+                                let _ = client.send(Message::Close(Some(relay::close(1001, "server shutting down")))).await;
+                                self.log_end("shutdown", Some(1001), None, None);
                                 return;
                             }
-                            Some(Ok(_)) => {}
-                        },
-                        _ = shutdown.cancelled() => {
-                            let _ = client.send(Message::Close(Some(relay::close(1001, "server shutting down")))).await;
-                            self.log_end("shutdown", Some(1001), None, None);
-                            return;
                         }
+                    };
+                    gw.metrics
+                        .upstream_dial_seconds
+                        .get_or_create(&label)
+                        .observe(dial_started.elapsed().as_secs_f64());
+                    if balanced && failover::report(&up.breaker, &result, std::time::Instant::now())
+                    {
+                        tracing::warn!(model = %route.config.model, upstream = %up.name(),
+                            "upstream circuit opened: no dials go to it until a probe succeeds");
+                        route.rebalance();
                     }
-                };
-                gw.metrics
-                    .upstream_dial_seconds
-                    .get_or_create(&label)
-                    .observe(dial_started.elapsed().as_secs_f64());
-                result
+                    result
+                }
+            };
+            match result {
+                Ok(w) => {
+                    chosen = Some((idx, w));
+                    break;
+                }
+                Err(e) => {
+                    let verdict = failover::classify(&e);
+                    if verdict == failover::Verdict::Trip {
+                        tracing::error!(model = %route.config.model, upstream = %up.name(), error = %e,
+                            "upstream refused the gateway's key: check the upstream key");
+                    }
+                    tracing::warn!(session_id = %self.id, model = %route.config.model,
+                        upstream = %up.name(), error = %e, "upstream dial failed");
+                    last = Some((idx, e));
+                    if verdict == failover::Verdict::Final {
+                        break;
+                    }
+                }
             }
+        }
+        let warm = match chosen {
+            Some(c) => Ok(c),
+            None => Err(last.map_or(DialError::CircuitOpen, |(_, e)| e)),
         };
-        let warm: Warm = match warm {
-            Ok(w) => w,
+        let (chosen, warm): (usize, Warm) = match warm {
+            Ok(c) => c,
             Err(e) => {
                 let (event, code) = dial_error_to_client(&e);
-                tracing::warn!(session_id = %self.id, model = %self.route.config.model, error = %e, "upstream dial failed");
                 let _ = client.feed(Message::text(event)).await;
                 let _ = client
                     .send(Message::Close(Some(relay::close(
@@ -153,11 +216,10 @@ impl Session {
             idle_timeout: Duration::from_secs(gw.config.relay.idle_timeout_secs),
             deadline,
         };
-        let (mut tracker, meter, metering_kill) = gw.metering.start_session(SessionMeta::new(
-            self.id.clone(),
-            &self.key,
-            &self.route.config,
-        ));
+        let upstream = &route.upstreams[chosen];
+        let meta = SessionMeta::new(self.id.clone(), &self.key, &route.config)
+            .on_upstream(&upstream.config, &route.config);
+        let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
         gw.tasks.spawn(meter.run());
         tracker.on_upstream_text(&warm.session_created);
         let kill = async move {
@@ -237,6 +299,10 @@ pub fn dial_error_to_client(e: &DialError) -> (String, u16) {
         }
         DialError::Timeout { .. } => (
             error_event("server_error", "upstream_timeout", &e.client_message()),
+            TRY_AGAIN_LATER,
+        ),
+        DialError::CircuitOpen => (
+            error_event("server_error", "upstream_unavailable", &e.client_message()),
             TRY_AGAIN_LATER,
         ),
         _ => (

@@ -348,6 +348,7 @@ pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> P
         model: row_model.to_string(),
         upstream_model: upstream_model.to_string(),
         provider: meta.provider.to_string(),
+        upstream: meta.upstream.clone(),
         started_at: rfc3339(rec.started_at),
         ended_at: rfc3339(rec.ended_at),
         latency_ms: rec.latency.as_millis() as u64,

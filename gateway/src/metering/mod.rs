@@ -52,7 +52,7 @@ use tokio::sync::{mpsc, watch};
 use crate::admission::Refusal;
 use crate::auth::{KeyEntry, KeyStore, TeamEntry};
 use crate::config::{
-    BudgetPeriod, Config, MeteringConfig, PriceRow, Provider, RouteConfig, Unpriced,
+    BudgetPeriod, Config, MeteringConfig, PriceRow, Provider, RouteConfig, Unpriced, UpstreamConfig,
 };
 use crate::logs::RequestLog;
 use crate::metrics::{model, Metrics};
@@ -125,6 +125,8 @@ pub struct SessionMeta {
     pub model: String,
     pub upstream_model: String,
     pub provider: &'static str,
+    /// The upstream's name (a single-upstream route's model).
+    pub upstream: String,
     pub route_budget: Option<(f64, BudgetPeriod)>,
 }
 
@@ -136,12 +138,25 @@ impl SessionMeta {
             team: key.team.clone(),
             model: route.model.clone(),
             upstream_model: route.upstream_model().to_string(),
-            provider: match route.provider {
-                Provider::Openai => "openai",
-                Provider::Azure => "azure",
-            },
+            provider: provider_name(route.provider),
+            upstream: route.model.clone(),
             route_budget: route.budget_usd.map(|b| (b, route.budget_period)),
         }
+    }
+
+    /// The session runs on `up`, one of the route's upstreams.
+    pub fn on_upstream(mut self, up: &UpstreamConfig, route: &RouteConfig) -> Self {
+        self.upstream_model = up.upstream_model(route).to_string();
+        self.provider = provider_name(up.provider);
+        self.upstream = up.name.clone();
+        self
+    }
+}
+
+fn provider_name(p: Provider) -> &'static str {
+    match p {
+        Provider::Openai => "openai",
+        Provider::Azure => "azure",
     }
 }
 

@@ -30,7 +30,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::either::Either;
 use url::Url;
 
-use crate::config::{Protocol, Provider, RouteConfig};
+use crate::config::{Protocol, Provider, RouteConfig, UpstreamConfig};
 use crate::event::event_type;
 use crate::upstream::tls;
 
@@ -107,6 +107,9 @@ pub enum DialError {
     },
     #[error("upstream closed before session.created (code {code:?})")]
     ClosedEarly { code: Option<u16> },
+    /// Every upstream of the route has its circuit breaker open.
+    #[error("every upstream of this route is failing; try again later")]
+    CircuitOpen,
 }
 
 fn body_suffix(body: &str) -> String {
@@ -139,6 +142,7 @@ impl DialError {
             DialError::Timeout { .. } => "timeout",
             DialError::Refused { .. } => "refused",
             DialError::FirstEvent { .. } | DialError::ClosedEarly { .. } => "bad_first_event",
+            DialError::CircuitOpen => "circuit_open",
         }
     }
 }
@@ -165,13 +169,29 @@ impl fmt::Debug for Upstream {
 }
 
 impl Upstream {
+    /// The route's first upstream (single-upstream routes).
     pub fn new(
         route: &RouteConfig,
         timeout: Duration,
         max_message_bytes: usize,
     ) -> Result<Self, String> {
-        let url = upstream_url(route)?;
-        let headers = upstream_headers(route)?;
+        let up = route
+            .upstream_list()
+            .into_iter()
+            .next()
+            .ok_or("the route has no upstream")?;
+        Self::for_upstream(route, &up, timeout, max_message_bytes)
+    }
+
+    /// One of the route's upstreams.
+    pub fn for_upstream(
+        route: &RouteConfig,
+        up: &UpstreamConfig,
+        timeout: Duration,
+        max_message_bytes: usize,
+    ) -> Result<Self, String> {
+        let url = upstream_url(up, up.upstream_model(route))?;
+        let headers = upstream_headers(up, route.protocol)?;
         let host = url
             .host_str()
             .ok_or("upstream URL has no host")?
@@ -180,7 +200,7 @@ impl Upstream {
             .port_or_known_default()
             .ok_or("upstream URL has no port")?;
         let tls = if url.scheme() == "wss" {
-            let config = tls::client_config(route.ca_file.as_deref()).map_err(|e| e.to_string())?;
+            let config = tls::client_config(up.ca_file.as_deref()).map_err(|e| e.to_string())?;
             let name = rustls_pki_types::ServerName::try_from(host.clone())
                 .map_err(|e| format!("invalid TLS server name {host}: {e}"))?;
             Some((TlsConnector::from(config), name))
@@ -355,10 +375,9 @@ async fn read_session_created(
 
 /// The upstream URL with the model (OpenAI, Azure GA) or deployment (Azure
 /// preview) in the query; other query parameters (`api-version`) are kept.
-pub fn upstream_url(route: &RouteConfig) -> Result<Url, String> {
-    let mut url =
-        Url::parse(&route.upstream_url).map_err(|e| format!("invalid upstream_url: {e}"))?;
-    let param = match route.provider {
+pub fn upstream_url(up: &UpstreamConfig, upstream_model: &str) -> Result<Url, String> {
+    let mut url = Url::parse(&up.upstream_url).map_err(|e| format!("invalid upstream_url: {e}"))?;
+    let param = match up.provider {
         Provider::Azure if !url.path().ends_with("/openai/v1/realtime") => "deployment",
         _ => "model",
     };
@@ -370,14 +389,17 @@ pub fn upstream_url(route: &RouteConfig) -> Result<Url, String> {
     url.query_pairs_mut()
         .clear()
         .extend_pairs(kept)
-        .append_pair(param, route.upstream_model());
+        .append_pair(param, upstream_model);
     Ok(url)
 }
 
 /// Authentication and protocol headers for the upstream request.
-pub fn upstream_headers(route: &RouteConfig) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
-    let key = route.api_key.expose();
-    let (name, value) = match route.provider {
+pub fn upstream_headers(
+    up: &UpstreamConfig,
+    protocol: Protocol,
+) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    let key = up.api_key.expose();
+    let (name, value) = match up.provider {
         Provider::Openai => (http::header::AUTHORIZATION, format!("Bearer {key}")),
         Provider::Azure => (HeaderName::from_static("api-key"), key.to_string()),
     };
@@ -385,7 +407,7 @@ pub fn upstream_headers(route: &RouteConfig) -> Result<Vec<(HeaderName, HeaderVa
         .map_err(|_| "the upstream key holds characters not allowed in a header".to_string())?;
     value.set_sensitive(true);
     let mut headers = vec![(name, value)];
-    if route.protocol == Protocol::Beta {
+    if protocol == Protocol::Beta {
         headers.push((
             HeaderName::from_static("openai-beta"),
             HeaderValue::from_static("realtime=v1"),
@@ -402,6 +424,15 @@ pub fn upstream_headers(route: &RouteConfig) -> Result<Vec<(HeaderName, HeaderVa
 mod tests {
     use super::*;
     use crate::secret::Secret;
+
+    fn url_of(r: &RouteConfig) -> Url {
+        let up = &r.upstream_list()[0];
+        upstream_url(up, up.upstream_model(r)).unwrap()
+    }
+
+    fn headers_of(r: &RouteConfig) -> Vec<(HeaderName, HeaderValue)> {
+        upstream_headers(&r.upstream_list()[0], r.protocol).unwrap()
+    }
 
     fn route(provider: Provider, url: &str, protocol: Protocol) -> RouteConfig {
         RouteConfig {
@@ -423,10 +454,10 @@ mod tests {
             Protocol::Ga,
         );
         assert_eq!(
-            upstream_url(&r).unwrap().as_str(),
+            url_of(&r).as_str(),
             "wss://api.openai.com/v1/realtime?model=dep-1"
         );
-        let h = upstream_headers(&r).unwrap();
+        let h = headers_of(&r);
         assert_eq!(h[0].0, http::header::AUTHORIZATION);
         assert_eq!(h[0].1, "Bearer sk-up");
         assert!(h[0].1.is_sensitive());
@@ -440,7 +471,7 @@ mod tests {
             "wss://api.openai.com/v1/realtime",
             Protocol::Beta,
         );
-        let h = upstream_headers(&r).unwrap();
+        let h = headers_of(&r);
         assert!(h
             .iter()
             .any(|(n, v)| n == "openai-beta" && v == "realtime=v1"));
@@ -454,10 +485,10 @@ mod tests {
             Protocol::Beta,
         );
         assert_eq!(
-            upstream_url(&r).unwrap().as_str(),
+            url_of(&r).as_str(),
             "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview&deployment=dep-1"
         );
-        let h = upstream_headers(&r).unwrap();
+        let h = headers_of(&r);
         assert_eq!(h[0].0, "api-key");
         assert_eq!(h[0].1, "sk-up");
         assert!(!h.iter().any(|(n, _)| n == http::header::AUTHORIZATION));
@@ -471,7 +502,7 @@ mod tests {
             Protocol::Ga,
         );
         assert_eq!(
-            upstream_url(&r).unwrap().as_str(),
+            url_of(&r).as_str(),
             "wss://res.openai.azure.com/openai/v1/realtime?model=dep-1"
         );
     }
@@ -518,7 +549,7 @@ mod tests {
         );
         let u = Upstream::new(&r, Duration::from_secs(1), 1 << 20).unwrap();
         assert!(!format!("{u:?}").contains("sk-up"));
-        let h = upstream_headers(&r).unwrap();
+        let h = headers_of(&r);
         assert!(!format!("{h:?}").contains("sk-up"));
     }
 }

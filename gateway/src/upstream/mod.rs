@@ -3,6 +3,7 @@
 
 pub mod breaker;
 pub mod dial;
+pub mod failover;
 pub mod pool;
 pub mod select;
 pub mod tls;

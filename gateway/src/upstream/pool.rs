@@ -26,8 +26,11 @@
 //! one pass of dials per backoff period instead of hammering the upstream,
 //! and no new dial starts while backing off.
 //!
-//! One pool per route: a route is exactly one (model, upstream key, upstream
-//! URL) triple, which is what must not be mixed between clients.
+//! One pool per upstream of a route: an upstream is exactly one (model,
+//! upstream key, upstream URL) triple, which is what must not be mixed
+//! between clients. With a circuit breaker ([`Pool::with_breaker`]) every
+//! pool dial reports to it and no dial starts while it is open (one refill
+//! dial may be its probe).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -43,7 +46,8 @@ use tokio::time::MissedTickBehavior;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{model, Metrics, ReasonLabels, ResultLabels};
+use crate::metrics::{model, Metrics, ReasonLabels, ResultLabels, UpstreamLabels};
+use crate::upstream::breaker::Breaker;
 use crate::upstream::dial::{DialError, Upstream, Warm};
 
 pub const REPLENISH_TICK: Duration = Duration::from_millis(250);
@@ -81,6 +85,9 @@ enum Health {
 pub struct Pool {
     upstream: Arc<Upstream>,
     model: String,
+    /// The upstream's name (its route's model for single-upstream routes).
+    name: String,
+    breaker: Option<Arc<Mutex<Breaker>>>,
     max_idle: Duration,
     /// Freshest at the back.
     warm: Mutex<VecDeque<Warm>>,
@@ -117,11 +124,16 @@ impl Pool {
     ) -> Self {
         let gauge = metrics
             .pool_warm_sockets
-            .get_or_create(&model(model_name))
+            .get_or_create(&UpstreamLabels {
+                model: model_name.to_string(),
+                upstream: model_name.to_string(),
+            })
             .clone();
         Self {
             upstream,
             model: model_name.to_string(),
+            name: model_name.to_string(),
+            breaker: None,
             max_idle,
             warm: Mutex::new(VecDeque::new()),
             target: AtomicUsize::new(target),
@@ -133,6 +145,34 @@ impl Pool {
             gauge,
             tick: REPLENISH_TICK,
             backoff_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The pool of upstream `name` of a route with several, sharing that
+    /// upstream's circuit breaker.
+    pub fn with_breaker(mut self, name: &str, breaker: Arc<Mutex<Breaker>>) -> Self {
+        self.gauge = self
+            .metrics
+            .pool_warm_sockets
+            .get_or_create(&UpstreamLabels {
+                model: self.model.clone(),
+                upstream: name.to_string(),
+            })
+            .clone();
+        self.name = name.to_string();
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// Whether the breaker lets a refill dial go now (takes the probe when
+    /// the open time is up).
+    fn breaker_allows(&self) -> bool {
+        match &self.breaker {
+            Some(b) => b
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .allow(Instant::now()),
+            None => true,
         }
     }
 
@@ -295,10 +335,14 @@ impl Pool {
             Ok(_) => "ok",
             Err(e) => e.result_label(),
         };
+        if let Some(b) = &self.breaker {
+            crate::upstream::failover::report(b, &result, Instant::now());
+        }
         self.metrics
             .pool_dials
             .get_or_create(&ResultLabels {
                 model: self.model.clone(),
+                upstream: self.name.clone(),
                 result: label.into(),
             })
             .inc();
@@ -362,6 +406,9 @@ impl Pool {
             let missing = self.target().saturating_sub(have);
             let room = MAX_DIALS_IN_FLIGHT.saturating_sub(dials.len());
             for _ in 0..missing.min(room) {
+                if !self.breaker_allows() {
+                    break;
+                }
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
                 let pool = self.clone();
                 dials.spawn(async move { (generation, pool.dial().await) });
@@ -577,6 +624,7 @@ mod tests {
             .pool_dials
             .get_or_create(&ResultLabels {
                 model: "m".into(),
+                upstream: "m".into(),
                 result: "bad_first_event".into(),
             })
             .get();

@@ -1,0 +1,208 @@
+//! What a failed dial means for the session and for the upstream's health.
+//!
+//! - **retry** (connect error, TLS or handshake failure, timeout, a close
+//!   before `session.created`, HTTP 429 or 5xx, a first `error` event of type
+//!   `server_error` or code `rate_limit_exceeded`): the upstream's breaker
+//!   counts a failure and the session tries the next candidate;
+//! - **trip** (HTTP 401/403: the upstream refuses *our* key): no retry will
+//!   fix it, so the breaker opens at once, an alert is logged, and the
+//!   session tries the next candidate;
+//! - **final** (any other refusal, such as a 400 for a bad request, or a
+//!   first `error` event of another kind): the next upstream would say the
+//!   same; the client gets the error and the breaker is left alone.
+//!
+//! A session's set-up is bounded by `(1 + max_failovers) ×
+//! upgrade_timeout_secs`: each candidate has its own dial deadline.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::upstream::breaker::Breaker;
+use crate::upstream::dial::{DialError, Warm};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Retry,
+    Trip,
+    Final,
+}
+
+pub fn classify(e: &DialError) -> Verdict {
+    match e {
+        DialError::Connect { .. }
+        | DialError::Timeout { .. }
+        | DialError::Tls { .. }
+        | DialError::Handshake { .. }
+        | DialError::ClosedEarly { .. } => Verdict::Retry,
+        DialError::Refused { status, .. } => match status {
+            401 | 403 => Verdict::Trip,
+            429 => Verdict::Retry,
+            s if *s >= 500 => Verdict::Retry,
+            _ => Verdict::Final,
+        },
+        DialError::FirstEvent { frame, .. } => match frame.as_deref().map(error_kind) {
+            Some((Some("server_error"), _)) | Some((_, Some("rate_limit_exceeded"))) => {
+                Verdict::Retry
+            }
+            _ => Verdict::Final,
+        },
+        DialError::CircuitOpen => Verdict::Final,
+    }
+}
+
+/// The failover counter's `reason` label.
+pub fn reason(e: &DialError) -> &'static str {
+    match e {
+        DialError::Refused { status: 429, .. } => "rate_limited",
+        DialError::Refused {
+            status: 401 | 403, ..
+        } => "auth",
+        DialError::Refused { status, .. } if *status >= 500 => "server_error",
+        DialError::Refused { .. } => "refused",
+        DialError::Timeout { .. } => "timeout",
+        DialError::FirstEvent { .. } => "error_event",
+        DialError::Connect { .. }
+        | DialError::Tls { .. }
+        | DialError::Handshake { .. }
+        | DialError::ClosedEarly { .. } => "unreachable",
+        DialError::CircuitOpen => "circuit_open",
+    }
+}
+
+/// `error.type` and `error.code` of an `error` event.
+fn error_kind(frame: &str) -> (Option<&str>, Option<&str>) {
+    #[derive(serde::Deserialize)]
+    struct Event<'a> {
+        #[serde(borrow)]
+        error: Option<Inner<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inner<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<&'a str>,
+        #[serde(borrow)]
+        code: Option<&'a str>,
+    }
+    match serde_json::from_str::<Event>(frame) {
+        Ok(Event {
+            error: Some(Inner { kind, code }),
+        }) => (kind, code),
+        _ => (None, None),
+    }
+}
+
+/// Reports a dial's result to the upstream's breaker. Returns true when this
+/// report opened it.
+pub fn report(breaker: &Mutex<Breaker>, result: &Result<Warm, DialError>, now: Instant) -> bool {
+    let mut b = breaker.lock().unwrap_or_else(|p| p.into_inner());
+    match result {
+        Ok(_) => {
+            b.success();
+            false
+        }
+        Err(e) => match classify(e) {
+            Verdict::Retry => b.failure(now),
+            Verdict::Trip => b.trip(now),
+            Verdict::Final => false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(status: u16) -> DialError {
+        DialError::Refused {
+            status,
+            retry_after: None,
+            body: String::new(),
+        }
+    }
+
+    fn first(event: &str) -> DialError {
+        DialError::FirstEvent {
+            event_type: Some("error".into()),
+            frame: Some(event.to_string().into()),
+        }
+    }
+
+    #[test]
+    fn every_cause_is_retried_tripped_or_final_as_documented() {
+        let cases = [
+            (refused(429), Verdict::Retry, "rate_limited"),
+            (refused(500), Verdict::Retry, "server_error"),
+            (refused(503), Verdict::Retry, "server_error"),
+            (refused(401), Verdict::Trip, "auth"),
+            (refused(403), Verdict::Trip, "auth"),
+            (refused(400), Verdict::Final, "refused"),
+            (refused(404), Verdict::Final, "refused"),
+            (
+                DialError::Timeout { phase: "upgrade" },
+                Verdict::Retry,
+                "timeout",
+            ),
+            (
+                DialError::Connect {
+                    authority: "x:1".into(),
+                    source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+                },
+                Verdict::Retry,
+                "unreachable",
+            ),
+            (
+                DialError::ClosedEarly { code: Some(1011) },
+                Verdict::Retry,
+                "unreachable",
+            ),
+            (
+                first(
+                    r#"{"type":"error","error":{"type":"server_error","code":null,"message":"x"}}"#,
+                ),
+                Verdict::Retry,
+                "error_event",
+            ),
+            (
+                first(
+                    r#"{"type":"error","error":{"type":"requests","code":"rate_limit_exceeded"}}"#,
+                ),
+                Verdict::Retry,
+                "error_event",
+            ),
+            (
+                first(r#"{"type":"error","error":{"type":"invalid_request_error","code":"x"}}"#),
+                Verdict::Final,
+                "error_event",
+            ),
+            (
+                DialError::FirstEvent {
+                    event_type: None,
+                    frame: None,
+                },
+                Verdict::Final,
+                "error_event",
+            ),
+        ];
+        for (e, verdict, label) in cases {
+            assert_eq!((classify(&e), reason(&e)), (verdict, label), "{e}");
+        }
+    }
+
+    #[test]
+    fn reports_move_the_breaker() {
+        use crate::upstream::breaker::BreakerConfig;
+        let b = Mutex::new(Breaker::new(BreakerConfig {
+            failures_to_open: 2,
+            ..BreakerConfig::default()
+        }));
+        let now = Instant::now();
+        assert!(!report(&b, &Err(refused(400)), now), "final: untouched");
+        assert!(!report(&b, &Err(refused(429)), now));
+        assert!(report(&b, &Err(refused(500)), now), "second failure opens");
+        let b = Mutex::new(Breaker::new(BreakerConfig::default()));
+        assert!(
+            report(&b, &Err(refused(401)), now),
+            "our key refused: at once"
+        );
+    }
+}
