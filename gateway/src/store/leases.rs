@@ -300,6 +300,9 @@ impl Leases {
     pub async fn adopt(&self, key_id: &str, lease_id: &str, now: SystemTime) -> Lease {
         let lease = self.hold(key_id, lease_id);
         let batch = vec![(key_id.to_string(), vec![lease_id.to_string()])];
+        // Under the write lock like a renewal: a removal of this lease
+        // queued meanwhile must land after this write, not before it.
+        let _writes = self.inner.writes.lock().await;
         if let Err(e) = self.run("lease adopt", &self.renewal(&batch, now)).await {
             self.store_error(&e, "lease adopt");
         }
