@@ -568,6 +568,47 @@ mod tests {
         );
     }
 
+    fn words(pipe: &Pipeline) -> Vec<Vec<String>> {
+        pipe.cmd_iter()
+            .map(|c| {
+                c.args_iter()
+                    .map(|a| match a {
+                        redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                        _ => "<cursor>".into(),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_renewal_is_one_zadd_and_one_pexpire_per_key_however_many_sessions() {
+        // Lazy connection: nothing is dialled, only the pipeline is built.
+        let l = Leases::new("redis://127.0.0.1:1", "p:", Arc::new(Metrics::new())).unwrap();
+        let mut held: Vec<Lease> = (0..50).map(|i| l.hold("a", &format!("s{i:02}"))).collect();
+        held.push(l.hold("b", "x"));
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        let batches = renewal_batches(&l.lock().live);
+        let cmds = words(&l.renewal(&batches, now));
+        assert_eq!(cmds.len(), 4, "two keys, two commands each");
+        let expiry = expiry_ms(now, LEASE_TTL).to_string();
+        assert_eq!(cmds[0][..2], ["ZADD", "p:sessions:a"]);
+        assert_eq!(cmds[0].len(), 2 + 2 * 50);
+        assert!(cmds[0][2..].chunks(2).all(|pair| pair[0] == expiry));
+        assert_eq!(cmds[1], ["PEXPIRE", "p:sessions:a", "30000"]);
+        assert_eq!(cmds[2], ["ZADD", "p:sessions:b", &expiry, "x"]);
+        assert_eq!(cmds[3], ["PEXPIRE", "p:sessions:b", "30000"]);
+        // Ended leases leave the renewal and queue one ZREM per key.
+        held.truncate(1);
+        assert_eq!(l.held("a"), 1);
+        assert_eq!(l.held("b"), 0);
+        let queued: Vec<Ended> = l.lock().ended.iter().cloned().collect();
+        let removals = removal_batches(&queued, &l.lock().live, Instant::now());
+        assert_eq!(removals.len(), 2);
+        assert_eq!(removals["a"].len(), 49);
+        assert_eq!(removals["b"], ["x"]);
+    }
+
     fn redis_url() -> Option<String> {
         match std::env::var("PATCHBAY_TEST_REDIS_URL") {
             Ok(u) if !u.is_empty() => Some(u),

@@ -179,6 +179,32 @@ async fn a_killed_gateways_sessions_free_their_slots_within_the_lease_ttl() {
     assert_eq!(lease_count(&url, &key.id).await, 2);
 }
 
+#[tokio::test]
+async fn a_drained_gateway_frees_its_slots_at_once() {
+    let Some(url) = redis_url("fleet drain") else {
+        return;
+    };
+    let sim = sim(SimConfig::default()).await;
+    let key = capped_key(2);
+    let mut leaving = Child::start(
+        &sim.url(false),
+        &fleet_extra(&key, REDIS_ENV),
+        &[(REDIS_ENV, &url)],
+    )
+    .await;
+    let _a = open_with(leaving.addr, &key.secret).await.unwrap();
+    let _b = open_with(leaving.addr, &key.secret).await.unwrap();
+    assert_eq!(lease_count(&url, &key.id).await, 2);
+    leaving.sigterm();
+    let (code, _) = leaving.wait_exit(WAIT).await;
+    assert_eq!(code, Some(0), "{}", leaving.logs());
+    // Not after the lease TTL: the drain removed them before exiting.
+    assert_eq!(lease_count(&url, &key.id).await, 0);
+    let other = fleet_gateway(&sim, &key).await;
+    let _c = open_with(other.addr, &key.secret).await.unwrap();
+    let _d = open_with(other.addr, &key.secret).await.unwrap();
+}
+
 /// A `redis-server` of this test's own on 127.0.0.1, stopped on drop.
 struct OwnRedis(std::process::Child);
 
