@@ -173,6 +173,12 @@ impl Permit {
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_ref()
     }
+
+    /// Takes the lease out (to [`Lease::hand_off`] it to another gateway);
+    /// the permit's process counters are unaffected.
+    pub fn take_lease(&mut self) -> Option<Lease> {
+        self.lease.take()
+    }
 }
 
 /// Whether a capped key may open one more session when the fleet count is
