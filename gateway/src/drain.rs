@@ -70,4 +70,11 @@ pub async fn drain(gw: &Gateway) {
     } else {
         tracing::info!("drained");
     }
+    // The sessions just closed free their fleet slots now rather than when
+    // their leases expire (bounded by the store's call timeout).
+    if let Some(leases) = &gw.leases {
+        if let Err(e) = leases.send_removals(std::time::Instant::now()).await {
+            tracing::warn!(error = %e, "could not release session leases; they expire on their own");
+        }
+    }
 }

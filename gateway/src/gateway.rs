@@ -13,11 +13,12 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Sessions;
-use crate::auth::{KeySet, KeyStore};
+use crate::admission::{fallback_admits, Permit, Refusal, Sessions};
+use crate::auth::{model_allowed, KeyEntry, KeySet, KeyStore};
 use crate::config::{Config, RouteConfig};
 use crate::metering::Metering;
 use crate::metrics::Metrics;
+use crate::store::leases::{Acquire, Lease, Leases};
 use crate::upstream::dial::Upstream;
 use crate::upstream::pool::{parse_size_file, Pool};
 use crate::{server, watch};
@@ -45,6 +46,8 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     pub metering: Metering,
     pub sessions: Arc<Sessions>,
+    /// Fleet-wide session leases for capped keys (Redis configured).
+    pub leases: Option<Leases>,
     /// Cancelled when live sessions must close (at once in `close` mode,
     /// after the linger in `linger` mode).
     pub shutdown: CancellationToken,
@@ -104,6 +107,14 @@ impl Gateway {
             .collect::<Result<Vec<_>, StartError>>()?;
         let keys = Arc::new(KeyStore::new(load_keys(&config)?));
         let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
+        let leases = match &config.store.redis_url {
+            Some(url) => Some(Leases::new(
+                url.expose(),
+                crate::store::DEFAULT_PREFIX,
+                metrics.clone(),
+            )?),
+            None => None,
+        };
         let ready = routes.iter().all(|r| r.pool.target() == 0);
         Ok(Self {
             config,
@@ -112,6 +123,7 @@ impl Gateway {
             metrics,
             metering,
             sessions: Arc::default(),
+            leases,
             shutdown: CancellationToken::new(),
             draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -119,30 +131,76 @@ impl Gateway {
         })
     }
 
-    /// Every check before the 101 that needs no network: draining, the
-    /// process cap, the key's session cap, then the store-backed ones (rpm,
-    /// tpm, budgets, unpriced). The permit is released if a later check
-    /// refuses.
+    /// Every check before the 101, in the order of [`crate::admission`]:
+    /// the key's model allow-list (403, before anything is counted),
+    /// draining, the process cap, the key's session cap (across the fleet
+    /// with Redis: the session takes a lease named `session_id`), then the
+    /// store-backed ones (rpm, tpm, budgets, unpriced). The permit, and the
+    /// lease it holds, are released if a later check refuses.
     pub async fn admit(
         &self,
-        key: &crate::auth::KeyEntry,
+        key: &KeyEntry,
         route: &Route,
-    ) -> Result<crate::admission::Permit, crate::admission::Refusal> {
+        session_id: &str,
+    ) -> Result<Permit, Refusal> {
+        let keys = self.keys.get();
+        let team = key.team.as_deref().and_then(|t| keys.team(t));
+        if !model_allowed(key, team, &route.config.model) {
+            return Err(Refusal::model_not_allowed(&route.config.model));
+        }
         let gauge = self
             .metrics
             .sessions_active
             .get_or_create(&crate::metrics::model(&route.config.model))
             .clone();
-        let permit = self.sessions.admit(
-            self.config.limits.max_sessions,
-            &key.id,
-            key.max_sessions,
-            gauge,
-        )?;
-        let keys = self.keys.get();
-        let team = key.team.as_deref().and_then(|t| keys.team(t));
+        let fleet = self.leases.as_ref().zip(key.max_sessions);
+        // With fleet leases the key's cap is checked in Redis below; the
+        // process still counts the key's sessions for the fallback.
+        let local_cap = if fleet.is_some() {
+            None
+        } else {
+            key.max_sessions
+        };
+        let mut permit =
+            self.sessions
+                .admit(self.config.limits.max_sessions, &key.id, local_cap, gauge)?;
+        if let Some((leases, cap)) = fleet {
+            permit.hold_lease(self.fleet_lease(leases, key, cap, session_id).await?);
+        }
         self.metering.admit(key, team, &route.config).await?;
         Ok(permit)
+    }
+
+    /// The key's fleet-wide session cap: a lease from Redis, or, when Redis
+    /// does not answer, this process's count (fail open). A lease held
+    /// without Redis's answer is written by the next renewal tick.
+    async fn fleet_lease(
+        &self,
+        leases: &Leases,
+        key: &KeyEntry,
+        cap: usize,
+        session_id: &str,
+    ) -> Result<Lease, Refusal> {
+        match leases
+            .acquire(&key.id, session_id, cap, std::time::SystemTime::now())
+            .await
+        {
+            Ok(Acquire::Granted { lease, .. }) => Ok(lease),
+            Ok(Acquire::Full { .. }) => Err(Refusal::key_session_cap(&key.id, cap, true)),
+            Err(e) => {
+                self.metrics.store_errors.inc();
+                self.metrics.session_lease_fallbacks.inc();
+                tracing::warn!(error = %e, key_id = %key.id, "session lease unavailable; counting this process's sessions");
+                // Held even when refused: dropping it sends a removal, in
+                // case the script ran although its reply was lost.
+                let lease = leases.hold(&key.id, session_id);
+                if fallback_admits(cap, self.sessions.key_active(&key.id)) {
+                    Ok(lease)
+                } else {
+                    Err(Refusal::key_session_cap(&key.id, cap, false))
+                }
+            }
+        }
     }
 
     /// Sets every route's pool target (clamped to `[pool] max_size`).
@@ -281,6 +339,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         addr: gateway.config.server.admin_listen,
         source,
     })?;
+    if let Some(leases) = &gateway.leases {
+        leases.spawn_renewal();
+    }
     for route in &gateway.routes {
         gateway
             .tasks

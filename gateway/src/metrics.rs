@@ -74,6 +74,7 @@ pub struct Metrics {
     pub client_disconnects: Family<ModelLabel, Counter>,
     pub usage_records_dropped: Family<ModelLabel, Counter>,
     pub store_errors: Counter,
+    pub session_lease_fallbacks: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -109,6 +110,7 @@ impl Metrics {
             client_disconnects: Family::default(),
             usage_records_dropped: Family::default(),
             store_errors: Counter::default(),
+            session_lease_fallbacks: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -184,6 +186,11 @@ impl Metrics {
             "store_errors",
             "Failed or timed-out store calls (fail open)",
             m.store_errors.clone(),
+        );
+        r.register(
+            "session_lease_fallbacks",
+            "Capped-key admissions decided by this process's own session count because Redis did not answer",
+            m.session_lease_fallbacks.clone(),
         );
         Self { registry, ..m }
     }

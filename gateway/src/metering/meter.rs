@@ -390,6 +390,7 @@ mod tests {
             budget_usd: None,
             budget_period: Default::default(),
             max_sessions: None,
+            models: None,
             disabled: false,
         };
         let route = RouteConfig {

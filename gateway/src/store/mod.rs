@@ -19,7 +19,9 @@
 //!   `period` is `total`, `d<YYYY-MM-DD>` or `m<YYYY-MM>` (UTC). Daily and
 //!   monthly counters expire [`BUDGET_GRACE`] after their period ends; `total`
 //!   never expires;
-//! - `{prefix}request_logs`: the request-log stream (Redis only).
+//! - `{prefix}request_logs`: the request-log stream (Redis only);
+//! - `{prefix}sessions:{key_id}`: a capped key's live session leases
+//!   (Redis only; [`leases`]).
 //!
 //! Windows are a sliding-window estimate over two fixed minutes: the count
 //! for "the last 60 s" is `previous × (1 − elapsed/60 s) + current`. That
@@ -40,6 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::BudgetPeriod;
 use crate::logs::RequestLogRow;
 
+pub mod leases;
 pub mod memory;
 pub mod redis;
 

@@ -186,6 +186,20 @@ impl RedisStore {
     }
 }
 
+/// A lazily connecting [`ConnectionManager`] on `url` with the same bounds
+/// as the store's (connect and response timeouts, one reconnect attempt per
+/// failure), for other Redis users in the process (session leases).
+pub fn connection_manager(url: &str) -> Result<ConnectionManager, StoreError> {
+    let client = redis::Client::open(url).map_err(StoreError::Url)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(CALL_TIMEOUT))
+        .set_number_of_retries(RECONNECT_RETRIES)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(CONNECT_TIMEOUT);
+    ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::Url)
+}
+
 fn int(op: &'static str, v: &Value) -> Result<u64, StoreError> {
     redis::from_redis_value_ref::<Option<i64>>(v)
         .map(|n| n.unwrap_or(0).max(0) as u64)

@@ -3,6 +3,7 @@
 
 mod common;
 mod drain;
+mod fleet;
 mod keys;
 mod metering;
 mod metering_relay;
