@@ -464,3 +464,58 @@ async fn sessions_keep_completing_while_nobody_reads_the_row_pipe() {
         "every row reached stdout once the reader came"
     );
 }
+
+#[tokio::test]
+async fn a_session_is_closed_on_its_own_spend_while_its_writes_wait_in_the_outbox() {
+    let Some(redis) = RedisServer::plain("kill_while_queued", &[]).await else {
+        return;
+    };
+    let relay = FaultRelay::start(redis.addr()).await;
+    let sim = sim(SimConfig::default()).await;
+    let dir = TempDir::new("kill-queued");
+    let id = unique("killq");
+    // The simulator's first three turns cost $0.006692, $0.004664 and
+    // $0.004684: the third crosses $0.015.
+    let keys = dir.file(
+        "keys.toml",
+        &key_entry(&id, &format!("pb-{id}"), "budget_usd = 0.015"),
+    );
+    let toml = gateway_toml(
+        &sim.url(false),
+        &format!(
+            "{PRICES}[metering]\nflush_secs = 0\n[store]\nredis_url_env = \"PB_REDIS\"\n[keys]\nfile = \"{}\"\n",
+            keys.display()
+        ),
+    );
+    let gw = gateway_with_env(&toml, vec![("PB_REDIS", format!("redis://{}", relay.addr))]).await;
+    let metering = gw.gateway.metering.clone();
+    let mut ws = open_with(gw.addr, &format!("pb-{id}")).await.unwrap();
+    one_turn(&mut ws).await;
+    until("the first row", WAIT, || async {
+        stream_rows(redis.addr(), &id).await.len() == 1
+    })
+    .await;
+
+    relay.set(REFUSE);
+    one_turn(&mut ws).await;
+    until("the second write queued", WAIT, || async {
+        metering.outbox_len() == 1
+    })
+    .await;
+    one_turn(&mut ws).await;
+    // The store cannot say the budget is spent, but the session's own
+    // spend (known total + what waits in the outbox) does.
+    let (texts, code, _) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008));
+    assert!(
+        texts.iter().any(|t| t.contains("insufficient_quota")),
+        "{texts:?}"
+    );
+
+    relay.set(PASS);
+    until("the outbox replayed", WAIT, || async {
+        metering.outbox_len() == 0
+    })
+    .await;
+    assert_exactly_once(redis.addr(), &id, 3).await;
+}
