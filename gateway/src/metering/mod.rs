@@ -26,6 +26,11 @@
 //!
 //! Guarantees:
 //! - The relay never waits on metering: the tracker only `try_send`s.
+//! - No row or spend is lost to a store outage: a write the store did not
+//!   confirm waits in the process's [`outbox`] and is replayed in order,
+//!   applied exactly once; rows reach stdout through a writer thread
+//!   ([`crate::logs`]), never from a runtime thread. The drain calls
+//!   [`Metering::settle`].
 //! - Admission makes at most one store round trip (two when it refuses
 //!   after counting the request, to give it back), bounded by
 //!   [`crate::store::CALL_TIMEOUT`]; a failed or slow store admits (fail
@@ -61,6 +66,7 @@ use crate::store::{
     window_position, AdmitCounts, AdmitQuery, BudgetKey, MemoryStore, RedisStore, Scope, Store,
     StoreError, WindowCounts, CALL_TIMEOUT, DEFAULT_PREFIX, WINDOW,
 };
+use outbox::{Bounds, Outbox};
 
 pub mod meter;
 pub mod outbox;
@@ -68,7 +74,6 @@ pub mod pricing;
 pub mod tracker;
 
 pub use meter::MeterTask;
-use outbox::{Bounds, Outbox};
 pub use tracker::{
     EndReason, TurnKind, TurnRecord, TurnTracker, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED,
 };
@@ -204,7 +209,8 @@ impl Metering {
         ))
     }
 
-    /// With an explicit store and row sink (tests, embedding).
+    /// With an explicit store and row sink (tests, embedding). Must be
+    /// called inside the runtime (it spawns the outbox's replay task).
     pub fn with_store(
         config: MeteringConfig,
         prices: Vec<PriceRow>,
