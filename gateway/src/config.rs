@@ -957,5 +957,13 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(no_store.key, "store.ca_file");
+        let mut env: Vec<(&str, &str)> = BASE_ENV.to_vec();
+        env.extend([
+            ("REDIS", "rediss://127.0.0.1:6380"),
+            ("PATCHBAY_STORE_CA_FILE", "/nonexistent.pem"),
+        ]);
+        let e = Config::from_toml_with_env("[store]\nredis_url_env = \"REDIS\"\n", &env_of(&env))
+            .unwrap_err();
+        assert_eq!(e.key, "store.ca_file", "the env override reaches ca_file");
     }
 }

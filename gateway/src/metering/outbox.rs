@@ -432,6 +432,93 @@ async fn replay_loop(outbox: Weak<Outbox>, queued: Arc<Notify>, urgent: Arc<Noti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::logs::RequestLogRow;
+    use crate::store::{FlushId, RedisStore};
+    use std::time::SystemTime;
+
+    fn one_row_batch(seq: u64, cost_usd: f64) -> FlushBatch {
+        let row = RequestLogRow {
+            request_id: format!("up1:{seq}"),
+            session_id: "up1".into(),
+            key_id: "k".into(),
+            team: None,
+            model: "m".into(),
+            upstream_model: "m".into(),
+            provider: "openai".into(),
+            started_at: String::new(),
+            ended_at: String::new(),
+            latency_ms: 0,
+            ttft_ms: None,
+            status: 200,
+            input_tokens: 0,
+            output_tokens: 0,
+            total_tokens: 0,
+            input_text_tokens: 0,
+            input_audio_tokens: 0,
+            input_cached_tokens: 0,
+            output_text_tokens: 0,
+            output_audio_tokens: 0,
+            transcription_tokens: 0,
+            cost_usd,
+            usage_unknown: false,
+            end_reason: "completed".into(),
+        };
+        FlushBatch {
+            id: Some(FlushId {
+                session_id: "up1".into(),
+                seq,
+            }),
+            now: SystemTime::now(),
+            charges: vec![],
+            tpm: None,
+            rows: vec![row],
+            stream_maxlen: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn past_its_bound_the_outbox_drops_the_oldest_writes_and_counts_rows_and_spend() {
+        // A Redis nobody listens on: every replay fails, writes stay.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let store = Arc::new(RedisStore::new(&format!("redis://127.0.0.1:{port}"), "t:").unwrap());
+        let metrics = Metrics::new();
+        let outbox = Outbox::start(store, bounds(3, usize::MAX), &metrics);
+        let queued: Vec<Arc<Queued>> = (1..=5)
+            .map(|seq| outbox.push(one_row_batch(seq, 0.25 * seq as f64)))
+            .collect();
+        assert_eq!(outbox.len(), 3);
+        let states: Vec<QueuedState> = queued.iter().map(|q| q.state()).collect();
+        assert_eq!(
+            states,
+            [
+                QueuedState::Dropped,
+                QueuedState::Dropped,
+                QueuedState::Pending,
+                QueuedState::Pending,
+                QueuedState::Pending
+            ]
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("patchbay_outbox_dropped_total{sink=\"store\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("patchbay_outbox_dropped_usd_total 0.75"),
+            "{text}"
+        );
+        assert!(
+            text.contains("patchbay_outbox_rows{sink=\"store\"} 3"),
+            "{text}"
+        );
+        // The drain's wait gives up at its deadline while the store is down.
+        let deadline = Instant::now() + Duration::from_millis(50);
+        assert!(!outbox.settle(deadline).await);
+    }
 
     fn bounds(max_rows: usize, max_bytes: usize) -> Bounds {
         Bounds {
