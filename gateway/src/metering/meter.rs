@@ -5,10 +5,11 @@
 //! tracker is finished (the channel closes), a flush:
 //! 1. turns the window's turns into request-log rows, priced with the price
 //!    table as it is now (an edited price applies from the next flush), and
-//!    writes them to stdout;
-//! 2. in one store round trip, appends the rows to the Redis stream, adds
-//!    the window's cost to every applicable budget counter (key, team,
-//!    route) and its tokens to the key's tpm window;
+//!    queues them for stdout (written by the row writer thread, never here);
+//! 2. in one idempotent store round trip (the session's next [`FlushId`]),
+//!    appends the rows to the Redis stream, adds the window's cost to every
+//!    applicable budget counter (key, team, route) and its tokens to the
+//!    key's tpm window;
 //! 3. compares the budget totals that round trip returned with the limits
 //!    and fires the [`KillSignal`] when one is spent. The counters are shared
 //!    with every session of the same scope, so an idle session is closed on

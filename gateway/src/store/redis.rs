@@ -181,6 +181,12 @@ impl RedisStore {
         prefix: &str,
         ca_file: Option<&Path>,
     ) -> Result<Self, StoreError> {
+        if url.starts_with("rediss://") {
+            // redis-rs builds its rustls config with the process-default
+            // provider: make that ring, whatever else the build links
+            // (an error only means one is installed already).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let client = match ca_file {
             Some(path) => {
                 // Parsed here too, so a bad file is an error naming it.
