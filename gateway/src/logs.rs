@@ -171,7 +171,6 @@ impl Captured {
 }
 
 /// The queue between [`RequestLog::write`] and the writer thread.
-#[derive(Debug)]
 struct Pipe {
     state: Mutex<PipeState>,
     wake: Condvar,
@@ -180,7 +179,6 @@ struct Pipe {
     dropped: Counter,
 }
 
-#[derive(Debug)]
 struct PipeState {
     /// Serialised lines of one `write` call each.
     lane: Lane<String>,
@@ -199,6 +197,17 @@ impl Drop for PipeHandle {
     fn drop(&mut self) {
         self.0.lock().closed = true;
         self.0.wake.notify_all();
+    }
+}
+
+impl std::fmt::Debug for Pipe {
+    // Counts only: the queue can hold many rows.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Pipe")
+            .field("queued_rows", &s.lane.rows())
+            .field("writing", &s.writing)
+            .finish_non_exhaustive()
     }
 }
 

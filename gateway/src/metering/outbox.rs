@@ -220,7 +220,6 @@ struct Gauges {
 }
 
 /// The store outbox; see the module docs.
-#[derive(Debug)]
 pub struct Outbox {
     store: Arc<dyn Store>,
     lane: Mutex<Lane<Arc<Queued>>>,
@@ -229,6 +228,18 @@ pub struct Outbox {
     /// Cuts the replayer's backoff short (drain).
     urgent: Arc<Notify>,
     gauges: Gauges,
+}
+
+impl std::fmt::Debug for Outbox {
+    // Counts only: the queue can hold many rows.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lane = self.lock();
+        f.debug_struct("Outbox")
+            .field("store", &self.store.describe())
+            .field("writes", &lane.len())
+            .field("rows", &lane.rows())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Drop for Outbox {
