@@ -265,11 +265,16 @@ async fn a_redis_outage_loses_no_row_and_no_spend() {
         close(ws).await;
     }
     let metering = gw.gateway.metering.clone();
-    assert!(
-        metering.outbox_len() > 0,
-        "the outage's writes wait in the outbox"
-    );
-    assert!(metric(gw.admin_addr, "patchbay_outbox_rows", "sink=\"store\"").await > 0.0);
+    let admin = gw.admin_addr;
+    until(
+        "the outage's writes waiting in the outbox",
+        WAIT,
+        || async {
+            metering.outbox_len() > 0
+                && metric(admin, "patchbay_outbox_rows", "sink=\"store\"").await > 0.0
+        },
+    )
+    .await;
 
     redis.start().await;
     sessions(gw.addr, &key, 2).await;
@@ -283,6 +288,10 @@ async fn a_redis_outage_loses_no_row_and_no_spend() {
         0.0
     );
     // 5 + 3 + 5 + 3 + 2 turns.
+    until("every row in the stream", WAIT, || async {
+        stream_rows(redis.addr(), &id).await.len() >= 18
+    })
+    .await;
     assert_exactly_once(redis.addr(), &id, 18).await;
 }
 
@@ -515,6 +524,10 @@ async fn a_session_is_closed_on_its_own_spend_while_its_writes_wait_in_the_outbo
     relay.set(PASS);
     until("the outbox replayed", WAIT, || async {
         metering.outbox_len() == 0
+    })
+    .await;
+    until("every row in the stream", WAIT, || async {
+        stream_rows(redis.addr(), &id).await.len() >= 3
     })
     .await;
     assert_exactly_once(redis.addr(), &id, 3).await;
