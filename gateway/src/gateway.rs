@@ -108,9 +108,10 @@ impl Gateway {
         let keys = Arc::new(KeyStore::new(load_keys(&config)?));
         let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
         let leases = match &config.store.redis_url {
-            Some(url) => Some(Leases::new(
+            Some(url) => Some(Leases::with_ca_file(
                 url.expose(),
                 crate::store::DEFAULT_PREFIX,
+                config.store.ca_file.as_deref(),
                 metrics.clone(),
             )?),
             None => None,

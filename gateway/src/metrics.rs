@@ -40,6 +40,16 @@ pub struct StatusLabels {
     pub status: String,
 }
 
+/// Where a queued row goes: `stdout` (the row writer) or `store` (Redis).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    pub sink: String,
+}
+
+pub fn sink(s: &str) -> SinkLabel {
+    SinkLabel { sink: s.into() }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
     pub model: String,
@@ -75,6 +85,11 @@ pub struct Metrics {
     pub usage_records_dropped: Family<ModelLabel, Counter>,
     pub store_errors: Counter,
     pub session_lease_fallbacks: Counter,
+    pub outbox_rows: Family<SinkLabel, Gauge>,
+    pub outbox_bytes: Family<SinkLabel, Gauge>,
+    pub outbox_dropped: Family<SinkLabel, Counter>,
+    pub outbox_dropped_usd: Counter<f64, std::sync::atomic::AtomicU64>,
+    pub outbox_replayed: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -111,6 +126,11 @@ impl Metrics {
             usage_records_dropped: Family::default(),
             store_errors: Counter::default(),
             session_lease_fallbacks: Counter::default(),
+            outbox_rows: Family::default(),
+            outbox_bytes: Family::default(),
+            outbox_dropped: Family::default(),
+            outbox_dropped_usd: Counter::default(),
+            outbox_replayed: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -191,6 +211,31 @@ impl Metrics {
             "session_lease_fallbacks",
             "Capped-key admissions decided by this process's own session count because Redis did not answer",
             m.session_lease_fallbacks.clone(),
+        );
+        r.register(
+            "outbox_rows",
+            "Request-log rows waiting for their sink (stdout writer, or the store while it fails)",
+            m.outbox_rows.clone(),
+        );
+        r.register(
+            "outbox_bytes",
+            "Approximate bytes of the rows waiting for their sink",
+            m.outbox_bytes.clone(),
+        );
+        r.register(
+            "outbox_dropped",
+            "Rows dropped past the outbox bound (oldest first) or refused by their sink",
+            m.outbox_dropped.clone(),
+        );
+        r.register(
+            "outbox_dropped_usd",
+            "Spend of store writes dropped from the outbox, never counted in a budget",
+            m.outbox_dropped_usd.clone(),
+        );
+        r.register(
+            "outbox_replayed",
+            "Store writes sent from the outbox and confirmed",
+            m.outbox_replayed.clone(),
         );
         Self { registry, ..m }
     }

@@ -209,9 +209,20 @@ impl Leases {
     /// production). Does not connect; must be called inside a Tokio runtime.
     /// Nothing is renewed until [`Leases::spawn_renewal`].
     pub fn new(url: &str, prefix: &str, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
+        Self::with_ca_file(url, prefix, None, metrics)
+    }
+
+    /// Like [`Leases::new`], with the store's `[store] ca_file` for a
+    /// `rediss://` server.
+    pub fn with_ca_file(
+        url: &str,
+        prefix: &str,
+        ca_file: Option<&std::path::Path>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, StoreError> {
         Ok(Self {
             inner: Arc::new(Inner {
-                conn: super::redis::connection_manager(url)?,
+                conn: super::redis::managed(url, ca_file)?,
                 prefix: prefix.to_string(),
                 timeout: CALL_TIMEOUT,
                 state: Mutex::default(),

@@ -9,5 +9,8 @@ mod metering;
 mod metering_relay;
 mod metering_store;
 mod pool;
+mod redis_server;
 mod relay;
+mod store_outbox;
+mod store_tls;
 mod tls_and_config;
