@@ -4,8 +4,9 @@
 //! a key id. Histograms use buckets from 1 ms to 10 s, which cover a pooled
 //! session start (sub-millisecond to a few ms) and a cold upstream dial.
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -185,6 +186,7 @@ impl Metrics {
             "Failed or timed-out store calls (fail open)",
             m.store_errors.clone(),
         );
+        r.register_collector(Box::new(LogLinesDropped));
         Self { registry, ..m }
     }
 
@@ -194,6 +196,24 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// `patchbay_log_lines_dropped_total`: read from the log writer at each
+/// scrape (logging is process-wide, set up before any gateway exists).
+#[derive(Debug)]
+struct LogLinesDropped;
+
+impl Collector for LogLinesDropped {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counter = ConstCounter::new(crate::logging::lines_dropped());
+        let metric = encoder.encode_descriptor(
+            "log_lines_dropped",
+            "Log lines dropped because the queue to stderr was full",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
     }
 }
 
@@ -231,6 +251,10 @@ mod tests {
         );
         assert!(
             text.contains("patchbay_upstream_dial_seconds_count{model=\"m\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\npatchbay_log_lines_dropped_total 0\n"),
             "{text}"
         );
     }
