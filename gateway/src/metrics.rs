@@ -41,6 +41,14 @@ pub struct StatusLabels {
     pub status: String,
 }
 
+/// A live-reloaded file (`pool_size`, `keys`, `config`) and what a changed
+/// read of it came to (`applied`, `rejected`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    pub file: String,
+    pub result: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
     pub model: String,
@@ -75,6 +83,7 @@ pub struct Metrics {
     pub client_disconnects: Family<ModelLabel, Counter>,
     pub usage_records_dropped: Family<ModelLabel, Counter>,
     pub store_errors: Counter,
+    pub config_reloads: Family<ReloadLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -110,6 +119,7 @@ impl Metrics {
             client_disconnects: Family::default(),
             usage_records_dropped: Family::default(),
             store_errors: Counter::default(),
+            config_reloads: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -185,6 +195,11 @@ impl Metrics {
             "store_errors",
             "Failed or timed-out store calls (fail open)",
             m.store_errors.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Changed contents of a live-reloaded file, by file and result",
+            m.config_reloads.clone(),
         );
         r.register_collector(Box::new(LogLinesDropped));
         Self { registry, ..m }

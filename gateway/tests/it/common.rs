@@ -287,6 +287,20 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// How often a live-reloaded file's changed content was `applied` or
+/// `rejected` by an in-process gateway (`file`: `pool_size`, `keys`,
+/// `config`).
+pub fn reloads(gw: &Running, file: &str, result: &str) -> u64 {
+    gw.gateway
+        .metrics
+        .config_reloads
+        .get_or_create(&patchbay_gateway::metrics::ReloadLabels {
+            file: file.into(),
+            result: result.into(),
+        })
+        .get()
+}
+
 /// Polls `f` until it is true or [`WAIT`] passes.
 pub async fn eventually(mut f: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + WAIT;
