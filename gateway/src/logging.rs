@@ -22,20 +22,26 @@
 //!   and counted: [`lines_dropped`], exported as
 //!   `patchbay_log_lines_dropped_total`. Relays and meters keep running.
 //! - **Flushed on exit.** [`init`] returns a [`LogGuard`]; `main` calls
-//!   [`LogGuard::flush`] last, which waits at most [`FLUSH_LIMIT`] for the
-//!   queue to drain and then lets the process exit anyway: a stalled stderr
-//!   never turns a shutdown into a hang.
+//!   [`LogGuard::flush`] last, which waits until every queued line is
+//!   written, at most [`FLUSH_LIMIT`], and then lets the process exit
+//!   anyway: a stalled stderr never turns a shutdown into a hang. (It counts
+//!   lines in and out rather than dropping `tracing-appender`'s guard, whose
+//!   shutdown prints a complaint to stdout, the request-log rows' stream,
+//!   when the queue is full.)
 //!
 //! Caveat: lines written with `eprintln!` before the runtime starts
 //! (configuration errors) bypass the queue, so they can interleave with
 //! queued lines; they are written once, at start, when nothing else runs.
 
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::Level;
-use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
+use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::filter::{filter_fn, FilterExt, LevelFilter};
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -64,10 +70,18 @@ pub const DEFAULT_LOG_QUEUE_LINES: usize = 16_384;
 /// How long [`LogGuard::flush`] waits for queued lines to be written.
 pub const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
+/// How often [`LogGuard::flush`] looks at the writer's progress.
+const FLUSH_POLL: Duration = Duration::from_millis(5);
+
 const WRITER_THREAD: &str = "patchbay-log-writer";
 
 /// The writer's drop counter, set once by [`init`].
 static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
+
+/// Lines offered to the queue (kept or dropped), and lines the writer
+/// thread has written (or failed to write) to stderr.
+static OFFERED: AtomicU64 = AtomicU64::new(0);
+static WRITTEN: AtomicU64 = AtomicU64::new(0);
 
 /// Log lines dropped because the queue to stderr was full, since start (0
 /// when logging was never initialised, as in in-process tests).
@@ -104,6 +118,60 @@ pub fn queue_lines(value: Option<&str>) -> Result<usize, String> {
     }
 }
 
+/// Lines still queued: offered, neither dropped nor written yet.
+pub fn pending(offered: u64, dropped: u64, written: u64) -> u64 {
+    offered.saturating_sub(dropped.saturating_add(written))
+}
+
+/// The queue's writer, counting each line offered. `fmt` writes one event
+/// with one `write_all`, which `NonBlocking` sends as one message.
+#[derive(Clone)]
+struct Offer(NonBlocking);
+
+impl Write for Offer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        OFFERED.fetch_add(1, Ordering::Relaxed);
+        self.0.write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        OFFERED.fetch_add(1, Ordering::Relaxed);
+        self.0.write_all(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl<'a> MakeWriter<'a> for Offer {
+    type Writer = Offer;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// stderr for the writer thread, counting each line it took off the queue
+/// (the thread writes a line with one `write_all`).
+struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::stderr().write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let written = std::io::stderr().write_all(buf);
+        WRITTEN.fetch_add(1, Ordering::Release);
+        written
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 fn json_requested() -> bool {
     std::env::var(LOG_FORMAT_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("json"))
 }
@@ -113,24 +181,24 @@ fn json_requested() -> bool {
 pub struct LogGuard(Option<WorkerGuard>);
 
 impl LogGuard {
-    /// Writes what is queued, waiting at most [`FLUSH_LIMIT`]. The writer's
-    /// own shutdown is bounded but may print to stdout when it gives up, and
-    /// stdout may be stalled too, so it runs on a thread of its own that the
-    /// process does not wait for past the limit.
+    /// Waits until every queued line is written, at most [`FLUSH_LIMIT`].
+    /// The writer thread is left running (the process is about to exit):
+    /// see the module doc for why its guard is not dropped.
     pub fn flush(mut self) {
         let Some(guard) = self.0.take() else {
             return;
         };
-        let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(1);
-        let spawned = std::thread::Builder::new()
-            .name("patchbay-log-flush".into())
-            .spawn(move || {
-                drop(guard);
-                let _ = done_tx.send(());
-            });
-        if spawned.is_ok() {
-            let _ = done_rx.recv_timeout(FLUSH_LIMIT);
+        let deadline = Instant::now() + FLUSH_LIMIT;
+        while pending(
+            OFFERED.load(Ordering::Relaxed),
+            lines_dropped(),
+            WRITTEN.load(Ordering::Acquire),
+        ) > 0
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(FLUSH_POLL);
         }
+        std::mem::forget(guard);
     }
 }
 
@@ -142,11 +210,11 @@ pub fn init() -> LogGuard {
         .lossy(true)
         .buffered_lines_limit(*queue.as_ref().unwrap_or(&DEFAULT_LOG_QUEUE_LINES))
         .thread_name(WRITER_THREAD)
-        .finish(std::io::stderr());
+        .finish(Stderr);
     let dropped = writer.error_counter();
     let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LEVEL));
     let cap = filter_fn(|meta| allowed(meta.target(), meta.level()));
-    let format = tracing_subscriber::fmt::layer().with_writer(writer);
+    let format = tracing_subscriber::fmt::layer().with_writer(Offer(writer));
     let format = if json_requested() {
         format.json().boxed()
     } else {
@@ -169,6 +237,17 @@ pub fn init() -> LogGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_lines_are_those_neither_dropped_nor_written() {
+        assert_eq!(pending(0, 0, 0), 0);
+        assert_eq!(pending(10, 0, 0), 10);
+        assert_eq!(pending(10, 3, 5), 2);
+        assert_eq!(pending(10, 3, 7), 0);
+        // Counters read one after the other may overtake each other.
+        assert_eq!(pending(10, 4, 7), 0);
+        assert_eq!(pending(u64::MAX, u64::MAX, u64::MAX), 0);
+    }
 
     #[test]
     fn queue_length_is_a_positive_whole_number_or_the_default() {
