@@ -4,6 +4,7 @@
 //! counted (`patchbay_log_lines_dropped_total`) once the queue is full.
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use crate::common::*;
 use patchbay_gateway::sim::SimConfig;
@@ -91,6 +92,35 @@ async fn unread_stderr_drops_and_counts_log_lines_and_sessions_carry_on() {
     }
     assert!(lines_dropped(&child).await > dropped);
     // The exit's flush is bounded: a stalled stderr does not hang it.
+    child.sigterm();
+    assert_eq!(child.wait_exit(WAIT).await.0, Some(0));
+}
+
+/// The scenario: neither stdout (request-log rows) nor stderr (log
+/// lines) is read, for 30 s of sessions with turns.
+#[tokio::test]
+async fn gateway_whose_stdout_and_stderr_nobody_reads_keeps_completing_sessions_for_30_s() {
+    const RUN: Duration = Duration::from_secs(30);
+    let sim = sim(SimConfig::default()).await;
+    let mut child = Child::start_with(
+        &sim.url(false),
+        "",
+        &[
+            ("RUST_LOG", "debug"),
+            ("PATCHBAY_LOG_QUEUE_LINES", QUEUE_LINES),
+        ],
+        Stderr::Unread,
+    )
+    .await;
+    let started = Instant::now();
+    let mut completed = 0;
+    while started.elapsed() < RUN || completed < PIPE_FILLING_SESSIONS {
+        completed += batch(child.addr).await;
+    }
+    assert!(
+        lines_dropped(&child).await > 0.0,
+        "stderr never filled in {completed} sessions"
+    );
     child.sigterm();
     assert_eq!(child.wait_exit(WAIT).await.0, Some(0));
 }
