@@ -236,59 +236,52 @@ fn initial_pool_size(config: &Config) -> usize {
 
 /// A live-reloaded file: its path (if configured), what it is, how often it
 /// is polled, and what a change does.
+/// A live-reloaded file: its path, what it is (for log lines), its label in
+/// `patchbay_config_reloads_total{file}`, the poll period and how to apply it.
 type Watcher = (
     Option<std::path::PathBuf>,
     &'static str,
+    &'static str,
     Duration,
-    fn(&Gateway, &str),
+    fn(&Gateway, &str) -> Result<(), String>,
 );
 
 /// Applies the size file's size when it is valid and differs; a bad value
-/// is logged and ignored.
-fn apply_size_file(gw: &Gateway, text: &str) {
-    match parse_size_file(text) {
-        Ok(n) => {
-            let n = n.min(gw.config.pool.max_size);
-            if gw.routes.first().is_some_and(|r| r.pool.target() != n) {
-                tracing::info!(size = n, "pool size changed");
-                gw.set_pool_size(n);
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "ignoring an invalid pool size file"),
+/// is refused (the watcher logs and counts it).
+fn apply_size_file(gw: &Gateway, text: &str) -> Result<(), String> {
+    let n = parse_size_file(text)?.min(gw.config.pool.max_size);
+    if gw.routes.first().is_some_and(|r| r.pool.target() != n) {
+        tracing::info!(size = n, "pool size changed");
+        gw.set_pool_size(n);
     }
+    Ok(())
 }
 
 /// Swaps in the keys file's key set; an invalid file keeps the current one.
-fn apply_keys_file(gw: &Gateway, text: &str) {
-    match KeySet::parse(text) {
-        Ok(set) => {
-            let set = match &gw.config.master_key {
-                Some(m) => set.with_master(m),
-                None => set,
-            };
-            tracing::debug!(keys = set.len(), "keys file loaded");
-            gw.keys.replace(set);
-        }
-        Err(e) => tracing::warn!(error = %e, "invalid keys file; keeping the current keys"),
-    }
+fn apply_keys_file(gw: &Gateway, text: &str) -> Result<(), String> {
+    let set = KeySet::parse(text)?;
+    let set = match &gw.config.master_key {
+        Some(m) => set.with_master(m),
+        None => set,
+    };
+    tracing::debug!(keys = set.len(), "keys file loaded");
+    gw.keys.replace(set);
+    Ok(())
 }
 
 /// Applies the config file's `[[prices]]` (the meter reads prices at every
 /// flush, so an edit applies from the next flush); other sections need a
 /// restart, and an invalid edit is ignored.
-fn apply_prices(gw: &Gateway, text: &str) {
-    match crate::config::prices_from_toml(text) {
-        Ok(prices) => {
-            if prices != *gw.metering.prices() {
-                tracing::info!(
-                    rows = prices.len(),
-                    "prices reloaded; other changes apply on restart"
-                );
-                gw.metering.set_prices(prices);
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "ignoring an invalid price edit"),
+fn apply_prices(gw: &Gateway, text: &str) -> Result<(), String> {
+    let prices = crate::config::prices_from_toml(text).map_err(|e| e.to_string())?;
+    if prices != *gw.metering.prices() {
+        tracing::info!(
+            rows = prices.len(),
+            "prices reloaded; other changes apply on restart"
+        );
+        gw.metering.set_prices(prices);
     }
+    Ok(())
 }
 
 /// `/readyz` turns ready once every pool first reached its target, or when
@@ -352,29 +345,41 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         (
             gateway.config.pool.size_file.clone(),
             "pool size file",
+            "pool_size",
             SIZE_FILE_POLL,
             apply_size_file,
         ),
         (
             gateway.config.keys.file.clone(),
             "keys file",
+            "keys",
             KEYS_FILE_POLL,
             apply_keys_file,
         ),
         (
             gateway.config.source.clone(),
             "config file",
+            "config",
             CONFIG_FILE_POLL,
             apply_prices,
         ),
     ];
-    for (path, what, poll, apply) in watchers {
+    for (path, what, file, poll, apply) in watchers {
         if let Some(path) = path {
             let gw = gateway.clone();
             let stop = gateway.draining.clone();
-            tokio::spawn(watch::on_change(path, what, poll, stop, move |text| {
-                apply(&gw, text)
-            }));
+            let reloads = watch::Reloads {
+                file,
+                counters: gateway.metrics.config_reloads.clone(),
+            };
+            tokio::spawn(watch::on_change(
+                path,
+                what,
+                poll,
+                stop,
+                reloads,
+                move |text| apply(&gw, text),
+            ));
         }
     }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));

@@ -1,8 +1,6 @@
 //! Client keys from a keys file: hashed entries, per-key session caps,
 //! disabled keys, and live reloads.
 
-use std::time::Duration;
-
 use crate::common::*;
 use patchbay_gateway::sim::SimConfig;
 
@@ -45,9 +43,14 @@ async fn keys_file_entries_authenticate_and_reload_live() {
         "a removed key is refused"
     );
 
-    // A broken file keeps the keys that were loaded.
+    // A broken file keeps the keys that were loaded, once the watcher has
+    // read and refused it.
+    assert_eq!(reloads(&gw, "keys", "rejected"), 0);
     std::fs::write(&file.0, "[[keys]]\nid = 1\n").unwrap();
-    tokio::time::sleep(patchbay_gateway::gateway::KEYS_FILE_POLL * 2).await;
+    assert!(
+        eventually(|| reloads(&gw, "keys", "rejected") == 1).await,
+        "the watcher never refused the broken keys file"
+    );
     assert_eq!(status_for(gw.addr, "pb-c").await, 101);
 }
 
@@ -75,7 +78,6 @@ async fn per_key_session_cap_is_enforced_with_429() {
     // Other keys are not affected.
     assert_eq!(status_for(gw.addr, CLIENT_KEY).await, 101);
     drop(first);
-    tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(eventually(|| gw.gateway.sessions.key_active("a") == 0).await);
     assert_eq!(status_for(gw.addr, "pb-a").await, 101);
 }

@@ -5,6 +5,8 @@ mod common;
 mod drain;
 mod fleet;
 mod keys;
+mod log_pipe;
+mod log_secrets;
 mod metering;
 mod metering_relay;
 mod metering_store;
