@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::Sessions;
 use crate::auth::{KeySet, KeyStore};
+use crate::client_secret::ClientSecrets;
 use crate::config::{Config, RouteConfig};
 use crate::metering::Metering;
 use crate::metrics::Metrics;
@@ -44,6 +45,7 @@ pub struct Gateway {
     pub keys: Arc<KeyStore>,
     pub metrics: Arc<Metrics>,
     pub metering: Metering,
+    pub client_secrets: ClientSecrets,
     pub sessions: Arc<Sessions>,
     /// Cancelled when live sessions must close (at once in `close` mode,
     /// after the linger in `linger` mode).
@@ -64,6 +66,8 @@ pub enum StartError {
     Keys(#[from] crate::auth::KeysError),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("client secrets: {0}")]
+    ClientSecrets(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -104,6 +108,8 @@ impl Gateway {
             .collect::<Result<Vec<_>, StartError>>()?;
         let keys = Arc::new(KeyStore::new(load_keys(&config)?));
         let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
+        let client_secrets =
+            ClientSecrets::new(&config, metrics.clone()).map_err(StartError::ClientSecrets)?;
         let ready = routes.iter().all(|r| r.pool.target() == 0);
         Ok(Self {
             config,
@@ -111,6 +117,7 @@ impl Gateway {
             keys,
             metrics,
             metering,
+            client_secrets,
             sessions: Arc::default(),
             shutdown: CancellationToken::new(),
             draining: CancellationToken::new(),
@@ -314,6 +321,18 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 apply(&gw, text)
             }));
         }
+    }
+    // Each signing key file is polled; a change to any re-reads them all.
+    for path in gateway.client_secrets.signing_key_files() {
+        let gw = gateway.clone();
+        let stop = gateway.draining.clone();
+        tokio::spawn(watch::on_change(
+            path.clone(),
+            "client-secret signing key",
+            KEYS_FILE_POLL,
+            stop,
+            move |_| gw.client_secrets.reload(),
+        ));
     }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));

@@ -47,6 +47,13 @@ pub struct TokenLabels {
     pub modality: String,
 }
 
+/// Client-secret refusals: `stage` is `mint` or `connect`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SecretRefusalLabels {
+    pub stage: String,
+    pub reason: String,
+}
+
 fn seconds_histogram() -> Histogram {
     Histogram::new([
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -74,6 +81,8 @@ pub struct Metrics {
     pub client_disconnects: Family<ModelLabel, Counter>,
     pub usage_records_dropped: Family<ModelLabel, Counter>,
     pub store_errors: Counter,
+    pub client_secrets_minted: Family<ModelLabel, Counter>,
+    pub client_secrets_refused: Family<SecretRefusalLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -109,6 +118,8 @@ impl Metrics {
             client_disconnects: Family::default(),
             usage_records_dropped: Family::default(),
             store_errors: Counter::default(),
+            client_secrets_minted: Family::default(),
+            client_secrets_refused: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -184,6 +195,16 @@ impl Metrics {
             "store_errors",
             "Failed or timed-out store calls (fail open)",
             m.store_errors.clone(),
+        );
+        r.register(
+            "client_secrets_minted",
+            "Client secrets minted, by model",
+            m.client_secrets_minted.clone(),
+        );
+        r.register(
+            "client_secrets_refused",
+            "Client-secret mints and connects refused, by stage and reason",
+            m.client_secrets_refused.clone(),
         );
         Self { registry, ..m }
     }
