@@ -13,7 +13,8 @@
 //! stored, and connecting fails (503) when it cannot be read.
 //!
 //! Caveats: the memory map holds at most [`MAX_MEMORY_CONFIGS`] live entries
-//! (further mints get 503 until some expire), swept of expired ones every
+//! and [`MAX_MEMORY_CONFIG_BYTES`] of config text (further mints get 503
+//! until some expire), swept of expired ones every
 //! [`SWEEP_EVERY_PUTS`] puts. The Redis connection is this module's own
 //! (a lazily connecting `ConnectionManager` on the `[store]` URL).
 
@@ -28,6 +29,8 @@ use crate::store::{StoreError, CALL_TIMEOUT};
 
 /// Live entries the memory map holds at most.
 pub const MAX_MEMORY_CONFIGS: usize = 100_000;
+/// Config text the memory map holds at most, in bytes.
+pub const MAX_MEMORY_CONFIG_BYTES: usize = 64 << 20;
 /// Puts between sweeps of expired memory entries.
 pub const SWEEP_EVERY_PUTS: u64 = 256;
 
@@ -42,6 +45,8 @@ pub enum SessionConfigs {
 #[derive(Debug, Default)]
 pub struct MemoryConfigs {
     entries: HashMap<String, (String, Instant)>,
+    /// Bytes of config text in `entries`.
+    bytes: usize,
     puts: u64,
 }
 
@@ -49,14 +54,24 @@ impl MemoryConfigs {
     /// Stores `config` until `now + ttl`; `false` when full.
     fn put_at(&mut self, id: &str, config: &str, ttl: Duration, now: Instant) -> bool {
         self.puts += 1;
-        if self.puts.is_multiple_of(SWEEP_EVERY_PUTS) || self.entries.len() >= MAX_MEMORY_CONFIGS {
+        let full = |m: &Self| {
+            m.entries.len() >= MAX_MEMORY_CONFIGS
+                || m.bytes + config.len() > MAX_MEMORY_CONFIG_BYTES
+        };
+        if self.puts.is_multiple_of(SWEEP_EVERY_PUTS) || full(self) {
             self.entries.retain(|_, (_, exp)| *exp > now);
+            self.bytes = self.entries.values().map(|(c, _)| c.len()).sum();
         }
-        if self.entries.len() >= MAX_MEMORY_CONFIGS {
+        if full(self) {
             return false;
         }
-        self.entries
-            .insert(id.to_string(), (config.to_string(), now + ttl));
+        self.bytes += config.len();
+        if let Some((old, _)) = self
+            .entries
+            .insert(id.to_string(), (config.to_string(), now + ttl))
+        {
+            self.bytes -= old.len();
+        }
         true
     }
 
@@ -207,6 +222,21 @@ mod tests {
         // Once they expired, the sweep makes room.
         assert!(m.put_at("one-more", "{}", ttl, t0 + ttl));
         assert_eq!(m.entries.len(), 1);
+        assert_eq!(m.bytes, 2);
+    }
+
+    #[test]
+    fn the_memory_map_is_bounded_in_bytes_too() {
+        let mut m = MemoryConfigs::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let big = "x".repeat(MAX_MEMORY_CONFIG_BYTES / 4);
+        for i in 0..4 {
+            assert!(m.put_at(&i.to_string(), &big, ttl, t0));
+        }
+        assert!(!m.put_at("4", "y", ttl, t0));
+        assert!(m.put_at("4", "y", ttl, t0 + ttl));
+        assert_eq!(m.bytes, 1);
     }
 
     #[tokio::test]
