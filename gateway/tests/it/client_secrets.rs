@@ -304,7 +304,7 @@ async fn a_secret_is_bound_to_its_model_with_403() {
 }
 
 #[tokio::test]
-async fn disabling_the_parent_key_invalidates_its_secrets_at_the_next_connect() {
+async fn disabling_the_parent_key_ends_live_secret_sessions_and_refuses_the_next_connect() {
     let sim = sim(SimConfig::default()).await;
     let keys = TempFile::new("keys.toml", &key_entry("parent", "pb-parent", ""));
     let gw = gateway(&gateway_toml(
@@ -315,11 +315,17 @@ async fn disabling_the_parent_key_invalidates_its_secrets_at_the_next_connect() 
     let (status, _, body) = mint_with(gw.addr, "pb-parent", json!({})).await;
     assert_eq!(status, 200, "{body}");
     let secret = body["value"].as_str().unwrap().to_string();
-    let (ws, _, updated) = open_by_subprotocol(gw.addr, &secret).await;
+    let (mut live, _, updated) = open_by_subprotocol(gw.addr, &secret).await;
     assert_eq!(kind(&updated), "session.updated");
-    drop(ws);
 
     std::fs::write(&keys.0, key_entry("parent", "pb-parent", "disabled = true")).unwrap();
+    // The live session of the disabled parent ends as any of its sessions.
+    let (texts, code, _) = until_close(&mut live).await;
+    assert_eq!(code, Some(1008), "{texts:?}");
+    assert!(
+        texts.iter().any(|t| t.contains("invalid_api_key")),
+        "{texts:?}"
+    );
     assert!(
         eventually(|| gw
             .gateway
