@@ -6,8 +6,8 @@
 //! 2. the TOML file (`--config`, else `patchbay.toml` when present);
 //! 3. `PATCHBAY_<SECTION>_<KEY>` for the table sections (`server`, `pool`,
 //!    `relay`, `limits`, `metering`, `store`, `keys`, `drain`,
-//!    `client_secrets`), parsed as a
-//!    TOML value when it is one (`10`, `true`, `"x"`), else taken as a string;
+//!    `client_secrets`), parsed as a TOML value when it is one (`10`,
+//!    `true`, `"x"`, `["a", "b"]`), else taken as a string;
 //! 4. the well-known `REALTIME_POOL_SIZE` and `REALTIME_POOL_MAX_IDLE_SECS`.
 //!
 //! Unknown keys are errors (`deny_unknown_fields`), so a typo never silently

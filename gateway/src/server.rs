@@ -5,10 +5,10 @@
 //!
 //! hyper's HTTP/1 connection builder is used directly for the upgrade path
 //! (the relay forwards frames undecoded, which axum's WebSocket extractor
-//! would not), and owning the accept loop gives the knobs it needs: a listen backlog of [`LISTEN_BACKLOG`] for connect bursts,
-//! `TCP_NODELAY` on every accepted socket, and a header read timeout
-//! (`upgrade_timeout_secs`) so half-open upgrades are dropped instead of
-//! piling up. Each connection is its own task, so a stalled one never delays
+//! would not), and owning the accept loop gives the knobs it needs: a
+//! listen backlog of [`LISTEN_BACKLOG`] for connect bursts, `TCP_NODELAY` on
+//! every accepted socket, and a header read timeout (`upgrade_timeout_secs`)
+//! so half-open upgrades are dropped instead of piling up. Each connection is its own task, so a stalled one never delays
 //! another.
 //!
 //! Checks before the 101, in order: WebSocket handshake (else the request

@@ -40,7 +40,7 @@ use crate::gateway::{Gateway, Route};
 use crate::metering::{EndReason, SessionMeta};
 use crate::metrics::{model, OutcomeLabels};
 use crate::relay::{self, Kill, Limits, Tap};
-use crate::upstream::dial::{DialError, Warm};
+use crate::upstream::dial::{DialError, UpstreamSocket, Warm};
 
 /// Client frames held while the upstream is dialled; past either bound the
 /// client is not read until the upstream is ready (TCP pushes back), so a
@@ -190,69 +190,17 @@ impl Session {
             .observe(setup.as_secs_f64());
 
         // A client secret's minted config, applied before any client frame.
-        let mut applied = Vec::new();
-        if let Some(grant) = &self.client_secret {
-            let update = grant.session_update(self.route.config.protocol);
-            let work = apply::apply(&mut warm.ws, update, timeout);
-            let result = match hold_client_while(&mut client, work, &mut held, &shutdown).await {
-                Hold::Done(r) => r,
-                Hold::ClientLeft => {
-                    let _ = client.close(None).await;
-                    let _ = tokio::time::timeout(relay::CLOSE_GRACE, warm.ws.close(None)).await;
-                    self.log_end("client_left_before_session", None, None, Some(setup));
-                    return;
-                }
-                Hold::Shutdown => {
-                    let _ = client
-                        .send(Message::Close(Some(relay::close(
-                            1001,
-                            "server shutting down",
-                        ))))
-                        .await;
-                    let _ = tokio::time::timeout(relay::CLOSE_GRACE, warm.ws.close(None)).await;
-                    self.log_end("shutdown", Some(1001), None, Some(setup));
-                    return;
-                }
-            };
-            match result {
-                Ok(frames) => applied = frames,
-                Err(e) => {
-                    tracing::warn!(session_id = %self.id, client_secret_id = %grant.id, error = %e, "minted session config not applied");
-                    let event = match e {
-                        ApplyError::Refused { frame } => frame,
-                        other => error_event(
-                            "server_error",
-                            "session_config_failed",
-                            &format!("the minted session config could not be applied: {other}"),
-                        ),
-                    };
-                    let _ = client.feed(Message::text(event)).await;
-                    let _ = client
-                        .send(Message::Close(Some(relay::close(
-                            1011,
-                            "session config refused",
-                        ))))
-                        .await;
-                    let _ = tokio::time::timeout(relay::CLOSE_GRACE, warm.ws.close(None)).await;
-                    let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
-                        while let Some(Ok(_)) = client.next().await {}
-                    })
-                    .await;
-                    self.log_end("session_config_refused", Some(1011), None, Some(setup));
-                    return;
+        let applied = match &self.client_secret {
+            Some(grant) => {
+                let applying =
+                    self.apply_minted_config(grant, &mut client, &mut warm.ws, &mut held, setup);
+                match applying.await {
+                    Some(frames) => frames,
+                    None => return,
                 }
             }
-            for frame in &applied {
-                if client.feed(frame.clone()).await.is_err() {
-                    self.log_end("client_gone", None, None, Some(setup));
-                    return;
-                }
-            }
-            if client.flush().await.is_err() {
-                self.log_end("client_gone", None, None, Some(setup));
-                return;
-            }
-        }
+            None => Vec::new(),
+        };
 
         let limits = Limits {
             idle_timeout: Duration::from_secs(gw.config.relay.idle_timeout_secs),
@@ -291,6 +239,83 @@ impl Session {
             spliced.upstream_code,
             Some(setup),
         );
+    }
+
+    /// Sends a client secret's minted config upstream and waits for
+    /// `session.updated` while holding client frames, then gives the client
+    /// what the upstream sent meanwhile. Returns those frames (for the
+    /// tracker), or `None` when the session ended here (closed and logged).
+    async fn apply_minted_config(
+        &self,
+        grant: &Grant,
+        client: &mut ClientSocket,
+        upstream: &mut UpstreamSocket,
+        held: &mut Held,
+        setup: Duration,
+    ) -> Option<Vec<Message>> {
+        let gw = &self.gateway;
+        let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+        let update = grant.session_update(self.route.config.protocol);
+        let work = apply::apply(upstream, update, timeout);
+        let result = match hold_client_while(client, work, held, &gw.shutdown).await {
+            Hold::Done(r) => r,
+            Hold::ClientLeft => {
+                let _ = client.close(None).await;
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
+                self.log_end("client_left_before_session", None, None, Some(setup));
+                return None;
+            }
+            Hold::Shutdown => {
+                let _ = client
+                    .send(Message::Close(Some(relay::close(
+                        1001,
+                        "server shutting down",
+                    ))))
+                    .await;
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
+                self.log_end("shutdown", Some(1001), None, Some(setup));
+                return None;
+            }
+        };
+        let frames = match result {
+            Ok(frames) => frames,
+            Err(e) => {
+                tracing::warn!(session_id = %self.id, client_secret_id = %grant.id, error = %e, "minted session config not applied");
+                let event = match e {
+                    ApplyError::Refused { frame } => frame,
+                    other => error_event(
+                        "server_error",
+                        "session_config_failed",
+                        &format!("the minted session config could not be applied: {other}"),
+                    ),
+                };
+                let _ = client.feed(Message::text(event)).await;
+                let _ = client
+                    .send(Message::Close(Some(relay::close(
+                        1011,
+                        "session config refused",
+                    ))))
+                    .await;
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
+                    while let Some(Ok(_)) = client.next().await {}
+                })
+                .await;
+                self.log_end("session_config_refused", Some(1011), None, Some(setup));
+                return None;
+            }
+        };
+        for frame in &frames {
+            if client.feed(frame.clone()).await.is_err() {
+                self.log_end("client_gone", None, None, Some(setup));
+                return None;
+            }
+        }
+        if client.flush().await.is_err() {
+            self.log_end("client_gone", None, None, Some(setup));
+            return None;
+        }
+        Some(frames)
     }
 
     fn log_end(
