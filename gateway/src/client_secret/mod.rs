@@ -529,6 +529,27 @@ mod tests {
     }
 
     #[test]
+    fn signing_key_files_can_come_from_the_environment() {
+        let env = |k: &str| match k {
+            "OPENAI_API_KEY" => Some("sk".to_string()),
+            MASTER_KEY_ENV => Some("pb".to_string()),
+            "PATCHBAY_CLIENT_SECRETS_SIGNING_KEY_FILES" => {
+                Some(r#"["/nonexistent/a", "/nonexistent/b"]"#.to_string())
+            }
+            "PATCHBAY_CLIENT_SECRETS_MAX_TTL_SECS" => Some("60".to_string()),
+            _ => None,
+        };
+        let e = Config::from_toml_with_env("", &env).unwrap_err();
+        assert_eq!(e.key, "client_secrets.signing_key_files[0]", "{e}");
+        let env_ttl = |k: &str| match k {
+            "PATCHBAY_CLIENT_SECRETS_SIGNING_KEY_FILES" => None,
+            k => env(k),
+        };
+        let c = Config::from_toml_with_env("", &env_ttl).unwrap();
+        assert_eq!(c.client_secrets.max_ttl_secs, 60);
+    }
+
+    #[test]
     fn bad_signing_key_files_are_named_in_the_config_error() {
         let env = |k: &str| match k {
             "OPENAI_API_KEY" => Some("sk".to_string()),

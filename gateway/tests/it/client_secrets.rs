@@ -567,3 +567,35 @@ async fn a_secret_minted_on_one_gateway_opens_a_configured_session_on_another() 
     assert_eq!(v["session"]["instructions"], "Minted on A.");
     one_turn(&mut ws).await;
 }
+
+#[tokio::test]
+async fn signing_key_files_are_re_read_live() {
+    let sim = sim(SimConfig::default()).await;
+    let (key_file, toml) = signing_key();
+    let gw = gateway(&gateway_toml(&sim.url(false), &toml)).await;
+    let before = mint(gw.addr, "before").await;
+    let (ws, _, _) = open_by_subprotocol(gw.addr, &before).await;
+    drop(ws);
+    // The key is replaced (not rotated): secrets it signed stop verifying.
+    std::fs::write(&key_file.0, "a-completely-different-signing-key-0123456789").unwrap();
+    let bearer = format!("Bearer {before}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match connect_with(gw.addr, "", &[("authorization", &bearer)]).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                assert_eq!(r.status().as_u16(), 401);
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replaced key was never re-read"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = mint(gw.addr, "after").await;
+    let (_ws, _, updated) = open_by_subprotocol(gw.addr, &after).await;
+    assert_eq!(kind(&updated), "session.updated");
+}
