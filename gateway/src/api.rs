@@ -37,7 +37,7 @@ pub const CLIENT_SECRETS_PATH: &str = "/v1/realtime/client_secrets";
 
 /// The router for the client listener's non-upgrade requests.
 pub fn router(gw: Arc<Gateway>) -> Router {
-    let mut r = Router::new().route(CLIENT_SECRETS_PATH, post(mint));
+    let mut r = Router::new().route(CLIENT_SECRETS_PATH, post(mint).fallback(method_not_allowed));
     for path in crate::server::REALTIME_PATHS {
         r = r.route(path, any(websocket_required));
     }
@@ -197,6 +197,17 @@ async fn websocket_required(State(gw): State<Arc<Gateway>>) -> ApiError {
         "invalid_request_error",
         "websocket_required",
         "this endpoint only accepts WebSocket upgrades (GET with Upgrade: websocket, version 13)",
+    );
+    crate::server::count_refusal(&gw, "", &r);
+    ApiError(r)
+}
+
+async fn method_not_allowed(State(gw): State<Arc<Gateway>>, method: http::Method) -> ApiError {
+    let r = Refusal::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!("{method} is not allowed here; use POST {CLIENT_SECRETS_PATH}"),
     );
     crate::server::count_refusal(&gw, "", &r);
     ApiError(r)

@@ -453,6 +453,10 @@ async fn the_mint_endpoint_answers_bad_requests_like_openai() {
     assert_eq!(status, 429);
     assert!(head.contains("retry-after:"), "{head}");
     assert_eq!(mint_with(gw.addr, "pb-broke", json!({})).await.0, 402);
+    let (status, body) = http_get(gw.addr, "/v1/realtime/client_secrets").await;
+    assert_eq!(status, 405);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "method_not_allowed");
     // Other paths keep their answers.
     assert_eq!(http_get(gw.addr, "/v1/realtime?model=x").await.0, 400);
     assert_eq!(http_get(gw.addr, "/v1/nothing").await.0, 404);
