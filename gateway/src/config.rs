@@ -5,8 +5,9 @@
 //! 1. built-in defaults ([`Config::default`]);
 //! 2. the TOML file (`--config`, else `patchbay.toml` when present);
 //! 3. `PATCHBAY_<SECTION>_<KEY>` for the table sections (`server`, `pool`,
-//!    `relay`, `limits`, `metering`, `store`, `keys`, `drain`), parsed as a
-//!    TOML value when it is one (`10`, `true`, `"x"`), else taken as a string;
+//!    `relay`, `limits`, `metering`, `store`, `keys`, `drain`,
+//!    `client_secrets`), parsed as a TOML value when it is one (`10`,
+//!    `true`, `"x"`, `["a", "b"]`), else taken as a string;
 //! 4. the well-known `REALTIME_POOL_SIZE` and `REALTIME_POOL_MAX_IDLE_SECS`.
 //!
 //! Unknown keys are errors (`deny_unknown_fields`), so a typo never silently
@@ -30,8 +31,16 @@ pub const DEFAULT_CONFIG_FILE: &str = "patchbay.toml";
 /// Env var that holds a single client key (one-key setups).
 pub const MASTER_KEY_ENV: &str = "PATCHBAY_MASTER_KEY";
 const ENV_PREFIX: &str = "PATCHBAY_";
-const TABLE_SECTIONS: [&str; 8] = [
-    "server", "pool", "relay", "limits", "metering", "store", "keys", "drain",
+const TABLE_SECTIONS: [&str; 9] = [
+    "server",
+    "pool",
+    "relay",
+    "limits",
+    "metering",
+    "store",
+    "keys",
+    "drain",
+    "client_secrets",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +73,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub keys: KeysConfig,
     pub drain: DrainConfig,
+    pub client_secrets: ClientSecretsConfig,
     /// `PATCHBAY_MASTER_KEY`, when set.
     #[serde(skip)]
     pub master_key: Option<Secret>,
@@ -85,6 +95,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             keys: KeysConfig::default(),
             drain: DrainConfig::default(),
+            client_secrets: ClientSecretsConfig::default(),
             master_key: None,
             source: None,
         }
@@ -397,6 +408,10 @@ pub struct PriceRow {
 pub struct StoreConfig {
     /// Env var holding the Redis URL; unset = in-memory store.
     pub redis_url_env: Option<String>,
+    /// PEM file of the CA(s) a `rediss://` server's certificate must chain
+    /// to (private CAs); unset = the public webpki roots. Verification is
+    /// always on.
+    pub ca_file: Option<PathBuf>,
     /// Resolved from `redis_url_env` during validation.
     #[serde(skip)]
     pub redis_url: Option<Secret>,
@@ -431,6 +446,28 @@ impl Default for DrainConfig {
             wait_secs: 10,
             mode: DrainMode::Close,
             linger_secs: 0,
+        }
+    }
+}
+
+/// `[client_secrets]`: the keys that sign and verify client secrets, and
+/// the longest life a secret may be given.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientSecretsConfig {
+    /// Files each holding one signing key (at least 32 bytes, whitespace
+    /// trimmed): the first signs, all verify; re-read live. Empty: a random
+    /// key made at start, so secrets work on this process only.
+    pub signing_key_files: Vec<PathBuf>,
+    /// Cap on `expires_after.seconds` (10..=7200).
+    pub max_ttl_secs: u64,
+}
+
+impl Default for ClientSecretsConfig {
+    fn default() -> Self {
+        Self {
+            signing_key_files: Vec::new(),
+            max_ttl_secs: crate::client_secret::request::MAX_TTL_SECS,
         }
     }
 }
@@ -556,8 +593,7 @@ impl Config {
                 }
             };
             let mut ups = route.upstream_list();
-            for j in 0..ups.len() {
-                let up = &mut ups[j];
+            for (j, up) in ups.iter_mut().enumerate() {
                 if up.name.trim().is_empty() {
                     return Err(ConfigError::new(prefix(j, "name"), "must not be empty"));
                 }
@@ -662,6 +698,9 @@ impl Config {
                             format!("{var} must hold a redis:// or rediss:// URL"),
                         ));
                     }
+                    validate_redis_url(url, self.store.ca_file.is_some()).map_err(|m| {
+                        ConfigError::new("store.redis_url_env", format!("{var}: {m}"))
+                    })?;
                     self.store.redis_url = Some(Secret::new(url));
                 }
                 _ => {
@@ -670,6 +709,17 @@ impl Config {
                         format!("environment variable {var} (the Redis URL) is not set"),
                     ))
                 }
+            }
+        }
+        if let Some(ca) = &self.store.ca_file {
+            if self.store.redis_url.is_none() {
+                return Err(ConfigError::new(
+                    "store.ca_file",
+                    "needs a rediss:// store (set store.redis_url_env)",
+                ));
+            }
+            if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
+                return Err(ConfigError::new("store.ca_file", e.to_string()));
             }
         }
         match &self.keys.file {
@@ -689,6 +739,24 @@ impl Config {
         }
         if self.drain.wait_secs == 0 {
             return Err(ConfigError::new("drain.wait_secs", "must be at least 1"));
+        }
+        {
+            use crate::client_secret::request::{MAX_TTL_SECS, MIN_TTL_SECS};
+            let ttl = self.client_secrets.max_ttl_secs;
+            if !(MIN_TTL_SECS..=MAX_TTL_SECS).contains(&ttl) {
+                return Err(ConfigError::new(
+                    "client_secrets.max_ttl_secs",
+                    format!("must be from {MIN_TTL_SECS} to {MAX_TTL_SECS}"),
+                ));
+            }
+            for (i, f) in self.client_secrets.signing_key_files.iter().enumerate() {
+                if let Err(e) = crate::client_secret::read_signing_key(f) {
+                    return Err(ConfigError::new(
+                        format!("client_secrets.signing_key_files[{i}]"),
+                        e,
+                    ));
+                }
+            }
         }
         // Every duration is added to a clock reading somewhere; past a year
         // it is a typo, and near u64::MAX seconds the addition would
@@ -719,6 +787,24 @@ impl Config {
     pub fn route(&self, model: &str) -> Option<&RouteConfig> {
         self.routes.iter().find(|r| r.model == model)
     }
+}
+
+/// A store URL the gateway can use safely: TLS certificates are always
+/// verified (redis-rs's `#insecure` fragment is refused), and a `ca_file`
+/// only makes sense for `rediss://`. Never echoes the URL (it may hold a
+/// password).
+fn validate_redis_url(url: &str, has_ca_file: bool) -> Result<(), String> {
+    let parsed = Url::parse(url).map_err(|e| format!("not a valid URL: {e}"))?;
+    if parsed.fragment().is_some() {
+        return Err(
+            "a URL fragment (such as #insecure) is not accepted: TLS certificates are always verified"
+                .into(),
+        );
+    }
+    if has_ca_file && parsed.scheme() != "rediss" {
+        return Err("store.ca_file is set, so the URL must be rediss:// (TLS)".into());
+    }
+    Ok(())
 }
 
 /// Every price must be a finite number >= 0.
@@ -831,9 +917,10 @@ fn section_keys(section: &str) -> &'static [&'static str] {
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
         "limits" => &["max_sessions"],
         "metering" => &["flush_secs", "unpriced", "stream_maxlen"],
-        "store" => &["redis_url_env"],
+        "store" => &["redis_url_env", "ca_file"],
         "keys" => &["file"],
         "drain" => &["wait_secs", "mode", "linger_secs"],
+        "client_secrets" => &["signing_key_files", "max_ttl_secs"],
         _ => &[],
     }
 }
@@ -1052,6 +1139,9 @@ mod tests {
             wait_secs = 10
             mode = "close"
             linger_secs = 0
+            [client_secrets]
+            signing_key_files = []
+            max_ttl_secs = 3600
         "#;
         let c = Config::from_toml_with_env(
             toml,
@@ -1068,5 +1158,48 @@ mod tests {
         assert_eq!(c.prices[0].audio_output, 64.0);
         assert_eq!(c.metering.unpriced, Unpriced::Block);
         assert!(c.store.redis_url.is_some());
+        assert_eq!(c.client_secrets.max_ttl_secs, 3600);
+    }
+
+    #[test]
+    fn store_tls_verification_cannot_be_turned_off_and_ca_file_needs_rediss() {
+        let with = |url: &str, extra: &str| {
+            let toml = format!("[store]\nredis_url_env = \"REDIS\"\n{extra}");
+            let mut env: Vec<(&str, &str)> = BASE_ENV.to_vec();
+            env.push(("REDIS", url));
+            Config::from_toml_with_env(&toml, &env_of(&env))
+        };
+        let e = with("rediss://redis.example:6380/#insecure", "").unwrap_err();
+        assert_eq!(e.key, "store.redis_url_env");
+        assert!(e.message.contains("always verified"), "{e}");
+        assert!(
+            !e.message.contains("redis.example"),
+            "never echo the URL: {e}"
+        );
+        let e = with("redis://127.0.0.1:6379", "ca_file = \"/nonexistent.pem\"").unwrap_err();
+        assert_eq!(e.key, "store.redis_url_env");
+        assert!(e.message.contains("rediss://"), "{e}");
+        let e = with(
+            "rediss://u:p@127.0.0.1:6380",
+            "ca_file = \"/nonexistent.pem\"",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "store.ca_file");
+        let c = with("rediss://alice:s3cret@127.0.0.1:6380/0", "").unwrap();
+        assert!(c.store.redis_url.is_some());
+        let no_store = Config::from_toml_with_env(
+            "[store]\nca_file = \"/nonexistent.pem\"\n",
+            &env_of(BASE_ENV),
+        )
+        .unwrap_err();
+        assert_eq!(no_store.key, "store.ca_file");
+        let mut env: Vec<(&str, &str)> = BASE_ENV.to_vec();
+        env.extend([
+            ("REDIS", "rediss://127.0.0.1:6380"),
+            ("PATCHBAY_STORE_CA_FILE", "/nonexistent.pem"),
+        ]);
+        let e = Config::from_toml_with_env("[store]\nredis_url_env = \"REDIS\"\n", &env_of(&env))
+            .unwrap_err();
+        assert_eq!(e.key, "store.ca_file", "the env override reaches ca_file");
     }
 }

@@ -13,11 +13,13 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Sessions;
-use crate::auth::{KeySet, KeyStore};
+use crate::admission::{fallback_admits, Permit, Refusal, Sessions};
+use crate::auth::{model_allowed, KeyEntry, KeySet, KeyStore};
+use crate::client_secret::ClientSecrets;
 use crate::config::{Config, RouteConfig, UpstreamConfig};
 use crate::metering::Metering;
 use crate::metrics::{Metrics, UpstreamLabels};
+use crate::store::leases::{Acquire, Lease, Leases};
 use crate::upstream::breaker::Breaker;
 use crate::upstream::dial::Upstream;
 use crate::upstream::pool::{parse_size_file, Pool};
@@ -181,7 +183,10 @@ pub struct Gateway {
     pub keys: Arc<KeyStore>,
     pub metrics: Arc<Metrics>,
     pub metering: Metering,
+    pub client_secrets: ClientSecrets,
     pub sessions: Arc<Sessions>,
+    /// Fleet-wide session leases for capped keys (Redis configured).
+    pub leases: Option<Leases>,
     /// Cancelled when live sessions must close (at once in `close` mode,
     /// after the linger in `linger` mode).
     pub shutdown: CancellationToken,
@@ -201,6 +206,8 @@ pub enum StartError {
     Keys(#[from] crate::auth::KeysError),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("client secrets: {0}")]
+    ClientSecrets(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -262,6 +269,17 @@ impl Gateway {
             .collect::<Result<Vec<_>, StartError>>()?;
         let keys = Arc::new(KeyStore::new(load_keys(&config)?));
         let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
+        let leases = match &config.store.redis_url {
+            Some(url) => Some(Leases::with_ca_file(
+                url.expose(),
+                crate::store::DEFAULT_PREFIX,
+                config.store.ca_file.as_deref(),
+                metrics.clone(),
+            )?),
+            None => None,
+        };
+        let client_secrets =
+            ClientSecrets::new(&config, metrics.clone()).map_err(StartError::ClientSecrets)?;
         let ready = routes.iter().all(|r| r.pool_size() == 0);
         Ok(Self {
             config,
@@ -269,7 +287,9 @@ impl Gateway {
             keys,
             metrics,
             metering,
+            client_secrets,
             sessions: Arc::default(),
+            leases,
             shutdown: CancellationToken::new(),
             draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -277,30 +297,76 @@ impl Gateway {
         })
     }
 
-    /// Every check before the 101 that needs no network: draining, the
-    /// process cap, the key's session cap, then the store-backed ones (rpm,
-    /// tpm, budgets, unpriced). The permit is released if a later check
-    /// refuses.
+    /// Every check before the 101, in the order of [`crate::admission`]:
+    /// the key's model allow-list (403, before anything is counted),
+    /// draining, the process cap, the key's session cap (across the fleet
+    /// with Redis: the session takes a lease named `session_id`), then the
+    /// store-backed ones (rpm, tpm, budgets, unpriced). The permit, and the
+    /// lease it holds, are released if a later check refuses.
     pub async fn admit(
         &self,
-        key: &crate::auth::KeyEntry,
+        key: &KeyEntry,
         route: &Route,
-    ) -> Result<crate::admission::Permit, crate::admission::Refusal> {
+        session_id: &str,
+    ) -> Result<Permit, Refusal> {
+        let keys = self.keys.get();
+        let team = key.team.as_deref().and_then(|t| keys.team(t));
+        if !model_allowed(key, team, &route.config.model) {
+            return Err(Refusal::model_not_allowed(&route.config.model));
+        }
         let gauge = self
             .metrics
             .sessions_active
             .get_or_create(&crate::metrics::model(&route.config.model))
             .clone();
-        let permit = self.sessions.admit(
-            self.config.limits.max_sessions,
-            &key.id,
-            key.max_sessions,
-            gauge,
-        )?;
-        let keys = self.keys.get();
-        let team = key.team.as_deref().and_then(|t| keys.team(t));
+        let fleet = self.leases.as_ref().zip(key.max_sessions);
+        // With fleet leases the key's cap is checked in Redis below; the
+        // process still counts the key's sessions for the fallback.
+        let local_cap = if fleet.is_some() {
+            None
+        } else {
+            key.max_sessions
+        };
+        let mut permit =
+            self.sessions
+                .admit(self.config.limits.max_sessions, &key.id, local_cap, gauge)?;
+        if let Some((leases, cap)) = fleet {
+            permit.hold_lease(self.fleet_lease(leases, key, cap, session_id).await?);
+        }
         self.metering.admit(key, team, &route.config).await?;
         Ok(permit)
+    }
+
+    /// The key's fleet-wide session cap: a lease from Redis, or, when Redis
+    /// does not answer, this process's count (fail open). A lease held
+    /// without Redis's answer is written by the next renewal tick.
+    async fn fleet_lease(
+        &self,
+        leases: &Leases,
+        key: &KeyEntry,
+        cap: usize,
+        session_id: &str,
+    ) -> Result<Lease, Refusal> {
+        match leases
+            .acquire(&key.id, session_id, cap, std::time::SystemTime::now())
+            .await
+        {
+            Ok(Acquire::Granted { lease, .. }) => Ok(lease),
+            Ok(Acquire::Full { .. }) => Err(Refusal::key_session_cap(&key.id, cap, true)),
+            Err(e) => {
+                self.metrics.store_errors.inc();
+                self.metrics.session_lease_fallbacks.inc();
+                tracing::warn!(error = %e, key_id = %key.id, "session lease unavailable; counting this process's sessions");
+                // Held even when refused: dropping it sends a removal, in
+                // case the script ran although its reply was lost.
+                let lease = leases.hold(&key.id, session_id);
+                if fallback_admits(cap, self.sessions.key_active(&key.id)) {
+                    Ok(lease)
+                } else {
+                    Err(Refusal::key_session_cap(&key.id, cap, false))
+                }
+            }
+        }
     }
 
     /// Sets every route's pool size (clamped to `[pool] max_size`).
@@ -349,59 +415,52 @@ fn initial_pool_size(config: &Config) -> usize {
 
 /// A live-reloaded file: its path (if configured), what it is, how often it
 /// is polled, and what a change does.
+/// A live-reloaded file: its path, what it is (for log lines), its label in
+/// `patchbay_config_reloads_total{file}`, the poll period and how to apply it.
 type Watcher = (
     Option<std::path::PathBuf>,
     &'static str,
+    &'static str,
     Duration,
-    fn(&Gateway, &str),
+    fn(&Gateway, &str) -> Result<(), String>,
 );
 
 /// Applies the size file's size when it is valid and differs; a bad value
-/// is logged and ignored.
-fn apply_size_file(gw: &Gateway, text: &str) {
-    match parse_size_file(text) {
-        Ok(n) => {
-            let n = n.min(gw.config.pool.max_size);
-            if gw.routes.first().is_some_and(|r| r.pool_size() != n) {
-                tracing::info!(size = n, "pool size changed");
-                gw.set_pool_size(n);
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "ignoring an invalid pool size file"),
+/// is refused (the watcher logs and counts it).
+fn apply_size_file(gw: &Gateway, text: &str) -> Result<(), String> {
+    let n = parse_size_file(text)?.min(gw.config.pool.max_size);
+    if gw.routes.first().is_some_and(|r| r.pool_size() != n) {
+        tracing::info!(size = n, "pool size changed");
+        gw.set_pool_size(n);
     }
+    Ok(())
 }
 
 /// Swaps in the keys file's key set; an invalid file keeps the current one.
-fn apply_keys_file(gw: &Gateway, text: &str) {
-    match KeySet::parse(text) {
-        Ok(set) => {
-            let set = match &gw.config.master_key {
-                Some(m) => set.with_master(m),
-                None => set,
-            };
-            tracing::debug!(keys = set.len(), "keys file loaded");
-            gw.keys.replace(set);
-        }
-        Err(e) => tracing::warn!(error = %e, "invalid keys file; keeping the current keys"),
-    }
+fn apply_keys_file(gw: &Gateway, text: &str) -> Result<(), String> {
+    let set = KeySet::parse(text)?;
+    let set = match &gw.config.master_key {
+        Some(m) => set.with_master(m),
+        None => set,
+    };
+    tracing::debug!(keys = set.len(), "keys file loaded");
+    gw.keys.replace(set);
+    Ok(())
 }
 
 /// Applies the config file's `[[prices]]` (the meter reads prices at every
 /// flush, so an edit applies from the next flush); other sections need a
 /// restart, and an invalid edit is ignored.
-fn apply_prices(gw: &Gateway, text: &str) {
-    match crate::config::prices_from_toml(text) {
-        Ok(prices) => {
-            if prices != *gw.metering.prices() {
-                tracing::info!(
-                    rows = prices.len(),
-                    "prices reloaded; other changes apply on restart"
-                );
-                gw.metering.set_prices(prices);
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "ignoring an invalid price edit"),
+fn apply_prices(gw: &Gateway, text: &str) -> Result<(), String> {
+    let prices = crate::config::prices_from_toml(text).map_err(|e| e.to_string())?;
+    if prices != *gw.metering.prices() {
+        tracing::info!(
+            rows = prices.len(),
+            "prices reloaded; other changes apply on restart"
+        );
+        gw.metering.set_prices(prices);
     }
+    Ok(())
 }
 
 /// `/readyz` turns ready once every pool first reached its target, or when
@@ -457,6 +516,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         addr: gateway.config.server.admin_listen,
         source,
     })?;
+    if let Some(leases) = &gateway.leases {
+        leases.spawn_renewal();
+    }
     for route in &gateway.routes {
         for u in &route.upstreams {
             gateway
@@ -471,30 +533,59 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         (
             gateway.config.pool.size_file.clone(),
             "pool size file",
+            "pool_size",
             SIZE_FILE_POLL,
             apply_size_file,
         ),
         (
             gateway.config.keys.file.clone(),
             "keys file",
+            "keys",
             KEYS_FILE_POLL,
             apply_keys_file,
         ),
         (
             gateway.config.source.clone(),
             "config file",
+            "config",
             CONFIG_FILE_POLL,
             apply_prices,
         ),
     ];
-    for (path, what, poll, apply) in watchers {
+    for (path, what, file, poll, apply) in watchers {
         if let Some(path) = path {
             let gw = gateway.clone();
             let stop = gateway.draining.clone();
-            tokio::spawn(watch::on_change(path, what, poll, stop, move |text| {
-                apply(&gw, text)
-            }));
+            let reloads = watch::Reloads {
+                file,
+                counters: gateway.metrics.config_reloads.clone(),
+            };
+            tokio::spawn(watch::on_change(
+                path,
+                what,
+                poll,
+                stop,
+                reloads,
+                move |text| apply(&gw, text),
+            ));
         }
+    }
+    // Each signing key file is polled; a change to any re-reads them all.
+    for path in gateway.client_secrets.signing_key_files() {
+        let gw = gateway.clone();
+        let stop = gateway.draining.clone();
+        let reloads = watch::Reloads {
+            file: "signing_key",
+            counters: gateway.metrics.config_reloads.clone(),
+        };
+        tokio::spawn(watch::on_change(
+            path.clone(),
+            "client-secret signing key",
+            KEYS_FILE_POLL,
+            stop,
+            reloads,
+            move |_| gw.client_secrets.reload(),
+        ));
     }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));

@@ -73,7 +73,15 @@ async fn linger_mode_refuses_new_upgrades_with_503_and_lets_a_live_session_finis
     let mut ws = connect(child.addr).await;
     recv_text(&mut ws).await;
     child.sigterm();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Draining has begun once `/readyz` fails: admission refuses from then.
+    let deadline = Instant::now() + WAIT;
+    while http_get(child.admin_addr, "/readyz").await.0 != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never failed after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let bearer = format!("Bearer {CLIENT_KEY}");
     let (status, headers, body) = refused(

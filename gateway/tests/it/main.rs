@@ -1,12 +1,19 @@
 //! The gateway's integration tests, as one test binary: each module starts
 //! what it needs (simulator, gateway, Redis client) on 127.0.0.1.
 
+mod client_secrets;
 mod common;
 mod drain;
+mod fleet;
 mod keys;
+mod log_pipe;
+mod log_secrets;
 mod metering;
 mod metering_relay;
 mod metering_store;
 mod pool;
+mod redis_server;
 mod relay;
+mod store_outbox;
+mod store_tls;
 mod tls_and_config;

@@ -107,9 +107,14 @@ async fn size_file_grows_and_shrinks_the_pool_live_and_bad_values_are_ignored() 
     assert!(eventually(|| pool.len() == 1).await);
     assert!(eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 1).await);
 
+    assert_eq!(reloads(&gw, "pool_size", "rejected"), 0);
     std::fs::write(&file, "lots").unwrap();
-    tokio::time::sleep(patchbay_gateway::gateway::SIZE_FILE_POLL * 2).await;
+    assert!(
+        eventually(|| reloads(&gw, "pool_size", "rejected") == 1).await,
+        "the watcher never refused the invalid size"
+    );
     assert_eq!(pool.target(), 1, "an invalid size is ignored");
+    assert_eq!(pool.len(), 1);
     let _ = std::fs::remove_file(file);
 }
 
