@@ -389,6 +389,10 @@ impl Default for MeteringConfig {
 #[serde(deny_unknown_fields)]
 pub struct PriceRow {
     pub model: String,
+    /// Prices only sessions on the route upstream of this name (several
+    /// upstreams per route); a row without it prices every upstream.
+    #[serde(default)]
+    pub upstream: Option<String>,
     #[serde(default)]
     pub text_input: f64,
     #[serde(default)]
@@ -843,6 +847,54 @@ pub fn prices_from_toml(text: &str) -> Result<Vec<PriceRow>, ConfigError> {
     })?;
     validate_prices(&prices)?;
     Ok(prices)
+}
+
+/// One upstream's live balancing settings, from a config file's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Balance {
+    pub route: String,
+    pub upstream: String,
+    pub priority: u32,
+    pub weight: u32,
+}
+
+/// The `priority` and `weight` of every `[[routes.upstreams]]` entry in a
+/// config file's text: what a live balancing edit changes (the upstream
+/// list itself needs a restart). Entries without a name or with a value
+/// that is not a whole number >= 0 make the edit invalid, named by key.
+pub fn balances_from_toml(text: &str) -> Result<Vec<Balance>, ConfigError> {
+    let doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
+    let mut out = Vec::new();
+    let routes = doc.get("routes").and_then(|r| r.as_array());
+    for (i, route) in routes.into_iter().flatten().enumerate() {
+        let Some(model) = route.get("model").and_then(|m| m.as_str()) else {
+            continue;
+        };
+        let ups = route.get("upstreams").and_then(|u| u.as_array());
+        for (j, up) in ups.into_iter().flatten().enumerate() {
+            let key = |k: &str| format!("routes[{i}].upstreams[{j}].{k}");
+            let name = up
+                .get("name")
+                .and_then(|n| n.as_str())
+                .ok_or_else(|| ConfigError::new(key("name"), "required"))?;
+            let number = |k: &str, default: u32| -> Result<u32, ConfigError> {
+                match up.get(k) {
+                    None => Ok(default),
+                    Some(v) => v
+                        .as_integer()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| ConfigError::new(key(k), "must be a whole number >= 0")),
+                }
+            };
+            out.push(Balance {
+                route: model.to_string(),
+                upstream: name.to_string(),
+                priority: number("priority", 0)?,
+                weight: number("weight", default_weight())?,
+            });
+        }
+    }
+    Ok(out)
 }
 
 fn validate_upstream_url(provider: Provider, upstream_url: &str) -> Result<(), String> {

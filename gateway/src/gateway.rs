@@ -6,7 +6,7 @@
 //! `serve`, `demo` and the in-process tests.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,11 +57,22 @@ pub struct RouteUpstream {
     pub pool: Arc<Pool>,
     /// Shared by this upstream's session dials and pool refills.
     pub breaker: Arc<Mutex<Breaker>>,
+    /// Live settings (a config edit applies them without a restart).
+    priority: AtomicU32,
+    weight: AtomicU32,
 }
 
 impl RouteUpstream {
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    pub fn priority(&self) -> u32 {
+        self.priority.load(Ordering::Relaxed)
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
     }
 
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
@@ -94,8 +105,8 @@ impl Route {
             .upstreams
             .iter()
             .map(|u| Candidate {
-                priority: u.config.priority,
-                weight: u.config.weight,
+                priority: u.priority(),
+                weight: u.weight(),
                 available: u.breaker().would_allow(now),
             })
             .collect();
@@ -144,14 +155,14 @@ impl Route {
             .iter()
             .zip(&open)
             .filter(|(_, open)| !**open)
-            .map(|(u, _)| u.config.priority)
+            .map(|(u, _)| u.priority())
             .min();
         let serving: Vec<usize> = (0..self.upstreams.len())
-            .filter(|&i| !open[i] && Some(self.upstreams[i].config.priority) == best)
+            .filter(|&i| !open[i] && Some(self.upstreams[i].priority()) == best)
             .collect();
         let weights: Vec<u32> = serving
             .iter()
-            .map(|&i| self.upstreams[i].config.weight)
+            .map(|&i| self.upstreams[i].weight())
             .collect();
         let shares = select::split(size, &weights);
         for (i, u) in self.upstreams.iter().enumerate() {
@@ -247,6 +258,8 @@ impl Gateway {
                             pool = pool.with_breaker(&up.name, breaker.clone());
                         }
                         Ok(RouteUpstream {
+                            priority: AtomicU32::new(up.priority),
+                            weight: AtomicU32::new(up.weight),
                             config: up,
                             upstream,
                             pool: Arc::new(pool),
@@ -453,12 +466,34 @@ fn apply_keys_file(gw: &Gateway, text: &str) -> Result<(), String> {
 /// restart, and an invalid edit is ignored.
 fn apply_prices(gw: &Gateway, text: &str) -> Result<(), String> {
     let prices = crate::config::prices_from_toml(text).map_err(|e| e.to_string())?;
+    let balances = crate::config::balances_from_toml(text).map_err(|e| e.to_string())?;
     if prices != *gw.metering.prices() {
         tracing::info!(
             rows = prices.len(),
             "prices reloaded; other changes apply on restart"
         );
         gw.metering.set_prices(prices);
+    }
+    for route in &gw.routes {
+        let mut changed = false;
+        for u in &route.upstreams {
+            let Some(b) = balances
+                .iter()
+                .find(|b| b.route == route.config.model && b.upstream == u.name())
+            else {
+                continue;
+            };
+            if (b.priority, b.weight) != (u.priority(), u.weight()) {
+                u.priority.store(b.priority, Ordering::Relaxed);
+                u.weight.store(b.weight, Ordering::Relaxed);
+                tracing::info!(model = %route.config.model, upstream = %u.name(),
+                    priority = b.priority, weight = b.weight, "upstream balance reloaded");
+                changed = true;
+            }
+        }
+        if changed {
+            route.rebalance();
+        }
     }
     Ok(())
 }

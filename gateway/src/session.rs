@@ -195,11 +195,23 @@ impl Session {
                         .upstream_dial_seconds
                         .get_or_create(&label)
                         .observe(dial_started.elapsed().as_secs_f64());
-                    if balanced && failover::report(&up.breaker, &result, std::time::Instant::now())
-                    {
-                        tracing::warn!(model = %route.config.model, upstream = %up.name(),
-                            "upstream circuit opened: no dials go to it until a probe succeeds");
-                        route.rebalance();
+                    if balanced {
+                        let change =
+                            failover::report(&up.breaker, &result, std::time::Instant::now());
+                        match change {
+                            failover::Change::Opened => tracing::warn!(
+                                model = %route.config.model, upstream = %up.name(),
+                                "upstream circuit opened: no dials go to it until a probe succeeds"
+                            ),
+                            failover::Change::Closed => tracing::info!(
+                                model = %route.config.model, upstream = %up.name(),
+                                "upstream circuit closed: its probe succeeded"
+                            ),
+                            failover::Change::None => {}
+                        }
+                        if change != failover::Change::None {
+                            route.rebalance();
+                        }
                     }
                     result
                 }

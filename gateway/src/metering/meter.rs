@@ -415,7 +415,7 @@ pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> P
             (m, m, true)
         }
     };
-    let price = pricing::find(prices, row_model, upstream_model);
+    let price = pricing::find(prices, row_model, upstream_model, &meta.upstream);
     let usage = rec.usage.unwrap_or_default();
     let cost_usd = price.map_or(0.0, |p| pricing::cost_usd(p, &usage));
     let rfc3339 = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
@@ -499,6 +499,7 @@ mod tests {
     fn prices() -> Vec<PriceRow> {
         vec![
             PriceRow {
+                upstream: None,
                 model: "gpt-realtime-2025-08-28".into(),
                 text_input: 4.0,
                 cached_text_input: 0.4,
@@ -508,6 +509,7 @@ mod tests {
                 audio_output: 64.0,
             },
             PriceRow {
+                upstream: None,
                 model: "gpt-4o-transcribe".into(),
                 audio_input: 6.0,
                 text_output: 10.0,

@@ -307,8 +307,8 @@ impl Metering {
             &route.model,
             route.budget_usd.map(|b| (b, route.budget_period)),
         );
-        let unpriced = s.config.unpriced == Unpriced::Block
-            && pricing::find(&s.prices(), &route.model, route.upstream_model()).is_none();
+        let unpriced =
+            s.config.unpriced == Unpriced::Block && !pricing::route_priced(&s.prices(), route);
         let counts = if key.rpm.is_some() || key.tpm.is_some() || !budgets.is_empty() {
             let q = AdmitQuery {
                 key_id: key.id.clone(),

@@ -139,13 +139,30 @@ impl Usage {
     }
 }
 
-/// The price row for a route (`model`, else `upstream_model`) or, with both
-/// the same, for a transcription model.
-pub fn find<'a>(prices: &'a [PriceRow], model: &str, upstream_model: &str) -> Option<&'a PriceRow> {
-    prices
+/// The price row for a session on upstream `upstream` of a route (`model`,
+/// else `upstream_model`) or, with both the same, for a transcription model.
+/// A row naming the upstream wins over one that names none.
+pub fn find<'a>(
+    prices: &'a [PriceRow],
+    model: &str,
+    upstream_model: &str,
+    upstream: &str,
+) -> Option<&'a PriceRow> {
+    let pick = |m: &str| {
+        prices
+            .iter()
+            .find(|p| p.model == m && p.upstream.as_deref() == Some(upstream))
+            .or_else(|| prices.iter().find(|p| p.model == m && p.upstream.is_none()))
+    };
+    pick(model).or_else(|| pick(upstream_model))
+}
+
+/// Whether every upstream of `route` has a price.
+pub fn route_priced(prices: &[PriceRow], route: &crate::config::RouteConfig) -> bool {
+    route
+        .upstream_list()
         .iter()
-        .find(|p| p.model == model)
-        .or_else(|| prices.iter().find(|p| p.model == upstream_model))
+        .all(|u| find(prices, &route.model, u.upstream_model(route), &u.name).is_some())
 }
 
 const PER: f64 = 1_000_000.0;
@@ -172,6 +189,7 @@ mod tests {
 
     fn realtime_price() -> PriceRow {
         PriceRow {
+            upstream: None,
             model: "gpt-realtime".into(),
             text_input: 4.0,
             cached_text_input: 0.4,
@@ -253,6 +271,7 @@ mod tests {
             "total_tokens": 35, "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}),
         );
         let p = PriceRow {
+            upstream: None,
             model: "gpt-4o-transcribe".into(),
             text_input: 2.5,
             audio_input: 6.0,
@@ -268,18 +287,55 @@ mod tests {
     fn a_route_is_priced_by_model_then_upstream_model() {
         let prices = vec![
             PriceRow {
+                upstream: None,
                 model: "up".into(),
                 text_input: 1.0,
                 ..PriceRow::default()
             },
             PriceRow {
+                upstream: None,
                 model: "m".into(),
                 text_input: 2.0,
                 ..PriceRow::default()
             },
         ];
-        assert_eq!(find(&prices, "m", "up").unwrap().text_input, 2.0);
-        assert_eq!(find(&prices, "other", "up").unwrap().text_input, 1.0);
-        assert!(find(&prices, "x", "y").is_none());
+        assert_eq!(find(&prices, "m", "up", "m").unwrap().text_input, 2.0);
+        assert_eq!(find(&prices, "other", "up", "m").unwrap().text_input, 1.0);
+        assert!(find(&prices, "x", "y", "m").is_none());
+    }
+
+    #[test]
+    fn a_row_naming_the_upstream_prices_its_sessions_and_others_take_the_plain_row() {
+        let prices = vec![
+            PriceRow {
+                model: "m".into(),
+                text_input: 2.0,
+                ..PriceRow::default()
+            },
+            PriceRow {
+                upstream: Some("azure-eastus".into()),
+                model: "m".into(),
+                text_input: 3.0,
+                ..PriceRow::default()
+            },
+            PriceRow {
+                upstream: Some("only-here".into()),
+                model: "solo".into(),
+                text_input: 5.0,
+                ..PriceRow::default()
+            },
+        ];
+        assert_eq!(
+            find(&prices, "m", "m", "azure-eastus").unwrap().text_input,
+            3.0
+        );
+        assert_eq!(find(&prices, "m", "m", "openai").unwrap().text_input, 2.0);
+        assert_eq!(
+            find(&prices, "solo", "solo", "only-here")
+                .unwrap()
+                .text_input,
+            5.0
+        );
+        assert!(find(&prices, "solo", "solo", "elsewhere").is_none());
     }
 }

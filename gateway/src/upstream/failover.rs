@@ -91,11 +91,19 @@ fn error_kind(frame: &str) -> (Option<&str>, Option<&str>) {
     }
 }
 
-/// Reports a dial's result to the upstream's breaker. Returns true when this
-/// report opened it.
-pub fn report(breaker: &Mutex<Breaker>, result: &Result<Warm, DialError>, now: Instant) -> bool {
+/// How a report changed the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Opened,
+    Closed,
+    None,
+}
+
+/// Reports a dial's result to the upstream's breaker.
+pub fn report(breaker: &Mutex<Breaker>, result: &Result<Warm, DialError>, now: Instant) -> Change {
     let mut b = breaker.lock().unwrap_or_else(|p| p.into_inner());
-    match result {
+    let was_open = b.is_open();
+    let opened = match result {
         Ok(_) => {
             b.success();
             false
@@ -105,6 +113,11 @@ pub fn report(breaker: &Mutex<Breaker>, result: &Result<Warm, DialError>, now: I
             Verdict::Trip => b.trip(now),
             Verdict::Final => false,
         },
+    };
+    match (was_open, opened, b.is_open()) {
+        (_, true, _) => Change::Opened,
+        (true, _, false) => Change::Closed,
+        _ => Change::None,
     }
 }
 
@@ -196,13 +209,34 @@ mod tests {
             ..BreakerConfig::default()
         }));
         let now = Instant::now();
-        assert!(!report(&b, &Err(refused(400)), now), "final: untouched");
-        assert!(!report(&b, &Err(refused(429)), now));
-        assert!(report(&b, &Err(refused(500)), now), "second failure opens");
+        assert_eq!(
+            report(&b, &Err(refused(400)), now),
+            Change::None,
+            "final: untouched"
+        );
+        assert_eq!(report(&b, &Err(refused(429)), now), Change::None);
+        assert_eq!(
+            report(&b, &Err(refused(500)), now),
+            Change::Opened,
+            "second failure opens"
+        );
         let b = Mutex::new(Breaker::new(BreakerConfig::default()));
-        assert!(
+        assert_eq!(
             report(&b, &Err(refused(401)), now),
+            Change::Opened,
             "our key refused: at once"
         );
+        // After the open time one probe goes; its failure opens it again,
+        // the next probe's success closes it.
+        let later = now + std::time::Duration::from_secs(60);
+        assert!(b.lock().unwrap().allow(later));
+        let lost = DialError::ClosedEarly { code: None };
+        assert_eq!(report(&b, &Err(lost), later), Change::Opened);
+        assert!(b
+            .lock()
+            .unwrap()
+            .allow(later + std::time::Duration::from_secs(120)));
+        b.lock().unwrap().success();
+        assert!(!b.lock().unwrap().is_open());
     }
 }

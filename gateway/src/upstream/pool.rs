@@ -336,7 +336,8 @@ impl Pool {
             Err(e) => e.result_label(),
         };
         if let Some(b) = &self.breaker {
-            crate::upstream::failover::report(b, &result, Instant::now());
+            // The route's health watcher re-splits the pools on its tick.
+            let _ = crate::upstream::failover::report(b, &result, Instant::now());
         }
         self.metrics
             .pool_dials

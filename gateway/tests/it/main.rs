@@ -4,6 +4,7 @@
 mod client_secrets;
 mod common;
 mod drain;
+mod failover;
 mod fleet;
 mod keys;
 mod log_pipe;

@@ -101,6 +101,7 @@ async fn rig_with(
             ..MeteringConfig::default()
         },
         vec![PriceRow {
+            upstream: None,
             model: "gpt-realtime".into(),
             text_input: 4.0,
             cached_text_input: 0.4,

@@ -34,6 +34,7 @@ const TURN2_USD: f64 = (30.0 * 4.0 + 36.0 * 32.0 + 64.0 * 0.4 + 12.0 * 16.0 + 50
 
 fn price() -> PriceRow {
     PriceRow {
+        upstream: None,
         model: MODEL.into(),
         text_input: 4.0,
         cached_text_input: 0.4,
@@ -706,6 +707,7 @@ async fn transcription_usage_is_billed_on_its_own_model() {
         gw.metering.set_prices(vec![
             price(),
             PriceRow {
+                upstream: None,
                 model: "gpt-4o-transcribe".into(),
                 audio_input: 6.0,
                 text_output: 10.0,
