@@ -34,7 +34,7 @@ fn now_secs() -> u64 {
 
 /// `POST path` with `headers` and `body`; status, headers (lowercased
 /// `name: value` lines) and JSON body.
-async fn post(
+pub(crate) async fn post(
     addr: SocketAddr,
     path: &str,
     headers: &[(&str, &str)],
@@ -68,7 +68,7 @@ async fn post(
     (status, head.to_ascii_lowercase(), json)
 }
 
-async fn mint_with(addr: SocketAddr, key: &str, body: Value) -> (u16, String, Value) {
+pub(crate) async fn mint_with(addr: SocketAddr, key: &str, body: Value) -> (u16, String, Value) {
     let bearer = format!("Bearer {key}");
     post(
         addr,

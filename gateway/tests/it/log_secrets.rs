@@ -1,6 +1,7 @@
 //! No secret in any log line, at any level: the real binary at
-//! `RUST_LOG=trace`, in both log formats, serves a pooled session, a
-//! freshly dialled one and a refused key; neither the upstream key nor any
+//! `RUST_LOG=trace`, in both log formats, mints a client secret, serves a
+//! pooled session (a key from the keys file) and a freshly dialled one (the
+//! minted secret), and refuses a key; neither the upstream key nor any
 //! client credential appears in anything it writes (stderr or stdout).
 
 use std::io::Read;
@@ -11,13 +12,12 @@ use patchbay_gateway::sim::SimConfig;
 
 /// A client key the gateway does not know.
 const REFUSED_KEY: &str = "pb-refused-3c9e71d0a2";
-/// A credential shaped like a minted client secret (`ek_…`), accepted
-/// through the keys file.
-const CLIENT_SECRET: &str = "ek_68f0c1d2e3a4b5c6d7e8f9a0b1c2d3e4";
+/// A second client key, from the keys file.
+const FILE_KEY: &str = "pb-file-68f0c1d2e3a4b5c6d7e8f9a0";
 
 /// Runs the scenario at `RUST_LOG=trace` in `format`; returns (stderr,
-/// stdout).
-async fn trace_everything(format: &str) -> (String, String) {
+/// stdout, the minted client secret).
+async fn trace_everything(format: &str) -> (String, String, String) {
     let sim = sim(SimConfig {
         // Slow upgrades: the pool refills long after the second session
         // asked, so that session dials fresh.
@@ -25,7 +25,7 @@ async fn trace_everything(format: &str) -> (String, String) {
         ..SimConfig::default()
     })
     .await;
-    let keys = TempFile::new("keys.toml", &key_entry("ek", CLIENT_SECRET, ""));
+    let keys = TempFile::new("keys.toml", &key_entry("file", FILE_KEY, ""));
     let mut child = Child::start(
         &sim.url(false),
         &format!(
@@ -36,10 +36,18 @@ async fn trace_everything(format: &str) -> (String, String) {
     )
     .await;
 
-    let mut pooled = open_with(child.addr, CLIENT_KEY).await.expect("a session");
-    let mut fresh = open_with(child.addr, CLIENT_SECRET)
-        .await
-        .expect("a session");
+    let (status, _, body) = crate::client_secrets::mint_with(
+        child.addr,
+        CLIENT_KEY,
+        serde_json::json!({"session": {"type": "realtime", "model": MODEL, "instructions": "x"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let minted = body["value"].as_str().unwrap().to_string();
+    let mut pooled = open_with(child.addr, FILE_KEY).await.expect("a session");
+    let mut fresh = open_with(child.addr, &minted).await.expect("a session");
+    // The minted config is confirmed before the client's frames go on.
+    assert_eq!(kind(&recv_text(&mut fresh).await), "session.updated");
     for ws in [&mut pooled, &mut fresh] {
         assert_eq!(kind(one_turn(ws).await.last().unwrap()), "response.done");
     }
@@ -79,11 +87,11 @@ async fn trace_everything(format: &str) -> (String, String) {
         .unwrap()
         .read_to_string(&mut stdout)
         .unwrap();
-    (child.logs(), stdout)
+    (child.logs(), stdout, minted)
 }
 
-fn assert_no_secret(what: &str, text: &str) {
-    for secret in [UPSTREAM_KEY, CLIENT_KEY, CLIENT_SECRET, REFUSED_KEY] {
+fn assert_no_secret(what: &str, text: &str, minted: &str) {
+    for secret in [UPSTREAM_KEY, CLIENT_KEY, FILE_KEY, REFUSED_KEY, minted] {
         if let Some(at) = text.find(secret) {
             let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
             let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
@@ -95,7 +103,7 @@ fn assert_no_secret(what: &str, text: &str) {
 #[tokio::test]
 async fn no_key_or_client_secret_is_logged_at_trace_in_text_or_json() {
     for format in ["text", "json"] {
-        let (stderr, stdout) = trace_everything(format).await;
+        let (stderr, stdout, minted) = trace_everything(format).await;
         // The level really was trace for the gateway: its debug lines are there.
         assert!(stderr.contains("keys file loaded"), "{format}:\n{stderr}");
         assert_eq!(
@@ -103,7 +111,8 @@ async fn no_key_or_client_secret_is_logged_at_trace_in_text_or_json() {
             2,
             "one request-log row per turn ({format}):\n{stdout}"
         );
-        assert_no_secret(&format!("stderr ({format})"), &stderr);
-        assert_no_secret(&format!("stdout ({format})"), &stdout);
+        assert!(minted.starts_with("pbek_"), "{minted}");
+        assert_no_secret(&format!("stderr ({format})"), &stderr, &minted);
+        assert_no_secret(&format!("stdout ({format})"), &stdout, &minted);
     }
 }
