@@ -2,7 +2,8 @@
 //!
 //! A reconcile runs four stages (the shape of Stackable's operators):
 //!
-//! 1. **validate**: the spec is servable and its Secrets exist ([`crate::validate`]);
+//! 1. **validate**: the spec is servable and its Secrets exist ([`crate::validate`]), and no child's
+//!    name is held by an object the route does not control ([`crate::ownership`]);
 //! 2. **build**: every desired child, by pure functions ([`crate::build`]);
 //! 3. **apply**: server-side apply in dependency order, stale children deleted ([`crate::apply`]);
 //! 4. **status**: observed generation, counts, endpoint, conditions ([`crate::status`]).
@@ -38,7 +39,7 @@ use crate::context::Context;
 use crate::crd::RealtimeRoute;
 use crate::error::{Error, Result};
 use crate::status::{self, Observation};
-use crate::{apply, events, validate};
+use crate::{apply, events, ownership, validate};
 
 /// Period of the drift-repairing re-reconcile of a healthy route.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
@@ -63,9 +64,16 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         )
         .await?;
 
-    // 1. validate
-    let secret_versions = match validate::check_route(&ctx, &namespace, &route).await {
-        Ok(versions) => versions,
+    // 1. validate, and claim every child's name
+    let checked = async {
+        let versions = validate::check_route(&ctx, &namespace, &route).await?;
+        let wants_hpa = route.spec.replicas.autoscaled();
+        let claims =
+            ownership::claim_children(&ctx, &route, &namespace, before.as_ref(), wants_hpa).await?;
+        Ok::<_, Error>((versions, claims))
+    };
+    let (secret_versions, claims) = match checked.await {
+        Ok(checked) => checked,
         Err(problem) => {
             if problem.is_user_error() {
                 tracing::warn!(route = %name, %namespace, reason = problem.reason(), "{problem}");
@@ -92,7 +100,8 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
     });
 
     // 3. apply
-    let applied = apply::apply_all(&ctx, &route, &namespace, &desired, before.as_ref()).await?;
+    let applied =
+        apply::apply_all(&ctx, &route, &namespace, &desired, before.as_ref(), claims).await?;
     let changes = events::changes(&route, before.as_ref(), &desired, applied.hpa_deleted);
     for change in &changes {
         tracing::info!(route = %name, %namespace, reason = change.reason, "{}", change.note);

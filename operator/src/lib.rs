@@ -17,6 +17,7 @@ pub mod gateway_config;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod ownership;
 pub mod pool;
 pub mod status;
 pub mod validate;

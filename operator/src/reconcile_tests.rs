@@ -57,8 +57,19 @@ fn deployment_response(applied: &Value, replicas: i32, ready: i32) -> Value {
     d
 }
 
-/// Answer the Deployment read and the Secret checks of a route whose Secrets all exist.
+/// Answer the Deployment read and the Secret checks of a route whose Secrets all exist, then the
+/// name claims with every other child absent.
 async fn observe(server: &mut ApiServer, deployment: Option<&Value>, spec: &RealtimeRouteSpec) {
+    observe_with_hpa(server, deployment, spec, None).await;
+}
+
+/// [`observe`], with the HPA `<name>-gateway` answered as `hpa` (metadata) when given.
+async fn observe_with_hpa(
+    server: &mut ApiServer,
+    deployment: Option<&Value>,
+    spec: &RealtimeRouteSpec,
+    hpa: Option<Value>,
+) {
     let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
     match deployment {
         Some(d) => reply.ok(d),
@@ -75,11 +86,37 @@ async fn observe(server: &mut ApiServer, deployment: Option<&Value>, spec: &Real
         let (_, reply) = server.expect(Method::GET, &core("secrets", &secret)).await;
         reply.ok(&secret_metadata(&secret));
     }
-    // The Service name is free (or the route's own).
-    let (_, reply) = server
-        .expect(Method::GET, &core("services", ROUTE_NAME))
-        .await;
-    reply.not_found("service");
+    // Every child's name is free (the Deployment was judged from the read above).
+    for path in [
+        core("configmaps", &gw()),
+        core("configmaps", &format!("{ROUTE_NAME}-pool")),
+        core("services", ROUTE_NAME),
+    ] {
+        let (_, reply) = server.expect(Method::GET, &path).await;
+        reply.not_found("child");
+    }
+    let (_, reply) = server.expect(Method::GET, &hpa_path(&gw())).await;
+    match hpa {
+        Some(meta) => reply.ok(&meta),
+        None => reply.not_found("hpa"),
+    }
+    let (_, reply) = server.expect(Method::GET, &pdb_path(&gw())).await;
+    reply.not_found("pdb");
+}
+
+/// Metadata of an object named `name`, controlled by `owner_uid` when given.
+fn metadata(name: &str, owner_uid: Option<&str>) -> Value {
+    let mut meta = json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": name, "namespace": NAMESPACE}
+    });
+    if let Some(uid) = owner_uid {
+        meta["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "patchbay.dev/v1alpha1", "kind": "RealtimeRoute",
+            "name": ROUTE_NAME, "uid": uid, "controller": true
+        }]);
+    }
+    meta
 }
 
 /// Answer the status patch of a reconcile that failed for `reason`; returns the `Degraded`
@@ -235,7 +272,9 @@ async fn a_fixed_route_sets_replicas_and_deletes_the_hpa_it_owned() {
     };
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
-    observe(&mut server, Some(&existing), &route.spec).await;
+    // The stale HPA: read by metadata with the other names, controlled by the route.
+    let owned_hpa = metadata(&gw(), Some(ROUTE_UID));
+    observe_with_hpa(&mut server, Some(&existing), &route.spec, Some(owned_hpa)).await;
     expect_apply(&mut server, &core("configmaps", &gw())).await;
     let pool = expect_apply(
         &mut server,
@@ -250,15 +289,7 @@ async fn a_fixed_route_sets_replicas_and_deletes_the_hpa_it_owned() {
     reply.ok(&deployment_response(&seen.body, 2, 2));
     expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
 
-    // The stale HPA: read by metadata, deleted because the route controls it.
-    let (_, reply) = server.expect(Method::GET, &hpa_path(&gw())).await;
-    reply.ok(&json!({
-        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-        "metadata": {"name": gw(), "namespace": NAMESPACE, "ownerReferences": [{
-            "apiVersion": "patchbay.dev/v1alpha1", "kind": "RealtimeRoute",
-            "name": ROUTE_NAME, "uid": ROUTE_UID, "controller": true
-        }]}
-    }));
+    // Deleted because the route controls it.
     let (seen, reply) = server
         .expect(Method::DELETE, &format!("{}?", hpa_path(&gw())))
         .await;
@@ -286,7 +317,9 @@ async fn an_hpa_the_route_does_not_own_is_left_alone() {
     let (ctx, mut server, _) = fixtures::mock_context();
     let route = fixtures::route(fixtures::minimal_spec());
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
-    observe(&mut server, None, &route.spec).await;
+    // A fixed-count route wants no HPA, so a foreign one of its name is no reason to refuse.
+    let foreign_hpa = metadata(&gw(), None);
+    observe_with_hpa(&mut server, None, &route.spec, Some(foreign_hpa)).await;
     expect_apply(&mut server, &core("configmaps", &gw())).await;
     expect_apply(
         &mut server,
@@ -298,11 +331,6 @@ async fn an_hpa_the_route_does_not_own_is_left_alone() {
         .await;
     reply.ok(&seen.body);
     expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
-    let (_, reply) = server.expect(Method::GET, &hpa_path(&gw())).await;
-    reply.ok(&json!({
-        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-        "metadata": {"name": gw(), "namespace": NAMESPACE}
-    }));
     // No DELETE: straight on to the PDB.
     expect_apply(&mut server, &pdb_path(&gw())).await;
     server.expect_event().await;
@@ -440,42 +468,94 @@ async fn a_route_name_that_cannot_name_a_service_is_invalid_and_applies_nothing(
     server.expect_silence().await;
 }
 
-#[tokio::test]
-async fn a_service_name_taken_by_someone_else_is_never_taken_over() {
+/// Reconcile a new autoscaled route whose `taken` child (kind, API path) exists and is
+/// controlled by something else: the route is `Degraded=True/NameTaken` naming that object, and
+/// nothing is applied.
+async fn a_child_name_taken_by_someone_else(kind: &str, name: &str, taken: &str) {
     let (ctx, mut server, _) = fixtures::mock_context();
-    let route = Arc::new(fixtures::route(fixtures::minimal_spec()));
+    let route = Arc::new(fixtures::route(fixtures::autoscaled_spec()));
     let task = tokio::spawn(reconcile(route.clone(), ctx.clone()));
+    let foreign = |name: &str| {
+        let mut meta = metadata(name, None);
+        meta["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "apps/v1", "kind": "Deployment", "name": "someone-else",
+            "uid": "00000000-0000-4000-8000-00000000beef", "controller": true
+        }]);
+        meta
+    };
 
     let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
-    reply.not_found("deployment");
+    if taken == apps(&gw()) {
+        let mut d = foreign(&gw());
+        d["apiVersion"] = json!("apps/v1");
+        d["kind"] = json!("Deployment");
+        reply.ok(&d);
+    } else {
+        reply.not_found("deployment");
+    }
     for secret in ["openai", "voice-keys"] {
         let (_, reply) = server.expect(Method::GET, &core("secrets", secret)).await;
         reply.ok(&secret_metadata(secret));
     }
-    // A Service of the route's name that another owner (or nobody) controls.
-    let (_, reply) = server
-        .expect(Method::GET, &core("services", ROUTE_NAME))
-        .await;
-    reply.ok(&json!({
-        "apiVersion": "meta.k8s.io/v1",
-        "kind": "PartialObjectMetadata",
-        "metadata": {"name": ROUTE_NAME, "namespace": NAMESPACE, "ownerReferences": [{
-            "apiVersion": "apps/v1", "kind": "Deployment", "name": "someone-else",
-            "uid": "00000000-0000-4000-8000-00000000beef", "controller": true
-        }]}
-    }));
+    let claims = [
+        core("configmaps", &gw()),
+        core("configmaps", &format!("{ROUTE_NAME}-pool")),
+        core("services", ROUTE_NAME),
+        hpa_path(&gw()),
+        pdb_path(&gw()),
+    ];
+    for path in claims.iter().filter(|_| taken != apps(&gw())) {
+        let (_, reply) = server.expect(Method::GET, path).await;
+        if *path == taken {
+            reply.ok(&foreign(name));
+            break;
+        }
+        reply.not_found("child");
+    }
     assert_eq!(
         server.expect_event().await,
         ("Warning".into(), "NameTaken".into())
     );
     let degraded = expect_degraded(&mut server, &route, &status_path(), "NameTaken").await;
-    assert!(degraded["message"]
-        .as_str()
-        .unwrap()
-        .contains(&format!("Service {NAMESPACE}/{ROUTE_NAME} exists")));
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{kind} {NAMESPACE}/{name} exists")),
+        "{message}"
+    );
     let error = task.await.unwrap().expect_err("a taken name fails");
     assert_eq!(error.reason(), "NameTaken");
     server.expect_silence().await; // nothing was applied
+}
+
+#[tokio::test]
+async fn a_service_name_taken_by_someone_else_is_never_taken_over() {
+    a_child_name_taken_by_someone_else("Service", ROUTE_NAME, &core("services", ROUTE_NAME)).await;
+}
+
+#[tokio::test]
+async fn a_gateway_config_map_taken_by_someone_else_is_never_taken_over() {
+    a_child_name_taken_by_someone_else("ConfigMap", &gw(), &core("configmaps", &gw())).await;
+}
+
+#[tokio::test]
+async fn a_pool_config_map_taken_by_someone_else_is_never_taken_over() {
+    let pool = format!("{ROUTE_NAME}-pool");
+    a_child_name_taken_by_someone_else("ConfigMap", &pool, &core("configmaps", &pool)).await;
+}
+
+#[tokio::test]
+async fn a_deployment_taken_by_someone_else_is_never_taken_over() {
+    a_child_name_taken_by_someone_else("Deployment", &gw(), &apps(&gw())).await;
+}
+
+#[tokio::test]
+async fn an_hpa_taken_by_someone_else_is_never_taken_over_by_an_autoscaled_route() {
+    a_child_name_taken_by_someone_else("HorizontalPodAutoscaler", &gw(), &hpa_path(&gw())).await;
+}
+
+#[tokio::test]
+async fn a_pdb_taken_by_someone_else_is_never_taken_over() {
+    a_child_name_taken_by_someone_else("PodDisruptionBudget", &gw(), &pdb_path(&gw())).await;
 }
 
 #[tokio::test]

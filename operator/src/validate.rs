@@ -7,10 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 
-use crate::apply::Holder;
 use crate::context::Context;
 use crate::crd::{Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
 use crate::error::{Error, Result};
@@ -153,29 +152,8 @@ pub async fn check_secrets(
     Ok(versions)
 }
 
-/// The Service is named after the route itself, so it is the child most likely to collide with
-/// an object someone else made. A forced server-side apply would take that object over (and the
-/// garbage collector would delete it with the route): refuse instead, with [`Error::NameTaken`].
-/// The other children carry a `-gateway` or `-pool` suffix.
-pub async fn check_service_name_free(
-    ctx: &Context,
-    namespace: &str,
-    route: &RealtimeRoute,
-) -> Result<()> {
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-    let name = crate::build::service_name(route);
-    match crate::apply::holder(ctx, &services, &name, route).await? {
-        Holder::Nobody | Holder::Route => Ok(()),
-        Holder::Other => Err(Error::NameTaken {
-            kind: "Service",
-            namespace: namespace.to_string(),
-            name,
-        }),
-    }
-}
-
-/// Stage 1 as a whole: the route's name, its spec, its Secrets and its Service name, in that
-/// order. Returns the referenced Secrets' `resourceVersion`s by name.
+/// Stage 1 as a whole: the route's name, its spec and its Secrets, in that order. Returns the
+/// referenced Secrets' `resourceVersion`s by name.
 pub async fn check_route(
     ctx: &Context,
     namespace: &str,
@@ -183,9 +161,7 @@ pub async fn check_route(
 ) -> Result<BTreeMap<String, String>> {
     check_name(&route.name_any())?;
     check_spec(&route.spec)?;
-    let versions = check_secrets(ctx, namespace, &route.spec).await?;
-    check_service_name_free(ctx, namespace, route).await?;
-    Ok(versions)
+    check_secrets(ctx, namespace, &route.spec).await
 }
 
 #[cfg(test)]
