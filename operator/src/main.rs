@@ -161,7 +161,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
 
     let mut lost_leadership = false;
     if args.leader_election {
-        let elector =
+        let mut elector =
             LeaderElector::new(client, &args.lease_namespace, &args.lease_name, &identity);
         tracing::info!(lease = %args.lease_name, namespace = %args.lease_namespace, %identity, "waiting for leadership");
         if elector.acquire(&shutdown).await {
@@ -174,7 +174,10 @@ async fn run(args: RunArgs) -> Result<(), String> {
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 () = elector.hold() => {
+                    // Stop reconciling at once rather than finishing in-flight reconciles: the
+                    // Lease may be another replica's LEASE_DURATION - RENEW_DEADLINE from now.
                     lost_leadership = true;
+                    controller.abort();
                     shutdown.cancel();
                 }
             }
