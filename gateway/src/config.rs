@@ -11,9 +11,10 @@
 //!
 //! Unknown keys are errors (`deny_unknown_fields`), so a typo never silently
 //! falls back to a default. Secrets are never in the file: routes name the
-//! environment variable that holds their upstream key (`api_key_env`), Redis
-//! is named by `redis_url_env`, and client keys live in the keys file (hashed)
-//! or `PATCHBAY_MASTER_KEY`. Every validation error names the offending key;
+//! environment variable (`api_key_env`) or the file (`api_key_file`, a mounted
+//! Secret, re-read while running) that holds their upstream key, Redis is named
+//! by `redis_url_env` or `redis_url_file`, and client keys live in the keys
+//! file (hashed) or `PATCHBAY_MASTER_KEY`. Every validation error names the offending key;
 //! `main` turns it into exit code 2.
 
 use std::collections::BTreeMap;
@@ -24,6 +25,7 @@ use serde::Deserialize;
 use url::Url;
 
 use crate::secret::Secret;
+use crate::upstream::key::{key_from_file_text, UpstreamKey};
 
 /// The file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "patchbay.toml";
@@ -149,16 +151,20 @@ pub struct RouteConfig {
     pub upstream_model: Option<String>,
     #[serde(default = "default_protocol")]
     pub protocol: Protocol,
-    /// Environment variable holding the upstream key.
+    /// Environment variable holding the upstream key (or use `api_key_file`).
+    #[serde(default)]
     pub api_key_env: String,
+    /// File holding the upstream key (a mounted Secret), re-read when it changes.
+    pub api_key_file: Option<PathBuf>,
     /// Extra trust root (PEM) for a wss upstream.
     pub ca_file: Option<PathBuf>,
     pub budget_usd: Option<f64>,
     #[serde(default)]
     pub budget_period: BudgetPeriod,
-    /// Resolved from `api_key_env` during validation.
+    /// Resolved from `api_key_env` or `api_key_file` during validation; swapped when the file
+    /// changes.
     #[serde(skip)]
-    pub api_key: Secret,
+    pub api_key: UpstreamKey,
 }
 
 fn default_provider() -> Provider {
@@ -178,10 +184,11 @@ impl Default for RouteConfig {
             upstream_model: None,
             protocol: Protocol::Ga,
             api_key_env: "OPENAI_API_KEY".into(),
+            api_key_file: None,
             ca_file: None,
             budget_usd: None,
             budget_period: BudgetPeriod::Total,
-            api_key: Secret::default(),
+            api_key: UpstreamKey::default(),
         }
     }
 }
@@ -299,9 +306,11 @@ pub struct PriceRow {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Env var holding the Redis URL; unset = in-memory store.
+    /// Env var holding the Redis URL; unset (and no `redis_url_file`) = in-memory store.
     pub redis_url_env: Option<String>,
-    /// Resolved from `redis_url_env` during validation.
+    /// File holding the Redis URL (a mounted Secret).
+    pub redis_url_file: Option<PathBuf>,
+    /// Resolved from `redis_url_env` or `redis_url_file` during validation.
     #[serde(skip)]
     pub redis_url: Option<Secret>,
 }
@@ -409,18 +418,9 @@ impl Config {
                 return Err(ConfigError::new(key("model"), "must not be empty"));
             }
             validate_upstream_url(route).map_err(|m| ConfigError::new(key("upstream_url"), m))?;
-            match env(&route.api_key_env) {
-                Some(v) if !v.trim().is_empty() => route.api_key = Secret::new(v.trim()),
-                _ => {
-                    return Err(ConfigError::new(
-                        key("api_key_env"),
-                        format!(
-                            "environment variable {} (the upstream key) is not set",
-                            route.api_key_env
-                        ),
-                    ))
-                }
-            }
+            let upstream_key =
+                upstream_key(route, env).map_err(|(k, m)| ConfigError::new(key(k), m))?;
+            route.api_key = UpstreamKey::new(upstream_key);
             if let Some(ca) = &route.ca_file {
                 if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
                     return Err(ConfigError::new(key("ca_file"), e.to_string()));
@@ -470,28 +470,18 @@ impl Config {
             ));
         }
         validate_prices(&self.prices)?;
-        if let Some(var) = &self.store.redis_url_env {
-            match env(var) {
-                Some(v) if !v.trim().is_empty() => {
-                    let url = v.trim();
-                    if !(url.starts_with("redis://")
-                        || url.starts_with("rediss://")
-                        || url.starts_with("unix://"))
-                    {
-                        return Err(ConfigError::new(
-                            "store.redis_url_env",
-                            format!("{var} must hold a redis:// or rediss:// URL"),
-                        ));
-                    }
-                    self.store.redis_url = Some(Secret::new(url));
-                }
-                _ => {
-                    return Err(ConfigError::new(
-                        "store.redis_url_env",
-                        format!("environment variable {var} (the Redis URL) is not set"),
-                    ))
-                }
+        if let Some((k, raw)) = redis_url_source(&self.store, env)? {
+            let url = raw.trim();
+            if !(url.starts_with("redis://")
+                || url.starts_with("rediss://")
+                || url.starts_with("unix://"))
+            {
+                return Err(ConfigError::new(
+                    k,
+                    "must hold a redis://, rediss:// or unix:// URL",
+                ));
             }
+            self.store.redis_url = Some(Secret::new(url));
         }
         match &self.keys.file {
             Some(f) if !f.exists() => {
@@ -539,6 +529,70 @@ impl Config {
 
     pub fn route(&self, model: &str) -> Option<&RouteConfig> {
         self.routes.iter().find(|r| r.model == model)
+    }
+}
+
+/// A route's upstream key from `api_key_file` or `api_key_env` (exactly one); the error names the
+/// offending key of the route.
+fn upstream_key(
+    route: &RouteConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Secret, (&'static str, String)> {
+    match (&route.api_key_file, route.api_key_env.trim()) {
+        (Some(_), var) if !var.is_empty() => Err((
+            "api_key_file",
+            "set api_key_env or api_key_file, not both".into(),
+        )),
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                (
+                    "api_key_file",
+                    format!("cannot read {}: {e}", file.display()),
+                )
+            })?;
+            key_from_file_text(&text)
+                .ok_or_else(|| ("api_key_file", format!("{} is empty", file.display())))
+        }
+        (None, "") => Err(("api_key_env", "set api_key_env or api_key_file".into())),
+        (None, var) => match env(var) {
+            Some(v) if !v.trim().is_empty() => Ok(Secret::new(v.trim())),
+            _ => Err((
+                "api_key_env",
+                format!("environment variable {var} (the upstream key) is not set"),
+            )),
+        },
+    }
+}
+
+/// Where `[store]` takes the Redis URL from, and its raw text; `None`: no Redis.
+fn redis_url_source(
+    store: &StoreConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(&'static str, String)>, ConfigError> {
+    match (&store.redis_url_env, &store.redis_url_file) {
+        (Some(_), Some(_)) => Err(ConfigError::new(
+            "store.redis_url_file",
+            "set redis_url_env or redis_url_file, not both",
+        )),
+        (None, None) => Ok(None),
+        (Some(var), None) => match env(var) {
+            Some(v) if !v.trim().is_empty() => Ok(Some(("store.redis_url_env", v))),
+            _ => Err(ConfigError::new(
+                "store.redis_url_env",
+                format!("environment variable {var} (the Redis URL) is not set"),
+            )),
+        },
+        (None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(text) if !text.trim().is_empty() => Ok(Some(("store.redis_url_file", text))),
+            Ok(_) => Err(ConfigError::new(
+                "store.redis_url_file",
+                format!("{} is empty", file.display()),
+            )),
+            Err(e) => Err(ConfigError::new(
+                "store.redis_url_file",
+                format!("cannot read {}: {e}", file.display()),
+            )),
+        },
     }
 }
 
@@ -652,7 +706,7 @@ fn section_keys(section: &str) -> &'static [&'static str] {
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
         "limits" => &["max_sessions"],
         "metering" => &["flush_secs", "unpriced", "stream_maxlen"],
-        "store" => &["redis_url_env"],
+        "store" => &["redis_url_env", "redis_url_file"],
         "keys" => &["file"],
         "drain" => &["wait_secs", "mode", "linger_secs"],
         _ => &[],
@@ -720,7 +774,7 @@ mod tests {
         assert_eq!(c.metering.flush_secs, 15);
         assert_eq!(c.drain.wait_secs, 10);
         assert_eq!(c.routes[0].model, "gpt-realtime");
-        assert_eq!(c.routes[0].api_key.expose(), "sk-up");
+        assert_eq!(c.routes[0].api_key.current().expose(), "sk-up");
         assert_eq!(c.master_key.as_ref().unwrap().expose(), "pb-master");
     }
 
@@ -887,5 +941,83 @@ mod tests {
         assert_eq!(c.prices[0].audio_output, 64.0);
         assert_eq!(c.metering.unpriced, Unpriced::Block);
         assert!(c.store.redis_url.is_some());
+    }
+
+    /// A file under the temp dir holding `text`; removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(text: &str) -> Self {
+            let path =
+                std::env::temp_dir().join(format!("patchbay-config-{}", crate::ids::short_id()));
+            std::fs::write(&path, text).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn file_route(file: &Path, env_line: &str) -> String {
+        format!(
+            "[[routes]]\nmodel = \"m\"\nupstream_url = \"wss://api.openai.com/v1/realtime\"\n\
+             api_key_file = \"{}\"\n{env_line}\n",
+            file.display()
+        )
+    }
+
+    #[test]
+    fn the_upstream_key_is_read_from_its_file_trimmed() {
+        let key = TempFile::new("sk-from-file\n");
+        let c = Config::from_toml_with_env(&file_route(&key.0, ""), &env_of(BASE_ENV)).unwrap();
+        assert_eq!(c.routes[0].api_key.current().expose(), "sk-from-file");
+    }
+
+    #[test]
+    fn an_upstream_key_file_that_is_missing_empty_or_doubled_by_an_env_var_is_named() {
+        let env = env_of(BASE_ENV);
+        let missing = std::env::temp_dir().join("patchbay-config-no-such-key-file");
+        let e = Config::from_toml_with_env(&file_route(&missing, ""), &env).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_file", "{e}");
+        let empty = TempFile::new(" \n");
+        let e = Config::from_toml_with_env(&file_route(&empty.0, ""), &env).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_file", "{e}");
+        assert!(e.to_string().contains("is empty"), "{e}");
+        let key = TempFile::new("sk-1");
+        let both = file_route(&key.0, "api_key_env = \"OPENAI_API_KEY\"");
+        let e = Config::from_toml_with_env(&both, &env).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_file", "{e}");
+        let neither = "[[routes]]\nmodel = \"m\"\nupstream_url = \"wss://a.example/v1/realtime\"\n";
+        let e = Config::from_toml_with_env(neither, &env).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_env", "{e}");
+    }
+
+    #[test]
+    fn the_redis_url_is_read_from_its_file_and_checked() {
+        let env = env_of(BASE_ENV);
+        let url = TempFile::new("redis://127.0.0.1:6379/3\n");
+        let toml = format!("[store]\nredis_url_file = \"{}\"\n", url.0.display());
+        let c = Config::from_toml_with_env(&toml, &env).unwrap();
+        assert_eq!(
+            c.store.redis_url.as_ref().map(Secret::expose),
+            Some("redis://127.0.0.1:6379/3")
+        );
+        let bad = TempFile::new("http://127.0.0.1:6379");
+        let toml = format!("[store]\nredis_url_file = \"{}\"\n", bad.0.display());
+        let e = Config::from_toml_with_env(&toml, &env).unwrap_err();
+        assert_eq!(e.key, "store.redis_url_file", "{e}");
+        assert!(
+            !e.to_string().contains("127.0.0.1"),
+            "the URL is not echoed: {e}"
+        );
+        let toml = format!(
+            "[store]\nredis_url_file = \"{}\"\nredis_url_env = \"R\"\n",
+            url.0.display()
+        );
+        let e = Config::from_toml_with_env(&toml, &env).unwrap_err();
+        assert_eq!(e.key, "store.redis_url_file", "{e}");
     }
 }

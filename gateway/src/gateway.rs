@@ -315,6 +315,18 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             }));
         }
     }
+    for route in &gateway.routes {
+        if let Some(path) = route.config.api_key_file.clone() {
+            let (model, key) = (route.config.model.clone(), route.config.api_key.clone());
+            tokio::spawn(watch::on_change(
+                path,
+                "upstream key file",
+                KEYS_FILE_POLL,
+                gateway.draining.clone(),
+                move |text| crate::upstream::key::apply_key_file(&model, &key, text),
+            ));
+        }
+    }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));
     tokio::spawn(server::serve_admin(admin, gateway.clone()));

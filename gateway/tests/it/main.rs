@@ -9,4 +9,5 @@ mod metering_relay;
 mod metering_store;
 mod pool;
 mod relay;
+mod secret_files;
 mod tls_and_config;
