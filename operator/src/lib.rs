@@ -20,6 +20,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod ownership;
+pub mod pods;
 pub mod pool;
 pub mod status;
 pub mod validate;

@@ -156,14 +156,15 @@ mod tests {
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         drop(metrics.reconcile_started());
-        metrics.reconcile_failed("SecretNotFound");
+        metrics.reconcile_failed("InvalidSpec");
         metrics.api_call("apply", "ConfigMap", "timeout");
         metrics.leader.set(1);
         let text = encode(&registry);
         assert!(text.contains("patchbay_operator_reconciles_total 1"));
         assert!(text.contains("patchbay_operator_reconcile_duration_seconds_count 1"));
-        assert!(text
-            .contains("patchbay_operator_reconcile_failures_total{reason=\"SecretNotFound\"} 1"));
+        assert!(
+            text.contains("patchbay_operator_reconcile_failures_total{reason=\"InvalidSpec\"} 1")
+        );
         assert!(text.contains(
             "patchbay_operator_api_calls_total{verb=\"apply\",kind=\"ConfigMap\",outcome=\"timeout\"} 1"
         ));

@@ -25,10 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 pub use configmap::{config_hash, gateway_config_map, pool_config_map};
-pub use deployment::{
-    deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION,
-    SECRET_VERSIONS_ANNOTATION,
-};
+pub use deployment::{deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION};
 pub use hpa::{hpa, SESSIONS_ACTIVE_METRIC};
 pub use pdb::pdb;
 pub use service::service;
@@ -50,8 +47,6 @@ pub struct BuildInput<'a> {
     pub default_image: &'a str,
     /// The replica count to size pools for, once the Deployment exists.
     pub observed_replicas: Option<i32>,
-    /// `resourceVersion` of each referenced Secret, by name (empty when unknown).
-    pub secret_versions: &'a BTreeMap<String, String>,
 }
 
 /// Every child object a route should have, in apply order.
@@ -77,12 +72,7 @@ pub fn desired(input: &BuildInput<'_>) -> Desired {
     let config_hash = config_hash(&gateway_config);
     let (pool_config, pool_size) = pool_config_map(input.route, input.observed_replicas);
     Desired {
-        deployment: deployment(
-            input.route,
-            input.default_image,
-            &config_hash,
-            input.secret_versions,
-        ),
+        deployment: deployment(input.route, input.default_image, &config_hash),
         service: service(input.route),
         hpa: hpa(input.route),
         pdb: pdb(input.route),
@@ -176,13 +166,11 @@ mod tests {
         metas
     }
 
-    /// What the route builds to with no Secret versions known.
     fn build(route: &RealtimeRoute, observed_replicas: Option<i32>) -> Desired {
         desired(&BuildInput {
             route,
             default_image: "img",
             observed_replicas,
-            secret_versions: &BTreeMap::new(),
         })
     }
 
