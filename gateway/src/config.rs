@@ -264,7 +264,7 @@ pub enum Unpriced {
     Allow,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeteringConfig {
     /// 0 = flush after every turn, budgets re-read every second.
@@ -594,6 +594,46 @@ fn redis_url_source(
             )),
         },
     }
+}
+
+/// The part of the config file the gateway applies while running: `[metering]` and
+/// `[[prices]]` (with the `PATCHBAY_METERING_*` overrides of `env`), validated as at start.
+/// Everything else in the file needs a restart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveConfig {
+    pub metering: MeteringConfig,
+    pub prices: Vec<PriceRow>,
+}
+
+/// Parse the live part of a config file's `text`; see [`LiveConfig`].
+pub fn live_from_toml(
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<LiveConfig, ConfigError> {
+    let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
+    apply_env_overrides(&mut doc, env)?;
+    let metering: MeteringConfig = match doc.remove("metering") {
+        None => MeteringConfig::default(),
+        Some(value) => serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = format!("metering.{}", e.path());
+            ConfigError::new(path, e.into_inner().message().to_string())
+        })?,
+    };
+    if metering.flush_secs > MAX_SECS {
+        return Err(ConfigError::new(
+            "metering.flush_secs",
+            format!("must be at most {MAX_SECS} (one year)"),
+        ));
+    }
+    let prices = doc
+        .remove("prices")
+        .unwrap_or_else(|| toml::Value::Array(Vec::new()));
+    let prices: Vec<PriceRow> = serde_path_to_error::deserialize(prices).map_err(|e| {
+        let path = format!("prices{}", e.path());
+        ConfigError::new(path, e.into_inner().message().to_string())
+    })?;
+    validate_prices(&prices)?;
+    Ok(LiveConfig { metering, prices })
 }
 
 /// Every price must be a finite number >= 0.
@@ -1019,5 +1059,40 @@ mod tests {
         );
         let e = Config::from_toml_with_env(&toml, &env).unwrap_err();
         assert_eq!(e.key, "store.redis_url_file", "{e}");
+    }
+
+    #[test]
+    fn the_live_part_is_metering_and_prices_with_their_env_overrides() {
+        let text = "[server]\nlisten = \"127.0.0.1:1\"\n[metering]\nflush_secs = 3\nunpriced = \"block\"\n\
+                    [[prices]]\nmodel = \"m\"\ntext_input = 1.0\n";
+        let live = live_from_toml(text, &env_of(&[])).unwrap();
+        assert_eq!(live.metering.flush_secs, 3);
+        assert_eq!(live.metering.unpriced, Unpriced::Block);
+        assert_eq!(live.prices[0].text_input, 1.0);
+        let env = env_of(&[("PATCHBAY_METERING_FLUSH_SECS", "7")]);
+        assert_eq!(live_from_toml(text, &env).unwrap().metering.flush_secs, 7);
+        assert_eq!(
+            live_from_toml("", &env_of(&[])).unwrap().metering,
+            MeteringConfig::default()
+        );
+    }
+
+    #[test]
+    fn an_invalid_live_part_is_refused_naming_the_key() {
+        for (text, key) in [
+            ("[metering]\nflush_secs = \"soon\"\n", "metering.flush_secs"),
+            (
+                "[metering]\nflush_secs = 99999999999\n",
+                "metering.flush_secs",
+            ),
+            ("[metering]\nflush = 1\n", "metering."),
+            (
+                "[[prices]]\nmodel = \"m\"\ntext_input = -1.0\n",
+                "prices[0].text_input",
+            ),
+        ] {
+            let e = live_from_toml(text, &env_of(&[])).unwrap_err();
+            assert!(e.key.starts_with(key), "{text}: {e}");
+        }
     }
 }

@@ -214,21 +214,28 @@ fn apply_keys_file(gw: &Gateway, text: &str) {
     }
 }
 
-/// Applies the config file's `[[prices]]` (the meter reads prices at every
-/// flush, so an edit applies from the next flush); other sections need a
-/// restart, and an invalid edit is ignored.
-fn apply_prices(gw: &Gateway, text: &str) {
-    match crate::config::prices_from_toml(text) {
-        Ok(prices) => {
-            if prices != *gw.metering.prices() {
+/// Applies the live part of the config file ([`crate::config::LiveConfig`]: `[metering]` and
+/// `[[prices]]`; the meter reads prices at every flush, the unpriced policy at every admission,
+/// the flush interval when a session starts). Other sections need a restart; an invalid edit is
+/// ignored and keeps what is loaded.
+fn apply_live_config(gw: &Gateway, text: &str) {
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    match crate::config::live_from_toml(text, &|k| env.get(k).cloned()) {
+        Ok(live) => {
+            if live.prices != *gw.metering.prices() {
+                tracing::info!(rows = live.prices.len(), "prices reloaded");
+                gw.metering.set_prices(live.prices);
+            }
+            if live.metering != gw.metering.config() {
                 tracing::info!(
-                    rows = prices.len(),
-                    "prices reloaded; other changes apply on restart"
+                    flush_secs = live.metering.flush_secs,
+                    unpriced = ?live.metering.unpriced,
+                    "metering settings reloaded"
                 );
-                gw.metering.set_prices(prices);
+                gw.metering.set_config(live.metering);
             }
         }
-        Err(e) => tracing::warn!(error = %e, "ignoring an invalid price edit"),
+        Err(e) => tracing::warn!(error = %e, "ignoring an invalid config edit"),
     }
 }
 
@@ -303,7 +310,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             gateway.config.source.clone(),
             "config file",
             CONFIG_FILE_POLL,
-            apply_prices,
+            apply_live_config,
         ),
     ];
     for (path, what, poll, apply) in watchers {

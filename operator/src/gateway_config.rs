@@ -142,6 +142,20 @@ struct DrainSection {
     linger_secs: i32,
 }
 
+/// Sections of `gateway.toml` the gateway applies while running (it re-reads the file): editing
+/// them never restarts a pod. Everything else needs a restart and is hashed into the pod
+/// template ([`restart_part`]).
+pub const LIVE_SECTIONS: [&str; 2] = ["metering", "prices"];
+
+/// The rendered config without its [`LIVE_SECTIONS`]: what a pod must restart to apply.
+pub fn restart_part(rendered: &str) -> String {
+    let mut doc: toml::Table = toml::from_str(rendered).expect("the rendered config parses");
+    for section in LIVE_SECTIONS {
+        doc.remove(section);
+    }
+    toml::to_string(&doc).expect("a TOML table always serialises")
+}
+
 /// The upstream URL of a route: the spec's, or OpenAI's for an OpenAI route that names none.
 pub fn upstream_url(spec: &RealtimeRouteSpec) -> Option<&str> {
     match (&spec.upstream.url, spec.upstream.provider) {
@@ -234,6 +248,20 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
 mod tests {
     use super::*;
     use crate::fixtures;
+
+    #[test]
+    fn the_restart_part_leaves_out_exactly_the_live_sections() {
+        let rendered = render(&fixtures::full_spec());
+        let restart: toml::Table = toml::from_str(&restart_part(&rendered)).unwrap();
+        let full: toml::Table = toml::from_str(&rendered).unwrap();
+        for (section, value) in &full {
+            if LIVE_SECTIONS.contains(&section.as_str()) {
+                assert!(!restart.contains_key(section), "{section}");
+            } else {
+                assert_eq!(restart.get(section), Some(value), "{section}");
+            }
+        }
+    }
 
     #[test]
     fn renders_every_section_of_the_contract_and_no_secret() {

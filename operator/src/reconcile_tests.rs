@@ -713,3 +713,105 @@ async fn an_api_error_fails_the_reconcile_with_its_facts() {
     assert!(error.to_string().contains("apply ConfigMap voice-gateway"));
     server.expect_silence().await;
 }
+
+/// Reconcile `edited` over the children `original` built (all pods ready); returns the applied
+/// gateway ConfigMap and Deployment bodies, the events, and the children `original` had.
+async fn reconcile_an_edit(
+    original: RealtimeRouteSpec,
+    edited: RealtimeRouteSpec,
+) -> (Value, Value, Vec<(String, String)>, crate::build::Desired) {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut route = fixtures::route(original);
+    let before = crate::build::desired(&crate::build::BuildInput {
+        route: &route,
+        default_image: "patchbay/gateway:test",
+        observed_replicas: Some(2),
+    });
+    route.status = Some(crate::crd::RealtimeRouteStatus {
+        pool_size_per_pod: Some(before.pool_size),
+        ..Default::default()
+    });
+    route.spec = edited;
+    let existing = deployment_response(&serde_json::to_value(&before.deployment).unwrap(), 2, 2);
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, Some(&existing), &route.spec).await;
+    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
+    expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    let deployment = seen.body.clone();
+    reply.ok(&deployment_response(&seen.body, 2, 2));
+    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    expect_apply(&mut server, &hpa_path(&gw())).await;
+    expect_apply(&mut server, &pdb_path(&gw())).await;
+    let mut events = Vec::new();
+    loop {
+        let (seen, reply) = server.next().await;
+        if seen.uri.contains("/events") {
+            events.push((
+                seen.body["type"].as_str().unwrap_or_default().to_string(),
+                seen.body["reason"].as_str().unwrap_or_default().to_string(),
+            ));
+            reply.ok(&seen.body);
+            continue;
+        }
+        assert_eq!(seen.uri, status_path());
+        reply.ok(&patched(&route, &seen.body));
+        break;
+    }
+    task.await.unwrap().expect("reconcile succeeds");
+    server.expect_silence().await;
+    (config, deployment, events, before)
+}
+
+#[tokio::test]
+async fn a_price_and_flush_interval_edit_changes_the_config_map_and_not_the_pod_template() {
+    let original = fixtures::full_spec();
+    let mut edited = original.clone();
+    edited.metering.prices[0].audio_output = 80.0;
+    edited.metering.flush_seconds = 5;
+    let (config, deployment, events, before) = reconcile_an_edit(original, edited).await;
+    let toml = config["data"]["gateway.toml"].as_str().unwrap();
+    assert!(
+        toml.contains("audio_output = 80.0") && toml.contains("flush_secs = 5"),
+        "{toml}"
+    );
+    assert_ne!(
+        config,
+        serde_json::to_value(&before.gateway_config).unwrap()
+    );
+    assert_eq!(
+        deployment,
+        serde_json::to_value(&before.deployment).unwrap(),
+        "the pod template (and so every live call) is untouched"
+    );
+    assert!(events.is_empty(), "no ConfigChanged: {events:?}");
+}
+
+#[tokio::test]
+async fn an_upstream_url_edit_changes_the_pod_template() {
+    let original = fixtures::full_spec();
+    let mut edited = original.clone();
+    edited.upstream.url = Some("wss://eu.api.openai.com/v1/realtime".into());
+    let (config, deployment, events, before) = reconcile_an_edit(original, edited).await;
+    assert!(config["data"]["gateway.toml"]
+        .as_str()
+        .unwrap()
+        .contains("wss://eu.api.openai.com/v1/realtime"));
+    let hash = |d: &Value| {
+        d["spec"]["template"]["metadata"]["annotations"]["patchbay.dev/config-hash"].clone()
+    };
+    assert_ne!(
+        hash(&deployment),
+        hash(&serde_json::to_value(&before.deployment).unwrap())
+    );
+    assert_eq!(
+        events,
+        [("Normal".to_string(), "ConfigChanged".to_string())]
+    );
+}

@@ -79,7 +79,8 @@ pub struct Metering {
 
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) config: MeteringConfig,
+    /// Replaced live when the config file's `[metering]` changes ([`Metering::set_config`]).
+    config: RwLock<MeteringConfig>,
     prices: RwLock<Arc<Vec<PriceRow>>>,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) log: RequestLog,
@@ -98,6 +99,14 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         warned.insert(model.to_string())
+    }
+
+    /// The `[metering]` settings as they are now.
+    pub(crate) fn config(&self) -> MeteringConfig {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub(crate) fn prices(&self) -> Arc<Vec<PriceRow>> {
@@ -202,7 +211,7 @@ impl Metering {
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
-                config,
+                config: RwLock::new(config),
                 prices: RwLock::new(Arc::new(prices)),
                 store,
                 log,
@@ -226,6 +235,21 @@ impl Metering {
         self.shared.prices()
     }
 
+    /// Replaces the `[metering]` settings: the unpriced policy applies to the next admission,
+    /// the flush interval to sessions that start from now on.
+    pub fn set_config(&self, config: MeteringConfig) {
+        *self
+            .shared
+            .config
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
+    /// The `[metering]` settings as they are now.
+    pub fn config(&self) -> MeteringConfig {
+        self.shared.config()
+    }
+
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.shared.store
     }
@@ -246,7 +270,7 @@ impl Metering {
             &route.model,
             route.budget_usd.map(|b| (b, route.budget_period)),
         );
-        let unpriced = s.config.unpriced == Unpriced::Block
+        let unpriced = s.config().unpriced == Unpriced::Block
             && pricing::find(&s.prices(), &route.model, route.upstream_model()).is_none();
         let counts = if key.rpm.is_some() || key.tpm.is_some() || !budgets.is_empty() {
             let q = AdmitQuery {

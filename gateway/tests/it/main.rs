@@ -4,6 +4,7 @@
 mod common;
 mod drain;
 mod keys;
+mod live_config;
 mod metering;
 mod metering_relay;
 mod metering_store;

@@ -235,20 +235,16 @@ mod tests {
         assert_eq!(before.pdb, after.pdb);
     }
 
+    fn template(d: &Desired) -> &k8s_openapi::api::core::v1::PodTemplateSpec {
+        &d.deployment.spec.as_ref().unwrap().template
+    }
+
     #[test]
-    fn a_config_change_changes_the_pod_template_hash() {
+    fn a_restart_setting_change_changes_the_pod_template_hash() {
         let build = |spec| build(&fixtures::route(spec), Some(2));
-        let mut spec = fixtures::autoscaled_spec();
-        let before = build(spec.clone());
-        spec.drain.wait_seconds += 5;
-        let after = build(spec);
-        assert_ne!(before.config_hash, after.config_hash);
+        let before = build(fixtures::full_spec());
         let hash = |d: &Desired| {
-            d.deployment
-                .spec
-                .as_ref()
-                .unwrap()
-                .template
+            template(d)
                 .metadata
                 .as_ref()
                 .unwrap()
@@ -258,6 +254,47 @@ mod tests {
                 .clone()
         };
         assert_eq!(hash(&before), before.config_hash);
-        assert_eq!(hash(&after), after.config_hash);
+        let edits: [(&str, fn(&mut crate::crd::RealtimeRouteSpec)); 5] = [
+            ("upstream url", |s| {
+                s.upstream.url = Some("wss://eu.api.openai.com/v1/realtime".into())
+            }),
+            ("upstream model", |s| {
+                s.upstream.model = Some("gpt-realtime-mini".into())
+            }),
+            ("protocol", |s| {
+                s.upstream.protocol = crate::crd::Protocol::Beta
+            }),
+            ("pool idle", |s| s.pool.max_idle_seconds += 1),
+            ("drain wait", |s| s.drain.wait_seconds += 5),
+        ];
+        for (what, edit) in edits {
+            let mut spec = fixtures::full_spec();
+            edit(&mut spec);
+            let after = build(spec);
+            assert_ne!(before.config_hash, after.config_hash, "{what}");
+            assert_eq!(hash(&after), after.config_hash, "{what}");
+            assert_ne!(template(&before), template(&after), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_live_setting_change_changes_the_config_map_and_never_the_pod_template() {
+        let build = |spec| build(&fixtures::route(spec), Some(2));
+        let before = build(fixtures::full_spec());
+        let edits: [(&str, fn(&mut crate::crd::RealtimeRouteSpec)); 3] = [
+            ("prices", |s| s.metering.prices[0].audio_output *= 2.0),
+            ("flushSeconds", |s| s.metering.flush_seconds = 3),
+            ("unpriced", |s| {
+                s.metering.unpriced = crate::crd::Unpriced::Allow
+            }),
+        ];
+        for (what, edit) in edits {
+            let mut spec = fixtures::full_spec();
+            edit(&mut spec);
+            let after = build(spec);
+            assert_ne!(before.gateway_config, after.gateway_config, "{what}");
+            assert_eq!(before.config_hash, after.config_hash, "{what}");
+            assert_eq!(before.deployment, after.deployment, "{what}");
+        }
     }
 }
