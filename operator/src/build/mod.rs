@@ -235,6 +235,9 @@ mod tests {
         assert_eq!(before.pdb, after.pdb);
     }
 
+    /// A named edit of a route's spec.
+    type Edit = (&'static str, fn(&mut crate::crd::RealtimeRouteSpec));
+
     fn template(d: &Desired) -> &k8s_openapi::api::core::v1::PodTemplateSpec {
         &d.deployment.spec.as_ref().unwrap().template
     }
@@ -254,7 +257,7 @@ mod tests {
                 .clone()
         };
         assert_eq!(hash(&before), before.config_hash);
-        let edits: [(&str, fn(&mut crate::crd::RealtimeRouteSpec)); 5] = [
+        let edits: [Edit; 5] = [
             ("upstream url", |s| {
                 s.upstream.url = Some("wss://eu.api.openai.com/v1/realtime".into())
             }),
@@ -281,7 +284,7 @@ mod tests {
     fn a_live_setting_change_changes_the_config_map_and_never_the_pod_template() {
         let build = |spec| build(&fixtures::route(spec), Some(2));
         let before = build(fixtures::full_spec());
-        let edits: [(&str, fn(&mut crate::crd::RealtimeRouteSpec)); 3] = [
+        let edits: [Edit; 3] = [
             ("prices", |s| s.metering.prices[0].audio_output *= 2.0),
             ("flushSeconds", |s| s.metering.flush_seconds = 3),
             ("unpriced", |s| {
