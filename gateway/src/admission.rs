@@ -1,14 +1,21 @@
 //! Admission: the ordered checks an upgrade passes before anything is
 //! dialled, and the OpenAI-style JSON refusal each failure becomes.
 //!
-//! Order (first failure wins): draining → 503; process session cap → 429;
-//! per-key session cap → 429. A [`Permit`] is the admitted session's hold on
-//! the counters; dropping it (however the session ends) releases them, so a
-//! panic or a cancelled task cannot leak a slot.
+//! Order (first failure wins), after the server's own checks (upgrade,
+//! credential, `?model=` missing 400 / unknown 404): the key's model
+//! allow-list → 403 `model_not_allowed` (nothing is counted before it);
+//! draining → 503; process session cap → 429; per-key session cap → 429;
+//! then the store-backed checks in [`crate::metering`] (rpm, tpm, budgets,
+//! unpriced). A [`Permit`] is the admitted session's hold on the counters;
+//! dropping it (however the session ends) releases them, so a panic or a
+//! cancelled task cannot leak a slot.
 //!
-//! The session counters are per process on purpose: a cluster-wide count in
-//! a shared store leaks slots whenever a pod dies, and the process cap is
-//! what protects a pod's memory.
+//! The process cap is always per process: it protects a pod's memory. A
+//! key's cap is per process without Redis; with Redis it is counted across
+//! the fleet by session leases ([`crate::store::leases`]), which a dead pod
+//! cannot leak for longer than the lease TTL. When Redis does not answer,
+//! the key's cap falls back to this process's count ([`fallback_admits`]),
+//! failing open like the rest of admission.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,6 +24,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use prometheus_client::metrics::gauge::Gauge;
+
+use crate::store::leases::Lease;
 
 /// Seconds a client is told to wait after a session-cap refusal.
 pub const SESSION_CAP_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -75,6 +84,26 @@ impl Refusal {
         .retry_after(SESSION_CAP_RETRY_AFTER)
     }
 
+    /// 403 for a model outside the key's (and its team's) allow-list. The
+    /// message names the model, never the key.
+    pub fn model_not_allowed(model: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            "model_not_allowed",
+            format!("this API key is not allowed to use the model '{model}'"),
+        )
+    }
+
+    /// 429 for a key at its session cap; `fleet` when the count spans every
+    /// gateway sharing the store.
+    pub fn key_session_cap(key_id: &str, cap: usize, fleet: bool) -> Self {
+        let scope = if fleet { " across all gateways" } else { "" };
+        Self::session_cap(format!(
+            "key '{key_id}' is at its limit of {cap} concurrent sessions{scope}"
+        ))
+    }
+
     pub fn unauthorized(message: &str) -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
@@ -112,6 +141,9 @@ pub struct Permit {
     sessions: Arc<Sessions>,
     key_id: String,
     gauge: Gauge,
+    /// The session's fleet lease (Redis configured and the key capped);
+    /// dropped with the permit, which ends it.
+    lease: Option<Lease>,
 }
 
 impl Drop for Permit {
@@ -132,6 +164,28 @@ impl Permit {
     pub fn key_id(&self) -> &str {
         &self.key_id
     }
+
+    /// Makes the session's fleet lease live and die with this permit.
+    pub fn hold_lease(&mut self, lease: Lease) {
+        self.lease = Some(lease);
+    }
+
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// Takes the lease out (to [`Lease::hand_off`] it to another gateway);
+    /// the permit's process counters are unaffected.
+    pub fn take_lease(&mut self) -> Option<Lease> {
+        self.lease.take()
+    }
+}
+
+/// Whether a capped key may open one more session when the fleet count is
+/// unavailable (Redis unreachable): this process's count, which already
+/// includes the session being admitted, must stay within the cap.
+pub fn fallback_admits(cap: usize, local_including_this: usize) -> bool {
+    local_including_this <= cap
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -183,9 +237,7 @@ impl Sessions {
                 }
                 drop(per_key);
                 self.active.fetch_sub(1, Ordering::AcqRel);
-                return Err(Refusal::session_cap(format!(
-                    "key '{key_id}' is at its limit of {cap} concurrent sessions"
-                )));
+                return Err(Refusal::key_session_cap(key_id, cap, false));
             }
         }
         *n += 1;
@@ -195,6 +247,7 @@ impl Sessions {
             sessions: self.clone(),
             key_id: key_id.to_string(),
             gauge,
+            lease: None,
         })
     }
 }
@@ -241,6 +294,29 @@ mod tests {
         let r = s.admit(10, "a", None, Gauge::default()).unwrap_err();
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(s.active(), 0);
+    }
+
+    #[test]
+    fn fallback_admits_up_to_the_cap_counting_the_new_session() {
+        for cap in 0..5 {
+            for local in 1..8 {
+                assert_eq!(fallback_admits(cap, local), local <= cap, "{cap} {local}");
+            }
+        }
+    }
+
+    #[test]
+    fn model_not_allowed_is_a_403_naming_the_model() {
+        let r = Refusal::model_not_allowed("gpt-realtime-mini");
+        assert_eq!(r.status, StatusCode::FORBIDDEN);
+        assert!(r.retry_after.is_none());
+        let body: serde_json::Value = serde_json::from_str(&r.body()).unwrap();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["code"], "model_not_allowed");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'gpt-realtime-mini'"));
     }
 
     #[test]

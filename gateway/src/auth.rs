@@ -12,6 +12,10 @@
 //! 2. `api-key: <key>` (Azure-style clients);
 //! 3. `Sec-WebSocket-Protocol: realtime, openai-insecure-api-key.<key>[, openai-beta.realtime-v1]`
 //!    (browsers); the 101 must then select `realtime`.
+//!
+//! A key may be limited to some models (`models = [...]` on the key and on
+//! its team): [`model_allowed`] is the one place that decides it, for every
+//! entry point that names a model.
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -45,6 +49,10 @@ pub struct KeyEntry {
     pub budget_period: BudgetPeriod,
     #[serde(default)]
     pub max_sessions: Option<usize>,
+    /// Models (route `model` names) this key may use; absent = every route,
+    /// empty = none. Intersected with its team's list.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
     #[serde(default)]
     pub disabled: bool,
 }
@@ -58,6 +66,21 @@ pub struct TeamEntry {
     pub budget_usd: Option<f64>,
     #[serde(default)]
     pub budget_period: BudgetPeriod,
+    /// Models the team's keys may use; absent = every route, empty = none.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+}
+
+/// Whether `key` (of `team`, when it has one) may open sessions on `model`:
+/// the model must be on the key's list and on the team's list, where an
+/// absent list allows every model and an empty one allows none. Names are
+/// compared exactly (no patterns), against the route's client-facing model.
+pub fn model_allowed(key: &KeyEntry, team: Option<&TeamEntry>, model: &str) -> bool {
+    let allows = |list: &Option<Vec<String>>| {
+        list.as_ref()
+            .is_none_or(|models| models.iter().any(|m| m == model))
+    };
+    allows(&key.models) && team.is_none_or(|t| allows(&t.models))
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -116,6 +139,7 @@ impl KeySet {
                 return Err(format!("keys[{i}].id: duplicate id {:?}", k.id));
             }
             check_budget(k.budget_usd, || format!("keys[{i}].budget_usd"))?;
+            check_models(k.models.as_deref(), || format!("keys[{i}].models"))?;
             entries.push((digest, k));
         }
         for (i, t) in file.teams.iter().enumerate() {
@@ -126,6 +150,7 @@ impl KeySet {
                 return Err(format!("teams[{i}].id: duplicate id {:?}", t.id));
             }
             check_budget(t.budget_usd, || format!("teams[{i}].budget_usd"))?;
+            check_models(t.models.as_deref(), || format!("teams[{i}].models"))?;
         }
         Ok(Self {
             entries,
@@ -146,6 +171,7 @@ impl KeySet {
                 budget_usd: None,
                 budget_period: BudgetPeriod::Total,
                 max_sessions: None,
+                models: None,
                 disabled: false,
             },
         ));
@@ -190,6 +216,17 @@ fn check_budget(budget: Option<f64>, key: impl FnOnce() -> String) -> Result<(),
     match budget {
         Some(b) if !(b.is_finite() && b >= 0.0) => {
             Err(format!("{}: must be a number >= 0, got {b}", key()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A model name in an allow-list must not be empty: `""` would never match
+/// a route and most likely is a typo for a missing name.
+fn check_models(models: Option<&[String]>, key: impl FnOnce() -> String) -> Result<(), String> {
+    match models {
+        Some(list) if list.iter().any(|m| m.trim().is_empty()) => {
+            Err(format!("{}: model names must not be empty", key()))
         }
         _ => Ok(()),
     }
@@ -340,6 +377,90 @@ mod tests {
             "[[keys]]\nid = \"a\"\nsha256 = \"{d}\"\nbudget_usd = 0.0\nteam = \"t\"\n[[teams]]\nid = \"t\"\nbudget_usd = 5\n"
         ))
         .expect("zero and whole-number budgets are fine");
+    }
+
+    fn entry(models: Option<&[&str]>) -> KeyEntry {
+        let mut k = KeySet::default()
+            .with_master(&Secret::new("m"))
+            .by_id("master")
+            .unwrap()
+            .clone();
+        k.models = models.map(|l| l.iter().map(|m| m.to_string()).collect());
+        k
+    }
+
+    fn team(models: Option<&[&str]>) -> TeamEntry {
+        TeamEntry {
+            id: "t".into(),
+            budget_usd: None,
+            budget_period: BudgetPeriod::Total,
+            models: models.map(|l| l.iter().map(|m| m.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn model_allowed_is_the_key_list_intersected_with_the_team_list() {
+        const A: &str = "gpt-realtime";
+        const B: &str = "gpt-realtime-mini";
+        let lists: [Option<&[&str]>; 5] = [None, Some(&[]), Some(&[A]), Some(&[B]), Some(&[A, B])];
+        let allows = |list: Option<&[&str]>, m: &str| list.is_none_or(|l| l.contains(&m));
+        for key_list in lists {
+            for team_list in lists {
+                for m in [A, B, "other"] {
+                    let expected = allows(key_list, m) && allows(team_list, m);
+                    assert_eq!(
+                        model_allowed(&entry(key_list), Some(&team(team_list)), m),
+                        expected,
+                        "key {key_list:?} team {team_list:?} model {m}"
+                    );
+                }
+            }
+            for m in [A, B, "other"] {
+                assert_eq!(
+                    model_allowed(&entry(key_list), None, m),
+                    allows(key_list, m),
+                    "key {key_list:?} without a team, model {m}"
+                );
+            }
+        }
+        // Spelled-out corners: absent = all, empty = none, exact names only.
+        assert!(model_allowed(&entry(None), None, "anything"));
+        assert!(!model_allowed(&entry(Some(&[])), None, A));
+        assert!(!model_allowed(
+            &entry(Some(&[A])),
+            Some(&team(Some(&[]))),
+            A
+        ));
+        assert!(!model_allowed(
+            &entry(Some(&[A])),
+            None,
+            "gpt-realtime-2025"
+        ));
+    }
+
+    #[test]
+    fn models_lists_parse_and_empty_names_are_refused() {
+        let d = hex_of("x");
+        let k = KeySet::parse(&format!(
+            "[[keys]]\nid = \"a\"\nsha256 = \"{d}\"\nteam = \"t\"\nmodels = [\"gpt-realtime\"]\n\
+             [[keys]]\nid = \"b\"\nsha256 = \"{}\"\nmodels = []\n\
+             [[teams]]\nid = \"t\"\nmodels = [\"gpt-realtime\", \"gpt-realtime-mini\"]\n",
+            hex_of("y")
+        ))
+        .unwrap();
+        assert_eq!(
+            k.by_id("a").unwrap().models.as_deref(),
+            Some(&["gpt-realtime".to_string()][..])
+        );
+        assert_eq!(k.by_id("b").unwrap().models.as_deref(), Some(&[][..]));
+        assert_eq!(k.team("t").unwrap().models.as_ref().unwrap().len(), 2);
+        let e = KeySet::parse(&format!(
+            "[[keys]]\nid = \"a\"\nsha256 = \"{d}\"\nmodels = [\"\"]\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("keys[0].models"), "{e}");
+        let e = KeySet::parse("[[teams]]\nid = \"t\"\nmodels = [\" \"]\n").unwrap_err();
+        assert!(e.contains("teams[0].models"), "{e}");
     }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {

@@ -310,6 +310,10 @@ pub struct StoreConfig {
     pub redis_url_env: Option<String>,
     /// File holding the Redis URL (a mounted Secret).
     pub redis_url_file: Option<PathBuf>,
+    /// PEM file of the CA(s) a `rediss://` server's certificate must chain
+    /// to (private CAs); unset = the public webpki roots. Verification is
+    /// always on.
+    pub ca_file: Option<PathBuf>,
     /// Resolved from `redis_url_env` or `redis_url_file` during validation.
     #[serde(skip)]
     pub redis_url: Option<Secret>,
@@ -481,7 +485,20 @@ impl Config {
                     "must hold a redis://, rediss:// or unix:// URL",
                 ));
             }
+            validate_redis_url(url, self.store.ca_file.is_some())
+                .map_err(|m| ConfigError::new(k, m))?;
             self.store.redis_url = Some(Secret::new(url));
+        }
+        if let Some(ca) = &self.store.ca_file {
+            if self.store.redis_url.is_none() {
+                return Err(ConfigError::new(
+                    "store.ca_file",
+                    "needs a rediss:// store (set store.redis_url_env or store.redis_url_file)",
+                ));
+            }
+            if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
+                return Err(ConfigError::new("store.ca_file", e.to_string()));
+            }
         }
         match &self.keys.file {
             Some(f) if !f.exists() => {
@@ -636,6 +653,24 @@ pub fn live_from_toml(
     Ok(LiveConfig { metering, prices })
 }
 
+/// A store URL the gateway can use safely: TLS certificates are always
+/// verified (redis-rs's `#insecure` fragment is refused), and a `ca_file`
+/// only makes sense for `rediss://`. Never echoes the URL (it may hold a
+/// password).
+fn validate_redis_url(url: &str, has_ca_file: bool) -> Result<(), String> {
+    let parsed = Url::parse(url).map_err(|e| format!("not a valid URL: {e}"))?;
+    if parsed.fragment().is_some() {
+        return Err(
+            "a URL fragment (such as #insecure) is not accepted: TLS certificates are always verified"
+                .into(),
+        );
+    }
+    if has_ca_file && parsed.scheme() != "rediss" {
+        return Err("store.ca_file is set, so the URL must be rediss:// (TLS)".into());
+    }
+    Ok(())
+}
+
 /// Every price must be a finite number >= 0.
 fn validate_prices(prices: &[PriceRow]) -> Result<(), ConfigError> {
     for (i, p) in prices.iter().enumerate() {
@@ -746,7 +781,7 @@ fn section_keys(section: &str) -> &'static [&'static str] {
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
         "limits" => &["max_sessions"],
         "metering" => &["flush_secs", "unpriced", "stream_maxlen"],
-        "store" => &["redis_url_env", "redis_url_file"],
+        "store" => &["redis_url_env", "redis_url_file", "ca_file"],
         "keys" => &["file"],
         "drain" => &["wait_secs", "mode", "linger_secs"],
         _ => &[],
@@ -1094,5 +1129,47 @@ mod tests {
             let e = live_from_toml(text, &env_of(&[])).unwrap_err();
             assert!(e.key.starts_with(key), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn store_tls_verification_cannot_be_turned_off_and_ca_file_needs_rediss() {
+        let with = |url: &str, extra: &str| {
+            let toml = format!("[store]\nredis_url_env = \"REDIS\"\n{extra}");
+            let mut env: Vec<(&str, &str)> = BASE_ENV.to_vec();
+            env.push(("REDIS", url));
+            Config::from_toml_with_env(&toml, &env_of(&env))
+        };
+        let e = with("rediss://redis.example:6380/#insecure", "").unwrap_err();
+        assert_eq!(e.key, "store.redis_url_env");
+        assert!(e.message.contains("always verified"), "{e}");
+        assert!(
+            !e.message.contains("redis.example"),
+            "never echo the URL: {e}"
+        );
+        let e = with("redis://127.0.0.1:6379", "ca_file = \"/nonexistent.pem\"").unwrap_err();
+        assert_eq!(e.key, "store.redis_url_env");
+        assert!(e.message.contains("rediss://"), "{e}");
+        let e = with(
+            "rediss://u:p@127.0.0.1:6380",
+            "ca_file = \"/nonexistent.pem\"",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "store.ca_file");
+        let c = with("rediss://alice:s3cret@127.0.0.1:6380/0", "").unwrap();
+        assert!(c.store.redis_url.is_some());
+        let no_store = Config::from_toml_with_env(
+            "[store]\nca_file = \"/nonexistent.pem\"\n",
+            &env_of(BASE_ENV),
+        )
+        .unwrap_err();
+        assert_eq!(no_store.key, "store.ca_file");
+        let mut env: Vec<(&str, &str)> = BASE_ENV.to_vec();
+        env.extend([
+            ("REDIS", "rediss://127.0.0.1:6380"),
+            ("PATCHBAY_STORE_CA_FILE", "/nonexistent.pem"),
+        ]);
+        let e = Config::from_toml_with_env("[store]\nredis_url_env = \"REDIS\"\n", &env_of(&env))
+            .unwrap_err();
+        assert_eq!(e.key, "store.ca_file", "the env override reaches ca_file");
     }
 }

@@ -13,8 +13,12 @@
 //!    is closed, its meter runs its final flush. `linger` mode: live
 //!    sessions run on until they end or `linger_secs` pass, then close the
 //!    same way;
-//! 3. the process waits up to `[drain] wait_secs` for the tracked tasks,
-//!    then exits 0; a task still running is reported as a warning.
+//! 3. the process waits up to `[drain] wait_secs` for the tracked tasks
+//!    (each meter's final flush included), and, within the same
+//!    `wait_secs`, for the request-log rows still queued for stdout and the
+//!    store writes still in the outbox (Redis slow or down), then exits 0;
+//!    anything still running or waiting is reported as a warning (rows and
+//!    writes still waiting then are lost with the process).
 //!
 //! In Kubernetes: preStop sleep (endpoints are removed meanwhile) → SIGTERM
 //! → drain (≤ linger_secs + wait_secs) → exit, all inside
@@ -62,12 +66,29 @@ pub async fn drain(gw: &Gateway) {
         }
     }
     gw.shutdown.cancel();
-    if tokio::time::timeout(wait, gw.tasks.wait()).await.is_err() {
+    let deadline = tokio::time::Instant::now() + wait;
+    if tokio::time::timeout_at(deadline, gw.tasks.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(
             still_running = gw.tasks.len(),
             "drain wait ran out with tasks still running"
         );
-    } else {
-        tracing::info!("drained");
+    }
+    match gw.metering.settle(deadline).await {
+        (0, 0) => tracing::info!("drained"),
+        (rows, writes) => tracing::warn!(
+            rows_not_written = rows,
+            store_writes_not_replayed = writes,
+            "drain wait ran out before every request-log row and store write was out"
+        ),
+    }
+    // The sessions just closed free their fleet slots now rather than when
+    // their leases expire (bounded by the store's call timeout).
+    if let Some(leases) = &gw.leases {
+        if let Err(e) = leases.send_removals(std::time::Instant::now()).await {
+            tracing::warn!(error = %e, "could not release session leases; they expire on their own");
+        }
     }
 }

@@ -13,11 +13,12 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Sessions;
-use crate::auth::{KeySet, KeyStore};
+use crate::admission::{fallback_admits, Permit, Refusal, Sessions};
+use crate::auth::{model_allowed, KeyEntry, KeySet, KeyStore};
 use crate::config::{Config, RouteConfig};
 use crate::metering::Metering;
 use crate::metrics::Metrics;
+use crate::store::leases::{Acquire, Lease, Leases};
 use crate::upstream::dial::Upstream;
 use crate::upstream::pool::{parse_size_file, Pool};
 use crate::{server, watch};
@@ -45,6 +46,8 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     pub metering: Metering,
     pub sessions: Arc<Sessions>,
+    /// Fleet-wide session leases for capped keys (Redis configured).
+    pub leases: Option<Leases>,
     /// Cancelled when live sessions must close (at once in `close` mode,
     /// after the linger in `linger` mode).
     pub shutdown: CancellationToken,
@@ -104,6 +107,15 @@ impl Gateway {
             .collect::<Result<Vec<_>, StartError>>()?;
         let keys = Arc::new(KeyStore::new(load_keys(&config)?));
         let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
+        let leases = match &config.store.redis_url {
+            Some(url) => Some(Leases::with_ca_file(
+                url.expose(),
+                crate::store::DEFAULT_PREFIX,
+                config.store.ca_file.as_deref(),
+                metrics.clone(),
+            )?),
+            None => None,
+        };
         let ready = routes.iter().all(|r| r.pool.target() == 0);
         Ok(Self {
             config,
@@ -112,6 +124,7 @@ impl Gateway {
             metrics,
             metering,
             sessions: Arc::default(),
+            leases,
             shutdown: CancellationToken::new(),
             draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -119,30 +132,76 @@ impl Gateway {
         })
     }
 
-    /// Every check before the 101 that needs no network: draining, the
-    /// process cap, the key's session cap, then the store-backed ones (rpm,
-    /// tpm, budgets, unpriced). The permit is released if a later check
-    /// refuses.
+    /// Every check before the 101, in the order of [`crate::admission`]:
+    /// the key's model allow-list (403, before anything is counted),
+    /// draining, the process cap, the key's session cap (across the fleet
+    /// with Redis: the session takes a lease named `session_id`), then the
+    /// store-backed ones (rpm, tpm, budgets, unpriced). The permit, and the
+    /// lease it holds, are released if a later check refuses.
     pub async fn admit(
         &self,
-        key: &crate::auth::KeyEntry,
+        key: &KeyEntry,
         route: &Route,
-    ) -> Result<crate::admission::Permit, crate::admission::Refusal> {
+        session_id: &str,
+    ) -> Result<Permit, Refusal> {
+        let keys = self.keys.get();
+        let team = key.team.as_deref().and_then(|t| keys.team(t));
+        if !model_allowed(key, team, &route.config.model) {
+            return Err(Refusal::model_not_allowed(&route.config.model));
+        }
         let gauge = self
             .metrics
             .sessions_active
             .get_or_create(&crate::metrics::model(&route.config.model))
             .clone();
-        let permit = self.sessions.admit(
-            self.config.limits.max_sessions,
-            &key.id,
-            key.max_sessions,
-            gauge,
-        )?;
-        let keys = self.keys.get();
-        let team = key.team.as_deref().and_then(|t| keys.team(t));
+        let fleet = self.leases.as_ref().zip(key.max_sessions);
+        // With fleet leases the key's cap is checked in Redis below; the
+        // process still counts the key's sessions for the fallback.
+        let local_cap = if fleet.is_some() {
+            None
+        } else {
+            key.max_sessions
+        };
+        let mut permit =
+            self.sessions
+                .admit(self.config.limits.max_sessions, &key.id, local_cap, gauge)?;
+        if let Some((leases, cap)) = fleet {
+            permit.hold_lease(self.fleet_lease(leases, key, cap, session_id).await?);
+        }
         self.metering.admit(key, team, &route.config).await?;
         Ok(permit)
+    }
+
+    /// The key's fleet-wide session cap: a lease from Redis, or, when Redis
+    /// does not answer, this process's count (fail open). A lease held
+    /// without Redis's answer is written by the next renewal tick.
+    async fn fleet_lease(
+        &self,
+        leases: &Leases,
+        key: &KeyEntry,
+        cap: usize,
+        session_id: &str,
+    ) -> Result<Lease, Refusal> {
+        match leases
+            .acquire(&key.id, session_id, cap, std::time::SystemTime::now())
+            .await
+        {
+            Ok(Acquire::Granted { lease, .. }) => Ok(lease),
+            Ok(Acquire::Full { .. }) => Err(Refusal::key_session_cap(&key.id, cap, true)),
+            Err(e) => {
+                self.metrics.store_errors.inc();
+                self.metrics.session_lease_fallbacks.inc();
+                tracing::warn!(error = %e, key_id = %key.id, "session lease unavailable; counting this process's sessions");
+                // Held even when refused: dropping it sends a removal, in
+                // case the script ran although its reply was lost.
+                let lease = leases.hold(&key.id, session_id);
+                if fallback_admits(cap, self.sessions.key_active(&key.id)) {
+                    Ok(lease)
+                } else {
+                    Err(Refusal::key_session_cap(&key.id, cap, false))
+                }
+            }
+        }
     }
 
     /// Sets every route's pool target (clamped to `[pool] max_size`).
@@ -177,66 +236,60 @@ fn initial_pool_size(config: &Config) -> usize {
 
 /// A live-reloaded file: its path (if configured), what it is, how often it
 /// is polled, and what a change does.
+/// A live-reloaded file: its path, what it is (for log lines), its label in
+/// `patchbay_config_reloads_total{file}`, the poll period and how to apply it.
 type Watcher = (
     Option<std::path::PathBuf>,
     &'static str,
+    &'static str,
     Duration,
-    fn(&Gateway, &str),
+    fn(&Gateway, &str) -> Result<(), String>,
 );
 
 /// Applies the size file's size when it is valid and differs; a bad value
-/// is logged and ignored.
-fn apply_size_file(gw: &Gateway, text: &str) {
-    match parse_size_file(text) {
-        Ok(n) => {
-            let n = n.min(gw.config.pool.max_size);
-            if gw.routes.first().is_some_and(|r| r.pool.target() != n) {
-                tracing::info!(size = n, "pool size changed");
-                gw.set_pool_size(n);
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "ignoring an invalid pool size file"),
+/// is refused (the watcher logs and counts it).
+fn apply_size_file(gw: &Gateway, text: &str) -> Result<(), String> {
+    let n = parse_size_file(text)?.min(gw.config.pool.max_size);
+    if gw.routes.first().is_some_and(|r| r.pool.target() != n) {
+        tracing::info!(size = n, "pool size changed");
+        gw.set_pool_size(n);
     }
+    Ok(())
 }
 
 /// Swaps in the keys file's key set; an invalid file keeps the current one.
-fn apply_keys_file(gw: &Gateway, text: &str) {
-    match KeySet::parse(text) {
-        Ok(set) => {
-            let set = match &gw.config.master_key {
-                Some(m) => set.with_master(m),
-                None => set,
-            };
-            tracing::debug!(keys = set.len(), "keys file loaded");
-            gw.keys.replace(set);
-        }
-        Err(e) => tracing::warn!(error = %e, "invalid keys file; keeping the current keys"),
-    }
+fn apply_keys_file(gw: &Gateway, text: &str) -> Result<(), String> {
+    let set = KeySet::parse(text)?;
+    let set = match &gw.config.master_key {
+        Some(m) => set.with_master(m),
+        None => set,
+    };
+    tracing::debug!(keys = set.len(), "keys file loaded");
+    gw.keys.replace(set);
+    Ok(())
 }
 
 /// Applies the live part of the config file ([`crate::config::LiveConfig`]: `[metering]` and
 /// `[[prices]]`; the meter reads prices at every flush, the unpriced policy at every admission,
 /// the flush interval when a session starts). Other sections need a restart; an invalid edit is
-/// ignored and keeps what is loaded.
-fn apply_live_config(gw: &Gateway, text: &str) {
+/// refused (and counted) and keeps what is loaded.
+fn apply_live_config(gw: &Gateway, text: &str) -> Result<(), String> {
     let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
-    match crate::config::live_from_toml(text, &|k| env.get(k).cloned()) {
-        Ok(live) => {
-            if live.prices != *gw.metering.prices() {
-                tracing::info!(rows = live.prices.len(), "prices reloaded");
-                gw.metering.set_prices(live.prices);
-            }
-            if live.metering != gw.metering.config() {
-                tracing::info!(
-                    flush_secs = live.metering.flush_secs,
-                    unpriced = ?live.metering.unpriced,
-                    "metering settings reloaded"
-                );
-                gw.metering.set_config(live.metering);
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "ignoring an invalid config edit"),
+    let live =
+        crate::config::live_from_toml(text, &|k| env.get(k).cloned()).map_err(|e| e.to_string())?;
+    if live.prices != *gw.metering.prices() {
+        tracing::info!(rows = live.prices.len(), "prices reloaded");
+        gw.metering.set_prices(live.prices);
     }
+    if live.metering != gw.metering.config() {
+        tracing::info!(
+            flush_secs = live.metering.flush_secs,
+            unpriced = ?live.metering.unpriced,
+            "metering settings reloaded"
+        );
+        gw.metering.set_config(live.metering);
+    }
+    Ok(())
 }
 
 /// `/readyz` turns ready once every pool first reached its target, or when
@@ -288,6 +341,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         addr: gateway.config.server.admin_listen,
         source,
     })?;
+    if let Some(leases) = &gateway.leases {
+        leases.spawn_renewal();
+    }
     for route in &gateway.routes {
         gateway
             .tasks
@@ -297,39 +353,56 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         (
             gateway.config.pool.size_file.clone(),
             "pool size file",
+            "pool_size",
             SIZE_FILE_POLL,
             apply_size_file,
         ),
         (
             gateway.config.keys.file.clone(),
             "keys file",
+            "keys",
             KEYS_FILE_POLL,
             apply_keys_file,
         ),
         (
             gateway.config.source.clone(),
             "config file",
+            "config",
             CONFIG_FILE_POLL,
             apply_live_config,
         ),
     ];
-    for (path, what, poll, apply) in watchers {
+    for (path, what, file, poll, apply) in watchers {
         if let Some(path) = path {
             let gw = gateway.clone();
             let stop = gateway.draining.clone();
-            tokio::spawn(watch::on_change(path, what, poll, stop, move |text| {
-                apply(&gw, text)
-            }));
+            let reloads = watch::Reloads {
+                file,
+                counters: gateway.metrics.config_reloads.clone(),
+            };
+            tokio::spawn(watch::on_change(
+                path,
+                what,
+                poll,
+                stop,
+                reloads,
+                move |text| apply(&gw, text),
+            ));
         }
     }
     for route in &gateway.routes {
         if let Some(path) = route.config.api_key_file.clone() {
             let (model, key) = (route.config.model.clone(), route.config.api_key.clone());
+            let reloads = watch::Reloads {
+                file: "upstream_key",
+                counters: gateway.metrics.config_reloads.clone(),
+            };
             tokio::spawn(watch::on_change(
                 path,
                 "upstream key file",
                 KEYS_FILE_POLL,
                 gateway.draining.clone(),
+                reloads,
                 move |text| crate::upstream::key::apply_key_file(&model, &key, text),
             ));
         }

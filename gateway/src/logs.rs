@@ -4,22 +4,36 @@
 //! exports, dashboards): [`FIELDS`] lists them in order, and both sinks use
 //! exactly those names:
 //! - stdout, always: one JSON object per line (`tracing` output goes to
-//!   stderr, so stdout carries nothing else). A flush writes its rows with
-//!   one `write_all` under the stdout lock, so rows of concurrent sessions
-//!   never interleave mid-line;
+//!   stderr, so stdout carries nothing else);
 //! - the Redis stream `{prefix}request_logs`, when Redis is configured: one
 //!   flat stream field per row field, every value a string (`ttft_ms` and
 //!   `team` are empty when absent, `usage_unknown` is `true`/`false`). The
 //!   stream write rides in the meter's flush round trip
-//!   ([`crate::store::Store::flush`]).
+//!   ([`crate::store::Store::flush`]), and waits in the outbox
+//!   ([`crate::metering::outbox`]) while the store fails.
 //!
-//! Caveat: stdout is written synchronously. A stalled stdout reader stalls
-//! the meter tasks (never the relays, which only `try_send` to the meter).
+//! Rows never block the runtime. [`RequestLog::write`] serialises the rows
+//! and appends them to a bounded queue (a short lock, never I/O); one
+//! writer thread (`patchbay-rows`) takes everything queued and writes it
+//! with one `write_all`, so rows never interleave mid-line. A stalled
+//! stdout reader (a slow log collector) therefore stalls only that thread:
+//! rows wait in the queue, counted by `patchbay_outbox_rows{sink="stdout"}`,
+//! up to [`crate::metering::outbox::MAX_ROWS`] rows or
+//! [`crate::metering::outbox::MAX_BYTES`]; past that the oldest are dropped,
+//! counted by `patchbay_outbox_dropped_total{sink="stdout"}` with a warning.
+//! A failed write (stdout closed) drops its rows the same way.
+//! [`RequestLog::settle`] waits (polling, never blocking a worker) for the
+//! queue to be written; the drain calls it.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
+
+use crate::metering::outbox::{Bounds, Lane, SETTLE_POLL};
+use crate::metrics::{sink, Metrics};
 
 /// The row's field names, in the order they are written.
 pub const FIELDS: [&str; 24] = [
@@ -87,6 +101,20 @@ impl RequestLogRow {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// Bytes of the row's variable fields (a queue-size estimate).
+    pub fn approx_bytes(&self) -> usize {
+        self.request_id.len()
+            + self.session_id.len()
+            + self.key_id.len()
+            + self.team.as_ref().map_or(0, String::len)
+            + self.model.len()
+            + self.upstream_model.len()
+            + self.provider.len()
+            + self.started_at.len()
+            + self.ended_at.len()
+            + self.end_reason.len()
+    }
+
     /// The row as flat string fields for `XADD`, in [`FIELDS`] order.
     pub fn stream_fields(&self) -> [(&'static str, String); FIELDS.len()] {
         let n = |v: u64| v.to_string();
@@ -119,10 +147,17 @@ impl RequestLogRow {
     }
 }
 
-/// Where rows are written: stdout, or (tests) a shared vector.
-#[derive(Debug, Clone, Default)]
+/// Where rows are written: stdout (through the writer thread), any other
+/// writer the same way, or (tests) a shared vector. Cheap to clone.
+#[derive(Debug, Clone)]
 pub struct RequestLog {
-    capture: Option<Captured>,
+    sink: Sink,
+}
+
+#[derive(Debug, Clone)]
+enum Sink {
+    Capture(Captured),
+    Pipe(Arc<PipeHandle>),
 }
 
 /// Rows captured by [`RequestLog::capture`].
@@ -135,10 +170,127 @@ impl Captured {
     }
 }
 
+/// The queue between [`RequestLog::write`] and the writer thread.
+struct Pipe {
+    state: Mutex<PipeState>,
+    wake: Condvar,
+    rows_gauge: Gauge,
+    bytes_gauge: Gauge,
+    dropped: Counter,
+}
+
+struct PipeState {
+    /// Serialised lines of one `write` call each.
+    lane: Lane<String>,
+    /// Rows the writer thread took and is writing.
+    writing: usize,
+    /// Every [`RequestLog`] handle is gone: the thread ends.
+    closed: bool,
+}
+
+/// Owned by every clone of a piped [`RequestLog`]; the last one dropped
+/// tells the writer thread to finish what is queued and end.
+#[derive(Debug)]
+struct PipeHandle(Arc<Pipe>);
+
+impl Drop for PipeHandle {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.wake.notify_all();
+    }
+}
+
+impl std::fmt::Debug for Pipe {
+    // Counts only: the queue can hold many rows.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Pipe")
+            .field("queued_rows", &s.lane.rows())
+            .field("writing", &s.writing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pipe {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PipeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gauges(&self, s: &PipeState) {
+        self.rows_gauge.set((s.lane.rows() + s.writing) as i64);
+        self.bytes_gauge.set(s.lane.bytes() as i64);
+    }
+
+    /// The writer thread: takes everything queued, writes it, repeats.
+    fn run(&self, mut out: Box<dyn Write + Send>) {
+        let mut failing = false;
+        loop {
+            let (batch, rows) = {
+                let mut s = self.lock();
+                while s.lane.is_empty() && !s.closed {
+                    s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
+                }
+                if s.lane.is_empty() {
+                    return;
+                }
+                let items = s.lane.take_all();
+                let rows: usize = items.iter().map(|(_, r)| r).sum();
+                s.writing = rows;
+                self.gauges(&s);
+                (items, rows)
+            };
+            let buf: String = batch.into_iter().map(|(t, _)| t).collect();
+            let result = out.write_all(buf.as_bytes()).and_then(|()| out.flush());
+            match result {
+                Ok(()) => failing = false,
+                Err(e) => {
+                    self.dropped.inc_by(rows as u64);
+                    if !failing {
+                        tracing::warn!(error = %e, rows, "cannot write request-log rows to stdout; dropped");
+                    }
+                    failing = true;
+                }
+            }
+            let mut s = self.lock();
+            s.writing = 0;
+            self.gauges(&s);
+        }
+    }
+}
+
 impl RequestLog {
-    /// JSON lines on stdout (production).
-    pub fn stdout() -> Self {
-        Self::default()
+    /// JSON lines on stdout (production), through the writer thread.
+    pub fn stdout(metrics: &Metrics) -> Self {
+        Self::to_writer(Box::new(std::io::stdout()), Bounds::default(), metrics)
+    }
+
+    /// JSON lines on `out`, written by a thread of their own; at most
+    /// `bounds` wait (oldest dropped past that).
+    pub fn to_writer(out: Box<dyn Write + Send>, bounds: Bounds, metrics: &Metrics) -> Self {
+        let label = sink("stdout");
+        let pipe = Arc::new(Pipe {
+            state: Mutex::new(PipeState {
+                lane: Lane::new(bounds),
+                writing: 0,
+                closed: false,
+            }),
+            wake: Condvar::new(),
+            rows_gauge: metrics.outbox_rows.get_or_create(&label).clone(),
+            bytes_gauge: metrics.outbox_bytes.get_or_create(&label).clone(),
+            dropped: metrics.outbox_dropped.get_or_create(&label).clone(),
+        });
+        let thread_pipe = pipe.clone();
+        let spawned = std::thread::Builder::new()
+            .name("patchbay-rows".into())
+            .spawn(move || thread_pipe.run(out));
+        if let Err(e) = spawned {
+            // Without the thread rows would only pile up: say so once; the
+            // queue bound still holds and drops are counted.
+            tracing::error!(error = %e, "cannot start the request-log writer thread");
+        }
+        Self {
+            sink: Sink::Pipe(Arc::new(PipeHandle(pipe))),
+        }
     }
 
     /// Rows kept in memory instead of printed (tests).
@@ -146,29 +298,71 @@ impl RequestLog {
         let c = Captured::default();
         (
             Self {
-                capture: Some(c.clone()),
+                sink: Sink::Capture(c.clone()),
             },
             c,
         )
     }
 
+    /// Queues `rows` for the sink; never blocks on I/O.
     pub fn write(&self, rows: &[RequestLogRow]) {
         if rows.is_empty() {
             return;
         }
-        if let Some(c) = &self.capture {
-            c.0.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend_from_slice(rows);
-            return;
-        }
+        let pipe = match &self.sink {
+            Sink::Capture(c) => {
+                c.0.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(rows);
+                return;
+            }
+            Sink::Pipe(h) => &h.0,
+        };
         let mut buf = String::with_capacity(rows.len() * 640);
         for row in rows {
             buf.push_str(&row.to_json_line());
             buf.push('\n');
         }
-        if let Err(e) = std::io::stdout().lock().write_all(buf.as_bytes()) {
-            tracing::warn!(error = %e, rows = rows.len(), "cannot write request-log rows to stdout");
+        let bytes = buf.len();
+        let dropped = {
+            let mut s = pipe.lock();
+            let (_, dropped) = s.lane.push(buf, rows.len(), bytes);
+            pipe.gauges(&s);
+            dropped
+        };
+        pipe.wake.notify_one();
+        if !dropped.is_empty() {
+            let n: usize = dropped.iter().map(|(_, r)| r).sum();
+            pipe.dropped.inc_by(n as u64);
+            tracing::warn!(
+                rows = n,
+                "request-log row queue full (stdout not read?): dropped the oldest rows"
+            );
+        }
+    }
+
+    /// Rows queued or being written.
+    pub fn pending(&self) -> usize {
+        match &self.sink {
+            Sink::Capture(_) => 0,
+            Sink::Pipe(h) => {
+                let s = h.0.lock();
+                s.lane.rows() + s.writing
+            }
+        }
+    }
+
+    /// Waits until every queued row was written, or `deadline`; true when
+    /// nothing is left. Polls, so it never blocks a runtime thread.
+    pub async fn settle(&self, deadline: tokio::time::Instant) -> bool {
+        loop {
+            if self.pending() == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(SETTLE_POLL.min(deadline - tokio::time::Instant::now())).await;
         }
     }
 }
@@ -254,5 +448,132 @@ mod tests {
         log.write(&[sample(), b]);
         let ids: Vec<String> = captured.rows().into_iter().map(|r| r.request_id).collect();
         assert_eq!(ids, ["abc:1", "abc:2"]);
+    }
+
+    /// A writer that blocks until the test opens its gate, then appends to
+    /// a shared buffer.
+    struct Gated {
+        gate: Arc<(Mutex<bool>, Condvar)>,
+        out: Arc<Mutex<Vec<u8>>>,
+        entered: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Write for Gated {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.entered
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let (open, cv) = &*self.gate;
+            let mut g = open.lock().unwrap();
+            while !*g {
+                g = cv.wait(g).unwrap();
+            }
+            self.out.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn row(n: usize) -> RequestLogRow {
+        RequestLogRow {
+            request_id: format!("abc:{n}"),
+            ..sample()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stalled_writer_never_blocks_write_and_rows_follow_when_it_resumes() {
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let metrics = Metrics::new();
+        let log = RequestLog::to_writer(
+            Box::new(Gated {
+                gate: gate.clone(),
+                out: out.clone(),
+                entered: Default::default(),
+            }),
+            Bounds::default(),
+            &metrics,
+        );
+        // The writer is stuck in its first write; every later write call
+        // returns at once and the rows wait in the queue.
+        for n in 0..1000 {
+            log.write(&[row(n)]);
+        }
+        assert_eq!(log.pending(), 1000);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(50);
+        assert!(!log.settle(deadline).await, "nothing can be written yet");
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        assert!(log.settle(deadline).await);
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        let ids: Vec<String> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["request_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        let expected: Vec<String> = (0..1000).map(|n| format!("abc:{n}")).collect();
+        assert_eq!(ids, expected, "every row once, in order");
+        assert!(metrics
+            .encode()
+            .contains("patchbay_outbox_rows{sink=\"stdout\"} 0"));
+    }
+
+    #[tokio::test]
+    async fn past_its_bound_the_row_queue_drops_the_oldest_and_counts_them() {
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let metrics = Metrics::new();
+        let entered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let log = RequestLog::to_writer(
+            Box::new(Gated {
+                gate: gate.clone(),
+                out: out.clone(),
+                entered: entered.clone(),
+            }),
+            Bounds {
+                max_rows: 10,
+                max_bytes: usize::MAX,
+            },
+            &metrics,
+        );
+        log.write(&[row(0)]);
+        // Wait until the writer holds row 0 (stuck in write).
+        let mut spins = 0;
+        while !entered.load(std::sync::atomic::Ordering::SeqCst) {
+            spins += 1;
+            assert!(spins < 10_000, "the writer never took the first row");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        for n in 1..=15 {
+            log.write(&[row(n)]);
+        }
+        assert!(metrics
+            .encode()
+            .contains("patchbay_outbox_dropped_total{sink=\"stdout\"} 5"));
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        assert!(log.settle(deadline).await);
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        let ids: Vec<String> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["request_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        let mut expected = vec!["abc:0".to_string()];
+        expected.extend((6..=15).map(|n| format!("abc:{n}")));
+        assert_eq!(ids, expected, "the oldest queued rows were dropped");
     }
 }

@@ -103,7 +103,14 @@ fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    patchbay_gateway::logging::init();
+    let logs = patchbay_gateway::logging::init();
+    let code = run(cli);
+    // Queued log lines are written before the exit, within a bound.
+    logs.flush();
+    code
+}
+
+fn run(cli: Cli) -> ExitCode {
     match cli.command.unwrap_or(Command::Serve { config: None }) {
         Command::Serve { config } => {
             // The config sizes the runtime, so it is read first.

@@ -4,8 +4,9 @@
 //! a key id. Histograms use buckets from 1 ms to 10 s, which cover a pooled
 //! session start (sub-millisecond to a few ms) and a cold upstream dial.
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -38,6 +39,24 @@ pub struct ReasonLabels {
 pub struct StatusLabels {
     pub model: String,
     pub status: String,
+}
+
+/// Where a queued row goes: `stdout` (the row writer) or `store` (Redis).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    pub sink: String,
+}
+
+pub fn sink(s: &str) -> SinkLabel {
+    SinkLabel { sink: s.into() }
+}
+
+/// A live-reloaded file (`pool_size`, `keys`, `config`) and what a changed
+/// read of it came to (`applied`, `rejected`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    pub file: String,
+    pub result: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -74,6 +93,13 @@ pub struct Metrics {
     pub client_disconnects: Family<ModelLabel, Counter>,
     pub usage_records_dropped: Family<ModelLabel, Counter>,
     pub store_errors: Counter,
+    pub session_lease_fallbacks: Counter,
+    pub outbox_rows: Family<SinkLabel, Gauge>,
+    pub outbox_bytes: Family<SinkLabel, Gauge>,
+    pub outbox_dropped: Family<SinkLabel, Counter>,
+    pub outbox_dropped_usd: Counter<f64, std::sync::atomic::AtomicU64>,
+    pub outbox_replayed: Counter,
+    pub config_reloads: Family<ReloadLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -109,6 +135,13 @@ impl Metrics {
             client_disconnects: Family::default(),
             usage_records_dropped: Family::default(),
             store_errors: Counter::default(),
+            session_lease_fallbacks: Counter::default(),
+            outbox_rows: Family::default(),
+            outbox_bytes: Family::default(),
+            outbox_dropped: Family::default(),
+            outbox_dropped_usd: Counter::default(),
+            outbox_replayed: Counter::default(),
+            config_reloads: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -185,6 +218,42 @@ impl Metrics {
             "Failed or timed-out store calls (fail open)",
             m.store_errors.clone(),
         );
+        r.register(
+            "session_lease_fallbacks",
+            "Capped-key admissions decided by this process's own session count because Redis did not answer",
+            m.session_lease_fallbacks.clone(),
+        );
+        r.register(
+            "outbox_rows",
+            "Request-log rows waiting for their sink (stdout writer, or the store while it fails)",
+            m.outbox_rows.clone(),
+        );
+        r.register(
+            "outbox_bytes",
+            "Approximate bytes of the rows waiting for their sink",
+            m.outbox_bytes.clone(),
+        );
+        r.register(
+            "outbox_dropped",
+            "Rows dropped past the outbox bound (oldest first) or refused by their sink",
+            m.outbox_dropped.clone(),
+        );
+        r.register(
+            "outbox_dropped_usd",
+            "Spend of store writes dropped from the outbox, never counted in a budget",
+            m.outbox_dropped_usd.clone(),
+        );
+        r.register(
+            "outbox_replayed",
+            "Store writes sent from the outbox and confirmed",
+            m.outbox_replayed.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Changed contents of a live-reloaded file, by file and result",
+            m.config_reloads.clone(),
+        );
+        r.register_collector(Box::new(LogLinesDropped));
         Self { registry, ..m }
     }
 
@@ -194,6 +263,24 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// `patchbay_log_lines_dropped_total`: read from the log writer at each
+/// scrape (logging is process-wide, set up before any gateway exists).
+#[derive(Debug)]
+struct LogLinesDropped;
+
+impl Collector for LogLinesDropped {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counter = ConstCounter::new(crate::logging::lines_dropped());
+        let metric = encoder.encode_descriptor(
+            "log_lines_dropped",
+            "Log lines dropped because the queue to stderr was full",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
     }
 }
 
@@ -231,6 +318,10 @@ mod tests {
         );
         assert!(
             text.contains("patchbay_upstream_dial_seconds_count{model=\"m\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\npatchbay_log_lines_dropped_total 0\n"),
             "{text}"
         );
     }

@@ -11,8 +11,8 @@
 //!
 //! Checks before the 101, in order: WebSocket handshake → 400; draining →
 //! 503; credential → 401; `?model=` → 400 missing / 404 unknown; then
-//! admission ([`Gateway::admit`]: session caps, rpm, tpm, budgets,
-//! unpriced). Nothing is dialled before all pass.
+//! admission ([`Gateway::admit`]: the key's model allow-list 403, session
+//! caps, rpm, tpm, budgets, unpriced). Nothing is dialled before all pass.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -248,10 +248,13 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
         );
         return refuse(&gw, "", r);
     };
-    let permit = match gw.admit(&key, &route).await {
+    let session_id = crate::ids::short_id();
+    let permit = match gw.admit(&key, &route, &session_id).await {
         Ok(p) => p,
         Err(r) => return refuse(&gw, &model_name, r),
     };
+
+    let params = crate::upstream::dial::session_params(query);
 
     // Everything passed: answer 101 and run the session in a tracked task.
     let accept = req
@@ -261,11 +264,12 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
         .unwrap_or_default();
     let on_upgrade = hyper::upgrade::on(&mut req);
     let session = Session {
-        id: crate::ids::short_id(),
+        id: session_id,
         gateway: gw.clone(),
         route,
         key,
         permit,
+        params,
         started,
     };
     gw.tasks.spawn(session.run(on_upgrade));

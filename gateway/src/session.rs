@@ -46,6 +46,10 @@ pub struct Session {
     pub route: Arc<Route>,
     pub key: KeyEntry,
     pub permit: Permit,
+    /// Session-selecting query parameters for the upstream
+    /// ([`crate::upstream::dial::session_params`]). A session with any gets a
+    /// fresh dial: pooled sockets were dialled without them.
+    pub params: Vec<(String, String)>,
     /// When the upgrade request arrived.
     pub started: Instant,
 }
@@ -71,11 +75,16 @@ impl Session {
         let mut pending_bytes = 0usize;
         let shutdown = gw.shutdown.clone();
         let label = model(&self.route.config.model);
-        let warm = match self.route.pool.take() {
-            Ok(w) => Ok(w),
-            Err(_) => {
+        let pooled = if self.params.is_empty() {
+            self.route.pool.take().ok()
+        } else {
+            None
+        };
+        let warm = match pooled {
+            Some(w) => Ok(w),
+            None => {
                 let dial_started = Instant::now();
-                let dial = self.route.upstream.dial();
+                let dial = self.route.upstream.dial_with(&self.params);
                 tokio::pin!(dial);
                 let result = loop {
                     tokio::select! {

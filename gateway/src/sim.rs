@@ -5,7 +5,9 @@
 //!
 //! Behaviour per connection: optional upgrade delay (before the 101), key
 //! check (`Authorization: Bearer` or `api-key`), `session.created` after the
-//! session delay, then:
+//! session delay (with `?intent=transcription`: beta
+//! `transcription_session.created`, GA a `session.created` whose session
+//! has `type: transcription`), then:
 //! - `session.update` → `session.updated`;
 //! - `conversation.item.create` → `conversation.item.added` + `.done`
 //!   (beta: `conversation.item.created`);
@@ -16,8 +18,11 @@
 //!   `response.output_audio.delta` (base64 PCM16 silence of a set size) each
 //!   followed by a `response.output_audio_transcript.delta`, the `.done`
 //!   events and `response.done` with deterministic usage ([`usage_for`]);
-//! - `response.cancel` → the response in flight ends at once with a
-//!   `response.done` of status `cancelled`, usage for what was sent.
+//! - `response.cancel` (with the response's `response_id`, or none) → the
+//!   response in flight ends at once with a `response.done` of status
+//!   `cancelled`, usage for what was sent; a cancel naming another response,
+//!   or sent with none in flight, gets an `error`
+//!   `response_cancel_not_active`.
 //!
 //! A response in flight keeps reading the client: a close ends it at once
 //! (the close is answered, nothing more is sent), a cancel as above, and
@@ -120,11 +125,16 @@ pub struct SimStats {
     pub responses_done: AtomicU64,
     /// Close codes received from clients (the gateway's upstream leg).
     pub close_codes: Mutex<Vec<u16>>,
+    /// The query string of every upgrade request, as received.
+    pub queries: Mutex<Vec<String>>,
     /// The credential headers of every upgrade request, as received.
     pub auth_headers: Mutex<Vec<String>>,
     /// Text frames sent, when [`SimConfig::record`] is set.
     pub sent: Mutex<Vec<String>>,
     pub pongs: AtomicU64,
+    /// The `response_id` of every `response.cancel` received (`None`: the
+    /// cancel named no response).
+    pub cancels: Mutex<Vec<Option<String>>>,
     /// While set, every upgrade is refused with 401 (see [`SimHandle::set_refusing`]).
     pub refusing: std::sync::atomic::AtomicBool,
 }
@@ -224,10 +234,12 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         tokio::time::sleep(config.upgrade_delay).await;
     }
     let mut beta = false;
+    let mut transcription = false;
     let check = UpgradeCheck {
         config: &config,
         stats: &handle.stats,
         beta: &mut beta,
+        transcription: &mut transcription,
     };
     let ws_config = WebSocketConfig::default()
         .max_message_size(Some(config.max_message_bytes))
@@ -243,6 +255,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
     handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
     let mut session = Session::new(config, handle.clone(), beta);
+    session.transcription = transcription;
     session.run(ws).await;
     handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
 }
@@ -253,6 +266,7 @@ struct UpgradeCheck<'a> {
     config: &'a SimConfig,
     stats: &'a SimStats,
     beta: &'a mut bool,
+    transcription: &'a mut bool,
 }
 
 impl Callback for UpgradeCheck<'_> {
@@ -266,6 +280,12 @@ impl Callback for UpgradeCheck<'_> {
             seen.push(key.to_string());
         }
         *self.beta = header("openai-beta") == Some("realtime=v1");
+        let query = req.uri().query().unwrap_or("").to_string();
+        *self.transcription = url::form_urlencoded::parse(query.as_bytes())
+            .any(|(k, v)| k == "intent" && v == "transcription");
+        if let Ok(mut seen) = self.stats.queries.lock() {
+            seen.push(query);
+        }
         if let Some(SimFault::Refuse { status }) = &self.config.fault {
             return Err(refusal(*status, "simulated refusal"));
         }
@@ -346,6 +366,8 @@ struct Session {
     config: Arc<SimConfig>,
     handle: SimHandle,
     beta: bool,
+    /// Opened with `?intent=transcription`.
+    transcription: bool,
     id: String,
     seq: u64,
     responses: u64,
@@ -374,6 +396,7 @@ impl Session {
             config,
             handle,
             beta,
+            transcription: false,
             id: format!("sess_{}", crate::ids::short_id()),
             seq: 0,
             responses: 0,
@@ -394,7 +417,7 @@ impl Session {
     /// client, as a response in flight does: a close or a lost connection
     /// ends the response, `response.cancel` cancels it, other events are
     /// kept for after it.
-    async fn watch(&mut self, ws: &mut Ws, wait: Duration) -> Option<Interrupt> {
+    async fn watch(&mut self, ws: &mut Ws, wait: Duration, response_id: &str) -> Option<Interrupt> {
         if matches!(self.config.fault, Some(SimFault::FinishResponseBeforeClose)) {
             if !wait.is_zero() {
                 tokio::time::sleep(wait).await;
@@ -417,7 +440,20 @@ impl Session {
             match msg {
                 Some(Ok(Message::Text(text))) => {
                     if event_type(&text).as_deref() == Some("response.cancel") {
-                        return Some(Interrupt::Cancel);
+                        let target = cancel_target(&text);
+                        if let Ok(mut seen) = self.handle.stats.cancels.lock() {
+                            seen.push(target.clone());
+                        }
+                        // A cancel naming another response cancels nothing.
+                        match target {
+                            Some(id) if id != response_id => {
+                                if !self.send(ws, cancel_not_active()).await {
+                                    return Some(Interrupt::Ended);
+                                }
+                                continue;
+                            }
+                            _ => return Some(Interrupt::Cancel),
+                        }
                     }
                     self.deferred.push_back(text.to_string());
                 }
@@ -472,7 +508,16 @@ impl Session {
             let _ = ws.close(None).await;
             return;
         }
-        let created = json!({"type": "session.created", "session": self.session_object()});
+        let created = match (self.transcription, self.beta) {
+            (true, true) => json!({"type": "transcription_session.created",
+                                   "session": self.transcription_session_object()}),
+            (true, false) => {
+                let mut session = self.session_object();
+                session["type"] = Value::from("transcription");
+                json!({"type": "session.created", "session": session})
+            }
+            (false, _) => json!({"type": "session.created", "session": self.session_object()}),
+        };
         if !self.send(&mut ws, created).await {
             return;
         }
@@ -528,6 +573,22 @@ impl Session {
                                               "prefix_padding_ms": 300, "silence_duration_ms": 200}},
                 "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy", "speed": 1.0}
             },
+            "include": null
+        })
+    }
+
+    /// The beta protocol's transcription session
+    /// (`transcription_session.created`).
+    fn transcription_session_object(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "realtime.transcription_session",
+            "modalities": ["text"],
+            "input_audio_format": "pcm16",
+            "input_audio_transcription": {"model": "gpt-4o-transcribe", "language": null, "prompt": ""},
+            "turn_detection": {"type": "server_vad", "threshold": 0.5,
+                               "prefix_padding_ms": 300, "silence_duration_ms": 500},
+            "input_audio_noise_reduction": null,
             "include": null
         })
     }
@@ -593,6 +654,12 @@ impl Session {
                         .await
             }
             Some("response.create") => return self.respond(ws).await,
+            Some("response.cancel") => {
+                if let Ok(mut seen) = self.handle.stats.cancels.lock() {
+                    seen.push(cancel_target(text));
+                }
+                self.send(ws, cancel_not_active()).await
+            }
             Some(_) => true,
             None => {
                 let error = json!({"type": "error", "error": {"type": "invalid_request_error",
@@ -628,7 +695,7 @@ impl Session {
         }
         let mut sent = 0;
         let interrupt = 'deltas: {
-            if let Some(i) = self.watch(ws, self.config.inference_delay).await {
+            if let Some(i) = self.watch(ws, self.config.inference_delay, &resp_id).await {
                 break 'deltas Some(i);
             }
             let audio = base64::engine::general_purpose::STANDARD
@@ -639,7 +706,7 @@ impl Session {
                 "response.audio_transcript.delta",
             );
             for i in 0..self.config.audio_deltas {
-                if let Some(i) = self.watch(ws, Duration::ZERO).await {
+                if let Some(i) = self.watch(ws, Duration::ZERO, &resp_id).await {
                     break 'deltas Some(i);
                 }
                 if let Some(SimFault::DropMidResponse { after_deltas }) = self.config.fault {
@@ -663,7 +730,7 @@ impl Session {
                     return Flow::Stop;
                 }
                 sent += 1;
-                if let Some(i) = self.watch(ws, self.config.delta_interval).await {
+                if let Some(i) = self.watch(ws, self.config.delta_interval, &resp_id).await {
                     break 'deltas Some(i);
                 }
             }
@@ -727,6 +794,23 @@ impl Session {
         }
         Flow::Continue
     }
+}
+
+/// The `response_id` a `response.cancel` names, if any.
+fn cancel_target(text: &str) -> Option<String> {
+    serde_json::from_str::<Value>(text)
+        .ok()?
+        .get("response_id")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// OpenAI's answer to a cancel when no such response is in progress.
+fn cancel_not_active() -> Value {
+    json!({"type": "error", "error": {"type": "invalid_request_error",
+        "code": "response_cancel_not_active",
+        "message": "Cancellation failed: no active response found",
+        "param": null, "event_id": null}})
 }
 
 async fn close(ws: &mut Ws, code: u16, reason: &str) {
@@ -836,6 +920,48 @@ mod tests {
         // The session goes on.
         send_type(&mut ws, "session.update").await;
         assert_eq!(next_type(&mut ws).await.unwrap(), "session.updated");
+        sim.stop();
+    }
+
+    #[tokio::test]
+    async fn a_cancel_for_another_response_or_none_in_flight_is_an_error() {
+        let sim = slow_sim(None).await;
+        let mut ws = connect(&sim).await;
+        send_type(&mut ws, "response.cancel").await;
+        let (kind, text) = next_event(&mut ws).await.unwrap();
+        assert_eq!(kind, "error");
+        assert!(text.contains("response_cancel_not_active"), "{text}");
+        send_type(&mut ws, "response.create").await;
+        let created = loop {
+            let (kind, text) = next_event(&mut ws).await.unwrap();
+            if kind == "response.created" {
+                break serde_json::from_str::<Value>(&text).unwrap();
+            }
+        };
+        let id = created["response"]["id"].as_str().unwrap().to_string();
+        let cancel = |id: &str| {
+            Message::text(json!({"type": "response.cancel", "response_id": id}).to_string())
+        };
+        ws.send(cancel("resp_other")).await.unwrap();
+        // The response goes on; the wrong cancel is answered with an error.
+        let mut saw_error = false;
+        while !saw_error {
+            let (kind, _) = next_event(&mut ws).await.unwrap();
+            assert_ne!(kind, "response.done");
+            saw_error = kind == "error";
+        }
+        ws.send(cancel(&id)).await.unwrap();
+        let done = loop {
+            let (kind, text) = next_event(&mut ws).await.unwrap();
+            if kind == "response.done" {
+                break serde_json::from_str::<Value>(&text).unwrap();
+            }
+        };
+        assert_eq!(done["response"]["status"], "cancelled");
+        assert_eq!(
+            *sim.stats.cancels.lock().unwrap(),
+            vec![None, Some("resp_other".to_string()), Some(id)]
+        );
         sim.stop();
     }
 

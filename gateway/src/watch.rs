@@ -6,46 +6,121 @@
 //!
 //! There is no baseline: the first poll hands the file to `apply` even if it
 //! is what was loaded at start, so an edit made before the watcher first
-//! ran is never missed (`apply` must be idempotent). A read failure is
+//! ran is never missed (`apply` must be idempotent). Each changed content is
+//! handed over once, and counted in `patchbay_config_reloads_total{file,
+//! result}` as `applied` or `rejected` (what `apply` answered; a rejection
+//! is logged as a warning and keeps what is loaded). A read failure is
 //! logged once until the file is readable again, and keeps what is loaded.
+//! The decision per read is [`Tracker::observe`], a pure function.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::ReloadLabels;
+
+/// What one read of the file calls for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// New content: hand it to `apply`.
+    Apply(String),
+    /// Same content as the last handed over: nothing to do.
+    Unchanged,
+    /// The read failed and the last one did not: warn once.
+    Unreadable,
+    /// The read failed again: already reported.
+    StillUnreadable,
+}
+
+/// The watcher's memory between reads.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    last_text: Option<String>,
+    unreadable: bool,
+}
+
+impl Tracker {
+    /// Decides what a read calls for and remembers it. A failed read keeps
+    /// the last content, so the same content after an outage is unchanged.
+    pub fn observe<E>(&mut self, read: Result<String, E>) -> Step {
+        match read {
+            Err(_) => {
+                let first = !self.unreadable;
+                self.unreadable = true;
+                if first {
+                    Step::Unreadable
+                } else {
+                    Step::StillUnreadable
+                }
+            }
+            Ok(text) => {
+                self.unreadable = false;
+                if self.last_text.as_deref() == Some(text.as_str()) {
+                    Step::Unchanged
+                } else {
+                    self.last_text = Some(text.clone());
+                    Step::Apply(text)
+                }
+            }
+        }
+    }
+}
+
+/// Where a watcher reports: the file's label in `config_reloads` and the
+/// counter family.
+#[derive(Clone, Debug)]
+pub struct Reloads {
+    pub file: &'static str,
+    pub counters: Family<ReloadLabels, Counter>,
+}
+
+impl Reloads {
+    fn count(&self, result: &str) {
+        self.counters
+            .get_or_create(&ReloadLabels {
+                file: self.file.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+}
+
 /// Calls `apply` with the file's text whenever it changed, every `poll`,
-/// until `stop`.
+/// until `stop`. `apply` answers `Err(why)` for content it did not take.
 pub async fn on_change(
     path: PathBuf,
     what: &'static str,
     poll: Duration,
     stop: CancellationToken,
-    mut apply: impl FnMut(&str),
+    reloads: Reloads,
+    mut apply: impl FnMut(&str) -> Result<(), String>,
 ) {
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut last_text: Option<String> = None;
-    let mut unreadable = false;
+    let mut tracker = Tracker::default();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let text = match tokio::fs::read_to_string(&path).await {
-            Ok(t) => t,
-            Err(e) => {
-                if !unreadable {
-                    tracing::warn!(file = %path.display(), error = %e, "cannot read the {what}; keeping what is loaded");
+        let read = tokio::fs::read_to_string(&path).await;
+        let error = read.as_ref().err().map(ToString::to_string);
+        match tracker.observe(read) {
+            Step::Apply(text) => match apply(&text) {
+                Ok(()) => reloads.count("applied"),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "ignoring an invalid {what}; keeping what is loaded");
+                    reloads.count("rejected");
                 }
-                unreadable = true;
-                continue;
+            },
+            Step::Unreadable => {
+                let error = error.unwrap_or_default();
+                tracing::warn!(file = %path.display(), %error, "cannot read the {what}; keeping what is loaded");
             }
-        };
-        unreadable = false;
-        if last_text.as_deref() != Some(text.as_str()) {
-            apply(&text);
-            last_text = Some(text);
+            Step::Unchanged | Step::StillUnreadable => {}
         }
     }
 }
@@ -53,32 +128,85 @@ pub async fn on_change(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+
+    fn ok(s: &str) -> Result<String, ()> {
+        Ok(s.to_string())
+    }
+
+    #[test]
+    fn each_content_is_applied_once_and_each_outage_reported_once() {
+        let mut t = Tracker::default();
+        assert_eq!(t.observe(ok("a")), Step::Apply("a".into()));
+        assert_eq!(t.observe(ok("a")), Step::Unchanged);
+        assert_eq!(t.observe(ok("b")), Step::Apply("b".into()));
+        assert_eq!(t.observe(Err(())), Step::Unreadable);
+        assert_eq!(t.observe(Err(())), Step::StillUnreadable);
+        // Back with the same content: nothing to apply again.
+        assert_eq!(t.observe(ok("b")), Step::Unchanged);
+        assert_eq!(t.observe(Err(())), Step::Unreadable, "a new outage");
+        assert_eq!(t.observe(ok("c")), Step::Apply("c".into()));
+        // Going back to an earlier content is a change.
+        assert_eq!(t.observe(ok("a")), Step::Apply("a".into()));
+    }
+
+    #[test]
+    fn a_file_unreadable_from_the_start_is_applied_when_it_appears() {
+        let mut t = Tracker::default();
+        assert_eq!(t.observe(Err(())), Step::Unreadable);
+        assert_eq!(t.observe(ok("")), Step::Apply(String::new()));
+        assert_eq!(t.observe(ok("")), Step::Unchanged);
+    }
+
+    async fn next(rx: &mut tokio::sync::mpsc::Receiver<String>) -> String {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the watcher hands the change over in time")
+            .expect("the watcher runs")
+    }
 
     #[tokio::test]
-    async fn applies_the_first_content_then_each_change_once() {
+    async fn the_watcher_hands_over_each_change_and_counts_what_apply_answered() {
         let path = std::env::temp_dir().join(format!("patchbay-watch-{}", crate::ids::short_id()));
         std::fs::write(&path, "a").unwrap();
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
         let stop = CancellationToken::new();
-        let s = seen.clone();
+        let reloads = Reloads {
+            file: "test",
+            counters: Family::default(),
+        };
+        let count = |result: &str| {
+            reloads
+                .counters
+                .get_or_create(&ReloadLabels {
+                    file: "test".into(),
+                    result: result.into(),
+                })
+                .get()
+        };
         let task = tokio::spawn(on_change(
             path.clone(),
             "test file",
             Duration::from_millis(10),
             stop.clone(),
-            move |t| s.lock().unwrap().push(t.to_string()),
+            reloads.clone(),
+            move |t| {
+                let _ = tx.try_send(t.to_string());
+                if t == "bad" {
+                    Err("not good".into())
+                } else {
+                    Ok(())
+                }
+            },
         ));
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(next(&mut rx).await, "a");
+        std::fs::write(&path, "bad").unwrap();
+        assert_eq!(next(&mut rx).await, "bad");
         std::fs::write(&path, "b").unwrap();
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        std::fs::remove_file(&path).unwrap();
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(next(&mut rx).await, "b");
         stop.cancel();
         task.await.unwrap();
-        assert_eq!(
-            *seen.lock().unwrap(),
-            vec!["a".to_string(), "b".to_string()]
-        );
+        assert_eq!(count("applied"), 2);
+        assert_eq!(count("rejected"), 1);
+        let _ = std::fs::remove_file(&path);
     }
 }

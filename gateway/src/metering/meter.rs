@@ -5,10 +5,11 @@
 //! tracker is finished (the channel closes), a flush:
 //! 1. turns the window's turns into request-log rows, priced with the price
 //!    table as it is now (an edited price applies from the next flush), and
-//!    writes them to stdout;
-//! 2. in one store round trip, appends the rows to the Redis stream, adds
-//!    the window's cost to every applicable budget counter (key, team,
-//!    route) and its tokens to the key's tpm window;
+//!    queues them for stdout (written by the row writer thread, never here);
+//! 2. in one idempotent store round trip (the session's next [`FlushId`]),
+//!    appends the rows to the Redis stream, adds the window's cost to every
+//!    applicable budget counter (key, team, route) and its tokens to the
+//!    key's tpm window;
 //! 3. compares the budget totals that round trip returned with the limits
 //!    and fires the [`KillSignal`] when one is spent. The counters are shared
 //!    with every session of the same scope, so an idle session is closed on
@@ -26,13 +27,17 @@
 //! closed; N sessions sharing a budget can overshoot by N such amounts.
 //!
 //! Store failures fail open: rows still reach stdout, `store_errors` counts
-//! the failure, and the window's cost, tokens and stream rows (up to
-//! [`MAX_CARRIED_ROWS`]) are carried into the next flush, so counting
-//! resumes without loss when the store returns. A flush that timed out may
-//! still have been applied: then the carried window is counted twice. What
-//! the final flush cannot write is lost (and counted).
+//! the failure, and the write (rows, cost, tokens, with its [`FlushId`])
+//! goes to the process's outbox ([`super::outbox`]), which replays it when
+//! the store answers again; while anything waits there, later writes queue
+//! behind it so they land in order. A write is applied once even when its
+//! reply was lost, so nothing is lost or counted twice, the final flush
+//! included. While a session's writes wait, its kill decision uses the last
+//! totals the store returned plus the spend still waiting (its own spend
+//! keeps counting; others' spend is invisible until the store answers).
 //!
 //! [`TurnTracker`]: super::TurnTracker
+//! [`FlushId`]: crate::store::FlushId
 //! [`KillSignal`]: super::KillSignal
 
 use std::sync::Arc;
@@ -41,6 +46,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
+use super::outbox::{Queued, QueuedState};
 use super::pricing::{self, Usage};
 use super::tracker::{TurnKind, TurnRecord, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED};
 use super::{applicable_budgets, bounded, budget_message, SessionMeta, Shared};
@@ -50,7 +56,7 @@ use crate::event::error_event;
 use crate::logs::RequestLogRow;
 use crate::metrics::{model, StatusLabels, TokenLabels};
 use crate::relay::Kill;
-use crate::store::{BudgetKey, FlushBatch};
+use crate::store::{BudgetKey, FlushBatch, FlushId};
 
 /// How often budgets are re-read when `flush_secs = 0`.
 pub const BUDGET_TICK: Duration = Duration::from_secs(1);
@@ -62,8 +68,6 @@ pub const KEY_CHECK_TICK: Duration = Duration::from_secs(1);
 pub const MAX_TPM_INCREMENT: u64 = 1 << 40;
 /// A window this large is flushed before its tick.
 pub const MAX_WINDOW_TURNS: usize = 256;
-/// Stream rows kept for the next flush while the store is failing.
-pub const MAX_CARRIED_ROWS: usize = 1024;
 /// The row model of transcription usage when no session event named the
 /// transcription model (unpriced).
 pub const UNKNOWN_TRANSCRIPTION_MODEL: &str = "unknown-transcription-model";
@@ -78,19 +82,19 @@ pub struct MeterTask {
     rx: mpsc::Receiver<TurnRecord>,
     kill: watch::Sender<Option<Kill>>,
     window: Vec<TurnRecord>,
-    carry: Carry,
+    /// Writes made so far (the next one is `seq + 1`).
+    seq: u64,
+    /// This session's writes still in the outbox.
+    queued: Vec<Arc<Queued>>,
+    /// Spend of this session's writes the outbox dropped: the store never
+    /// counts it, so the kill decision adds it.
+    lost_usd: f64,
+    /// The spend per budget as last estimated (store total plus what waits).
+    estimate: Vec<(BudgetKey, f64)>,
     /// The key as last read from the key store.
     key: KeyEntry,
     team: Option<TeamEntry>,
     keyset_seen: Option<Arc<KeySet>>,
-}
-
-/// What a failed flush could not write.
-#[derive(Debug, Default)]
-struct Carry {
-    cost: f64,
-    tokens: u64,
-    rows: Vec<RequestLogRow>,
 }
 
 impl MeterTask {
@@ -108,7 +112,10 @@ impl MeterTask {
             rx,
             kill,
             window: Vec::new(),
-            carry: Carry::default(),
+            seq: 0,
+            queued: Vec::new(),
+            lost_usd: 0.0,
+            estimate: Vec::new(),
             keyset_seen: None,
         }
     }
@@ -206,8 +213,8 @@ impl MeterTask {
         self.check_key();
         let prices = self.shared.prices();
         let mut rows = Vec::with_capacity(self.window.len());
-        let mut cost = self.carry.cost;
-        let mut tokens = self.carry.tokens;
+        let mut cost = 0.0;
+        let mut tokens: u64 = 0;
         for rec in std::mem::take(&mut self.window) {
             let priced = build_row(&rec, &self.meta, &prices);
             if !priced.priced
@@ -229,32 +236,104 @@ impl MeterTask {
             &self.meta.model,
             self.meta.route_budget,
         );
-        let mut stream_rows = std::mem::take(&mut self.carry.rows);
-        stream_rows.extend(rows);
-        self.carry = Carry::default();
-        let batch = FlushBatch {
+        let mut batch = FlushBatch {
+            id: None,
             now: SystemTime::now(),
             charges: budgets.iter().map(|(b, _)| (b.clone(), cost)).collect(),
             tpm: (self.key.tpm.is_some() && tokens > 0)
                 .then(|| (self.key.id.clone(), tokens.min(MAX_TPM_INCREMENT))),
-            rows: stream_rows,
+            rows,
             stream_maxlen: self.shared.config().stream_maxlen,
         };
         if batch.is_empty() {
             return;
         }
-        match bounded(self.shared.store.flush(&batch), "flush").await {
-            Ok(totals) if check_budgets => self.check_budgets(&budgets, &totals),
-            Ok(_) => {}
-            Err(e) => {
-                self.shared.store_error(&e, "flush");
-                let mut rows = batch.rows;
-                if rows.len() > MAX_CARRIED_ROWS {
-                    rows.drain(..rows.len() - MAX_CARRIED_ROWS);
+        let reply = if batch.is_read_only() {
+            // A budget re-read changes nothing: no guard, nothing to keep
+            // if it fails, and no need to wait behind the outbox.
+            if !check_budgets {
+                return;
+            }
+            match bounded(self.shared.store.flush(&batch), "flush").await {
+                Ok(totals) => Some(totals),
+                Err(e) => {
+                    self.shared.store_error(&e, "budget re-read");
+                    None
                 }
-                self.carry = Carry { cost, tokens, rows };
+            }
+        } else {
+            self.seq += 1;
+            batch.id = Some(FlushId {
+                session_id: self.meta.session_id.clone(),
+                seq: self.seq,
+            });
+            self.write(batch).await
+        };
+        let spent = self.estimate_spend(&budgets, reply, cost);
+        if check_budgets {
+            self.check_budgets(&budgets, &spent);
+        }
+    }
+
+    /// Writes `batch` to the store, or queues it in the outbox when the
+    /// store fails or earlier writes still wait there. The store's budget
+    /// totals when it answered.
+    async fn write(&mut self, batch: FlushBatch) -> Option<Vec<f64>> {
+        let outbox = &self.shared.outbox;
+        if !outbox.is_pending() {
+            match bounded(self.shared.store.flush(&batch), "flush").await {
+                Ok(totals) => return Some(totals),
+                // Maybe applied, maybe not: the outbox sends it again and
+                // the store's write mark keeps it from counting twice.
+                Err(e) => self.shared.store_error(&e, "flush"),
             }
         }
+        self.queued.push(outbox.push(batch));
+        None
+    }
+
+    /// What each budget has spent as far as this meter knows: the store's
+    /// totals (when it answered) plus this session's spend that has not
+    /// reached the store; else the last estimate plus this flush's cost.
+    fn estimate_spend(
+        &mut self,
+        budgets: &[(BudgetKey, f64)],
+        reply: Option<Vec<f64>>,
+        cost: f64,
+    ) -> Vec<f64> {
+        let mut waiting = self.lost_usd;
+        self.queued.retain(|q| match q.state() {
+            QueuedState::Pending => {
+                waiting += q.batch.rows_cost();
+                true
+            }
+            QueuedState::Applied => false,
+            QueuedState::Dropped => {
+                self.lost_usd += q.batch.rows_cost();
+                waiting += q.batch.rows_cost();
+                false
+            }
+        });
+        let spent: Vec<f64> = match reply {
+            Some(totals) => totals.iter().map(|t| t + waiting).collect(),
+            None => budgets
+                .iter()
+                .map(|(b, _)| {
+                    let before = self
+                        .estimate
+                        .iter()
+                        .find(|(e, _)| e == b)
+                        .map_or(0.0, |(_, v)| *v);
+                    before + cost
+                })
+                .collect(),
+        };
+        self.estimate = budgets
+            .iter()
+            .map(|(b, _)| b.clone())
+            .zip(spent.iter().copied())
+            .collect();
+        spent
     }
 
     fn check_budgets(&self, budgets: &[(BudgetKey, f64)], totals: &[f64]) {
@@ -392,6 +471,7 @@ mod tests {
             budget_usd: None,
             budget_period: Default::default(),
             max_sessions: None,
+            models: None,
             disabled: false,
         };
         let route = RouteConfig {

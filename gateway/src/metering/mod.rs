@@ -26,6 +26,11 @@
 //!
 //! Guarantees:
 //! - The relay never waits on metering: the tracker only `try_send`s.
+//! - No row or spend is lost to a store outage: a write the store did not
+//!   confirm waits in the process's [`outbox`] and is replayed in order,
+//!   applied exactly once; rows reach stdout through a writer thread
+//!   ([`crate::logs`]), never from a runtime thread. The drain calls
+//!   [`Metering::settle`].
 //! - Admission makes at most one store round trip (two when it refuses
 //!   after counting the request, to give it back), bounded by
 //!   [`crate::store::CALL_TIMEOUT`]; a failed or slow store admits (fail
@@ -61,8 +66,10 @@ use crate::store::{
     window_position, AdmitCounts, AdmitQuery, BudgetKey, MemoryStore, RedisStore, Scope, Store,
     StoreError, WindowCounts, CALL_TIMEOUT, DEFAULT_PREFIX, WINDOW,
 };
+use outbox::{Bounds, Outbox};
 
 pub mod meter;
+pub mod outbox;
 pub mod pricing;
 pub mod tracker;
 
@@ -83,6 +90,8 @@ pub(crate) struct Shared {
     config: RwLock<MeteringConfig>,
     prices: RwLock<Arc<Vec<PriceRow>>>,
     pub(crate) store: Arc<dyn Store>,
+    /// Store writes that could not be made yet, replayed in order.
+    pub(crate) outbox: Arc<Outbox>,
     pub(crate) log: RequestLog,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) keys: Arc<KeyStore>,
@@ -118,7 +127,7 @@ impl Shared {
 
     pub(crate) fn store_error(&self, e: &StoreError, during: &'static str) {
         self.metrics.store_errors.inc();
-        tracing::warn!(store = self.store.kind(), error = %e, during, "store call failed; failing open");
+        tracing::warn!(store = %self.store.describe(), error = %e, during, "store call failed; failing open");
     }
 }
 
@@ -187,20 +196,30 @@ impl Metering {
         keys: Arc<KeyStore>,
     ) -> Result<Self, StoreError> {
         let store: Arc<dyn Store> = match &config.store.redis_url {
-            Some(url) => Arc::new(RedisStore::new(url.expose(), DEFAULT_PREFIX)?),
+            Some(url) => {
+                let store = Arc::new(RedisStore::with_ca_file(
+                    url.expose(),
+                    DEFAULT_PREFIX,
+                    config.store.ca_file.as_deref(),
+                )?);
+                tokio::spawn(check_store(store.clone()));
+                store
+            }
             None => Arc::new(MemoryStore::new()),
         };
+        let log = RequestLog::stdout(&metrics);
         Ok(Self::with_store(
             config.metering.clone(),
             config.prices.clone(),
             store,
-            RequestLog::stdout(),
+            log,
             metrics,
             keys,
         ))
     }
 
-    /// With an explicit store and row sink (tests, embedding).
+    /// With an explicit store and row sink (tests, embedding). Must be
+    /// called inside the runtime (it spawns the outbox's replay task).
     pub fn with_store(
         config: MeteringConfig,
         prices: Vec<PriceRow>,
@@ -209,11 +228,13 @@ impl Metering {
         metrics: Arc<Metrics>,
         keys: Arc<KeyStore>,
     ) -> Self {
+        let outbox = Outbox::start(store.clone(), Bounds::default(), &metrics);
         Self {
             shared: Arc::new(Shared {
                 config: RwLock::new(config),
                 prices: RwLock::new(Arc::new(prices)),
                 store,
+                outbox,
                 log,
                 metrics,
                 keys,
@@ -252,6 +273,22 @@ impl Metering {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.shared.store
+    }
+
+    /// Store writes waiting in the outbox.
+    pub fn outbox_len(&self) -> usize {
+        self.shared.outbox.len()
+    }
+
+    /// Waits until the row writer wrote every queued row and the outbox
+    /// replayed every queued write, or `deadline` (the drain's final step).
+    /// Returns the rows and writes still waiting (0, 0 when all is out).
+    pub async fn settle(&self, deadline: tokio::time::Instant) -> (usize, usize) {
+        let (_, _) = tokio::join!(
+            self.shared.log.settle(deadline),
+            self.shared.outbox.settle(deadline)
+        );
+        (self.shared.log.pending(), self.shared.outbox.len())
     }
 
     /// The store-backed admission checks; see the module docs for the order.
@@ -363,6 +400,36 @@ impl Metering {
         let meter = MeterTask::new(self.shared.clone(), meta, rx, kill_tx);
         (tracker, meter, KillSignal(kill_rx))
     }
+}
+
+/// The start-up check of a Redis store: one `PING`, and a clear error when
+/// it fails (a wrong `ca_file`, a bad password, an unreachable host). The
+/// gateway keeps running either way: admission fails open and writes wait
+/// in the outbox, so a store problem never turns into a crash loop.
+async fn check_store(store: Arc<RedisStore>) {
+    match bounded(store.ping(), "ping").await {
+        Ok(()) => tracing::info!(store = %store.describe(), "store answers"),
+        Err(e) => tracing::error!(
+            store = %store.describe(),
+            error = %error_chain(&e),
+            "cannot use the store at start (check the URL's host, user and password, and [store] ca_file for rediss://); failing open, writes wait in the outbox"
+        ),
+    }
+}
+
+/// An error and its sources, `: `-separated.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
 }
 
 /// Bounds any store call with [`CALL_TIMEOUT`].

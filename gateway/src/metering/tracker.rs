@@ -32,7 +32,10 @@
 //!   naming the turn's response, or naming none. Deltas of another response
 //!   and `conversation.item.input_audio_transcription.delta` never stamp it.
 //! - `response.done` status: `completed`/`incomplete` → 200, `cancelled` →
-//!   499, `failed` → 502; usage is billed whenever it is reported.
+//!   499, `failed` → 502; usage is billed whenever it is reported. Once the
+//!   session is ending ([`Tap::ending`]), a `cancelled` one answers the
+//!   teardown's cancel: its row gets the cause's status and `end_reason`
+//!   ([`EndReason`]) with the usage it reports.
 //! - Transcription usage is its own record, priced on the transcription
 //!   model, learnt from `session.created`/`session.updated`
 //!   (`session.audio.input.transcription.model`, beta
@@ -75,19 +78,33 @@ pub const OUTCOME_BUDGET_EXHAUSTED: &str = "budget_exhausted";
 /// `kill` outcome label of a session whose key was removed or disabled.
 pub const OUTCOME_KEY_REVOKED: &str = "key_revoked";
 
-/// Why a session ended, as far as its in-flight responses are concerned.
+/// Why a session ended, as far as its in-flight responses are concerned:
+/// one value per cause, each with the status its cut-short rows carry.
+/// A response the teardown cancelled keeps the cause's status and
+/// `end_reason` and carries the usage of its cancelled `response.done`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndReason {
-    /// The client closed or went away (also: a client's close handshake
-    /// while a response streamed). 499.
+    /// The client sent a close. 499.
+    ClientClosed,
+    /// The client's connection dropped without a close. 499.
     ClientLeft,
-    /// The upstream closed, failed or sent an oversize message. 502.
+    /// The client sent a frame or message over `max_message_bytes`. 499.
+    ClientOversizeFrame,
+    /// The client broke the WebSocket protocol (invalid UTF-8 included). 499.
+    ClientProtocolError,
+    /// The upstream closed the session. 502.
+    UpstreamClosed,
+    /// The upstream's connection was lost. 502.
     UpstreamFailed,
-    /// Idle timeout or maximum session duration. 408.
-    TimeLimit,
+    /// The upstream sent a message over `max_message_bytes`. 502.
+    UpstreamOversizeFrame,
+    /// No frame either way for `idle_timeout_secs`. 408.
+    IdleTimeout,
+    /// The session reached `max_session_secs`. 408.
+    MaxDuration,
     /// Closed for a spent budget. 402.
     Budget,
-    /// Closed because the key was removed or disabled. 401.
+    /// Closed because the key was removed or disabled. 403.
     KeyRevoked,
     /// The gateway is shutting down. 503.
     Shutdown,
@@ -98,11 +115,16 @@ pub enum EndReason {
 impl EndReason {
     pub fn status(self) -> u16 {
         match self {
-            EndReason::ClientLeft => 499,
-            EndReason::UpstreamFailed => 502,
-            EndReason::TimeLimit => 408,
+            EndReason::ClientClosed
+            | EndReason::ClientLeft
+            | EndReason::ClientOversizeFrame
+            | EndReason::ClientProtocolError => 499,
+            EndReason::UpstreamClosed
+            | EndReason::UpstreamFailed
+            | EndReason::UpstreamOversizeFrame => 502,
+            EndReason::IdleTimeout | EndReason::MaxDuration => 408,
             EndReason::Budget => 402,
-            EndReason::KeyRevoked => 401,
+            EndReason::KeyRevoked => 403,
             EndReason::Shutdown => 503,
             EndReason::Aborted => 500,
         }
@@ -111,9 +133,15 @@ impl EndReason {
     /// The row's `end_reason`.
     pub fn as_str(self) -> &'static str {
         match self {
+            EndReason::ClientClosed => "client_closed",
             EndReason::ClientLeft => "client_left",
+            EndReason::ClientOversizeFrame => "client_oversize_frame",
+            EndReason::ClientProtocolError => "client_protocol_error",
+            EndReason::UpstreamClosed => "upstream_closed",
             EndReason::UpstreamFailed => "upstream_failed",
-            EndReason::TimeLimit => "time_limit",
+            EndReason::UpstreamOversizeFrame => "upstream_oversize_frame",
+            EndReason::IdleTimeout => "idle_timeout",
+            EndReason::MaxDuration => "max_session_duration",
             EndReason::Budget => OUTCOME_BUDGET_EXHAUSTED,
             EndReason::KeyRevoked => OUTCOME_KEY_REVOKED,
             EndReason::Shutdown => "shutdown",
@@ -121,14 +149,18 @@ impl EndReason {
         }
     }
 
-    /// How the relay's end maps to a cut-short status.
+    /// How the relay's end maps to a cause.
     pub fn from_end(end: &End) -> Self {
         match end {
-            End::ClientClosed(_) | End::ClientGone | End::ClientTooBig => EndReason::ClientLeft,
-            End::UpstreamClosed(_) | End::UpstreamGone | End::UpstreamTooBig => {
-                EndReason::UpstreamFailed
-            }
-            End::IdleTimeout | End::MaxDuration => EndReason::TimeLimit,
+            End::ClientClosed(_) => EndReason::ClientClosed,
+            End::ClientGone => EndReason::ClientLeft,
+            End::ClientTooBig => EndReason::ClientOversizeFrame,
+            End::ClientProtocolError(_) => EndReason::ClientProtocolError,
+            End::UpstreamClosed(_) => EndReason::UpstreamClosed,
+            End::UpstreamGone => EndReason::UpstreamFailed,
+            End::UpstreamTooBig => EndReason::UpstreamOversizeFrame,
+            End::IdleTimeout => EndReason::IdleTimeout,
+            End::MaxDuration => EndReason::MaxDuration,
             End::Killed(k) => match k.outcome {
                 OUTCOME_BUDGET_EXHAUSTED => EndReason::Budget,
                 OUTCOME_KEY_REVOKED => EndReason::KeyRevoked,
@@ -184,6 +216,9 @@ pub struct TurnTracker {
     waiting_ttft: usize,
     turns: u64,
     transcription_model: Option<String>,
+    /// Set when the session started ending: cancelled responses are then
+    /// the teardown's, and their rows carry this cause.
+    ending: Option<EndReason>,
 }
 
 impl TurnTracker {
@@ -197,6 +232,7 @@ impl TurnTracker {
             waiting_ttft: 0,
             turns: 0,
             transcription_model: None,
+            ending: None,
         }
     }
 
@@ -308,7 +344,11 @@ impl TurnTracker {
         let (status, end_reason) = match response.status.as_deref() {
             Some("completed") | None => (200, "completed"),
             Some("incomplete") => (200, "incomplete"),
-            Some("cancelled") => (499, "cancelled"),
+            // Cancelled by the teardown: the row names why the session ended.
+            Some("cancelled") => match self.ending {
+                Some(reason) => (reason.status(), reason.as_str()),
+                None => (499, "cancelled"),
+            },
             Some("failed") => (502, "failed"),
             Some(_) => (200, "other"),
         };
@@ -394,8 +434,12 @@ impl TurnTracker {
 }
 
 impl Tap for TurnTracker {
-    fn responses_in_flight(&self) -> usize {
-        self.open_turns()
+    fn responses_in_flight(&self) -> Vec<Option<String>> {
+        self.open.iter().map(|t| t.response_id.clone()).collect()
+    }
+
+    fn ending(&mut self, end: &End) {
+        self.ending = Some(EndReason::from_end(end));
     }
 
     fn on_upstream_text(&mut self, text: &str) {
@@ -434,7 +478,10 @@ fn classify(t: &str) -> Sniffed {
         CREATED => Sniffed::Created,
         DONE => Sniffed::Done,
         TRANSCRIPTION_COMPLETED => Sniffed::Transcription,
-        "session.created" | "session.updated" => Sniffed::Session,
+        "session.created"
+        | "session.updated"
+        | "transcription_session.created"
+        | "transcription_session.updated" => Sniffed::Session,
         t if t.starts_with("response.") && t.ends_with(".delta") => Sniffed::Delta,
         _ => Sniffed::Other,
     }
@@ -827,19 +874,49 @@ mod tests {
                 outcome,
             })
         };
-        for (end, status) in [
-            (End::ClientGone, 499),
-            (End::ClientClosed(Some(1000)), 499),
-            (End::UpstreamGone, 502),
-            (End::UpstreamClosed(Some(1011)), 502),
-            (End::IdleTimeout, 408),
-            (End::MaxDuration, 408),
-            (kill(OUTCOME_BUDGET_EXHAUSTED), 402),
-            (kill(OUTCOME_KEY_REVOKED), 401),
-            (kill("shutdown"), 503),
+        for (end, status, reason) in [
+            (End::ClientClosed(Some(1000)), 499, "client_closed"),
+            (End::ClientGone, 499, "client_left"),
+            (End::ClientTooBig, 499, "client_oversize_frame"),
+            (End::ClientProtocolError(1007), 499, "client_protocol_error"),
+            (End::UpstreamClosed(Some(1011)), 502, "upstream_closed"),
+            (End::UpstreamGone, 502, "upstream_failed"),
+            (End::UpstreamTooBig, 502, "upstream_oversize_frame"),
+            (End::IdleTimeout, 408, "idle_timeout"),
+            (End::MaxDuration, 408, "max_session_duration"),
+            (kill(OUTCOME_BUDGET_EXHAUSTED), 402, "budget_exhausted"),
+            (kill(OUTCOME_KEY_REVOKED), 403, "key_revoked"),
+            (kill("shutdown"), 503, "shutdown"),
         ] {
-            assert_eq!(EndReason::from_end(&end).status(), status, "{end:?}");
+            let r = EndReason::from_end(&end);
+            assert_eq!((r.status(), r.as_str()), (status, reason), "{end:?}");
         }
+    }
+
+    #[test]
+    fn a_response_the_teardown_cancelled_carries_the_cause_and_its_usage() {
+        let (mut t, mut rx, _) = tracker();
+        t.on_upstream_text(&created("a"));
+        t.on_upstream_text(&created("b"));
+        assert_eq!(
+            t.responses_in_flight(),
+            vec![Some("a".to_string()), Some("b".to_string())]
+        );
+        t.ending(&End::IdleTimeout);
+        t.on_upstream_text(&done("a", "cancelled"));
+        // A response that completed before the cancel reached it is an
+        // ordinary turn.
+        t.on_upstream_text(&done("b", "completed"));
+        assert!(t.responses_in_flight().is_empty());
+        t.finish(EndReason::IdleTimeout);
+        let recs = drain(&mut rx);
+        assert_eq!(recs.len(), 2);
+        assert_eq!((recs[0].status, recs[0].end_reason), (408, "idle_timeout"));
+        assert!(
+            recs[0].usage.is_some(),
+            "the cancelled done's usage is kept"
+        );
+        assert_eq!((recs[1].status, recs[1].end_reason), (200, "completed"));
     }
 
     #[test]

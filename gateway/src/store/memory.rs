@@ -9,7 +9,9 @@
 //!
 //! Expiry follows the Redis TTLs: an expired entry reads as absent, and
 //! expired entries are swept every [`SWEEP_EVERY`] calls so idle keys do not
-//! accumulate. Request-log rows are not kept (stdout is the log).
+//! accumulate. Request-log rows are not kept (stdout is the log). Writes
+//! are guarded by the same per-session marks as on Redis, so a write sent
+//! twice counts once here too.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,8 +20,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Store, StoreFuture,
-    WindowCounts, WINDOW_TTL,
+    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Replayed, Store,
+    StoreFuture, WindowCounts, FLUSH_MARK_TTL, WINDOW_TTL,
 };
 
 /// Calls between sweeps of expired entries.
@@ -37,6 +39,8 @@ struct State {
     windows: HashMap<String, (u64, Instant)>,
     /// Budget counters: USD and expiry (`None` = never).
     budgets: HashMap<String, (f64, Option<Instant>)>,
+    /// Write marks: a session's highest applied write, and expiry.
+    marks: HashMap<String, (u64, Instant)>,
     calls: u64,
 }
 
@@ -79,6 +83,7 @@ impl State {
             self.windows.retain(|_, (_, exp)| *exp > now);
             self.budgets
                 .retain(|_, (_, exp)| exp.is_none_or(|e| e > now));
+            self.marks.retain(|_, (_, exp)| *exp > now);
         }
     }
 }
@@ -118,19 +123,34 @@ impl MemoryStore {
         let (minute, _) = window_position(batch.now);
         let mut s = self.lock();
         s.tick(now);
+        let fresh = match &batch.id {
+            Some(id) => {
+                let key = self.names.flushed(&id.session_id);
+                let applied = match s.marks.get(&key) {
+                    Some((seq, exp)) if *exp > now => *seq,
+                    _ => 0,
+                };
+                let fresh = id.seq > applied;
+                if fresh {
+                    s.marks.insert(key, (id.seq, now + FLUSH_MARK_TTL));
+                }
+                fresh
+            }
+            None => false,
+        };
         let totals = batch
             .charges
             .iter()
             .map(|(b, cost)| {
                 let key = self.names.budget(b, batch.now);
-                if *cost > 0.0 {
+                if fresh && *cost > 0.0 {
                     s.incr_budget(key, *cost, period_ttl(b.period, batch.now), now)
                 } else {
                     s.budget(&key, now)
                 }
             })
             .collect();
-        if let Some((key_id, tokens)) = &batch.tpm {
+        if let Some((key_id, tokens)) = batch.tpm.as_ref().filter(|_| fresh) {
             let by = i64::try_from(*tokens).unwrap_or(i64::MAX);
             s.incr_window(self.names.tpm(key_id, minute), by, now);
         }
@@ -160,6 +180,21 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(totals) })
     }
 
+    fn replay<'a>(&'a self, batches: &'a [&'a FlushBatch]) -> StoreFuture<'a, Vec<Replayed>> {
+        let out = batches
+            .iter()
+            .map(|b| {
+                self.flush_now(b);
+                Replayed::Applied
+            })
+            .collect();
+        Box::pin(async move { Ok(out) })
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
     fn kind(&self) -> &'static str {
         "memory"
     }
@@ -171,7 +206,7 @@ mod tests {
 
     use super::*;
     use crate::config::BudgetPeriod;
-    use crate::store::{BudgetKey, Scope};
+    use crate::store::{BudgetKey, FlushId, Scope};
 
     fn query(budgets: Vec<BudgetKey>, now: SystemTime) -> AdmitQuery {
         AdmitQuery {
@@ -189,6 +224,47 @@ mod tests {
             id: "t".into(),
             period,
         }
+    }
+
+    fn id(seq: u64) -> FlushId {
+        FlushId {
+            session_id: "up1".into(),
+            seq,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_sent_again_counts_once_and_an_older_one_is_ignored() {
+        let s = MemoryStore::new();
+        let now = SystemTime::now();
+        let batch = |seq| FlushBatch {
+            id: Some(id(seq)),
+            now,
+            charges: vec![(team(BudgetPeriod::Total), 1.0)],
+            tpm: Some(("k".into(), 10)),
+            rows: vec![],
+            stream_maxlen: 0,
+        };
+        assert_eq!(s.flush(&batch(1)).await.unwrap(), vec![1.0]);
+        // The same write again (its reply was lost): read, not charged.
+        assert_eq!(s.flush(&batch(1)).await.unwrap(), vec![1.0]);
+        let replayed = s.replay(&[&batch(1), &batch(2), &batch(2)]).await.unwrap();
+        assert_eq!(replayed, vec![Replayed::Applied; 3]);
+        let c = s
+            .admit(&query(vec![team(BudgetPeriod::Total)], now))
+            .await
+            .unwrap();
+        assert_eq!(c.budgets, vec![2.0]);
+        assert_eq!(c.tpm.unwrap().current, 20);
+        // Another session's first write is its own.
+        let other = FlushBatch {
+            id: Some(FlushId {
+                session_id: "up2".into(),
+                seq: 1,
+            }),
+            ..batch(1)
+        };
+        assert_eq!(s.flush(&other).await.unwrap(), vec![3.0]);
     }
 
     #[tokio::test]
@@ -212,6 +288,7 @@ mod tests {
         let s = MemoryStore::new();
         let now = SystemTime::now();
         let batch = FlushBatch {
+            id: Some(id(1)),
             now,
             charges: vec![
                 (team(BudgetPeriod::Total), 1.25),
@@ -222,8 +299,13 @@ mod tests {
             stream_maxlen: 0,
         };
         assert_eq!(s.flush(&batch).await.unwrap(), vec![1.25, 0.5]);
-        assert_eq!(s.flush(&batch).await.unwrap(), vec![2.5, 1.0]);
+        let second = FlushBatch {
+            id: Some(id(2)),
+            ..batch.clone()
+        };
+        assert_eq!(s.flush(&second).await.unwrap(), vec![2.5, 1.0]);
         let read = FlushBatch {
+            id: None,
             charges: vec![(team(BudgetPeriod::Total), 0.0)],
             tpm: None,
             ..batch
@@ -242,6 +324,7 @@ mod tests {
         let s = MemoryStore::new();
         let now = SystemTime::now();
         let batch = FlushBatch {
+            id: Some(id(1)),
             now,
             charges: vec![(team(BudgetPeriod::Daily), 3.0)],
             tpm: None,

@@ -19,7 +19,22 @@
 //!   `period` is `total`, `d<YYYY-MM-DD>` or `m<YYYY-MM>` (UTC). Daily and
 //!   monthly counters expire [`BUDGET_GRACE`] after their period ends; `total`
 //!   never expires;
-//! - `{prefix}request_logs`: the request-log stream (Redis only).
+//! - `{prefix}request_logs`: the request-log stream (Redis only);
+//! - `{prefix}sessions:{key_id}`: a capped key's live session leases
+//!   (Redis only; [`leases`]).
+//! - `{prefix}flushed:{session_id}`: the highest write of that session's
+//!   meter already applied, expiring [`FLUSH_MARK_TTL`] after its last
+//!   write: the guard that makes a replayed write a no-op.
+//!
+//! Writes are idempotent. Every write a meter makes carries a [`FlushId`]
+//! (its session and a sequence number that grows by one per write), and a
+//! store applies a write only if its sequence number is above the session's
+//! mark, setting the mark in the same atomic step. A write whose reply was
+//! lost (a timeout after Redis applied it) can therefore be sent again from
+//! the outbox ([`crate::metering::outbox`]) without counting twice, rows
+//! included. That relies on a session's writes being applied in order,
+//! which the outbox guarantees (a session's write is only sent once every
+//! earlier one was confirmed or dropped).
 //!
 //! Windows are a sliding-window estimate over two fixed minutes: the count
 //! for "the last 60 s" is `previous × (1 − elapsed/60 s) + current`. That
@@ -40,6 +55,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::BudgetPeriod;
 use crate::logs::RequestLogRow;
 
+pub mod leases;
 pub mod memory;
 pub mod redis;
 
@@ -58,6 +74,10 @@ pub const WINDOW_TTL: Duration = Duration::from_secs(120);
 /// Daily and monthly budget counters outlive their period by this much, so
 /// a pod with a slightly slow clock still reads the counter it writes.
 pub const BUDGET_GRACE: Duration = Duration::from_secs(24 * 3600);
+/// How long a session's write mark outlives the session's last write: a
+/// write whose reply was lost is recognised as applied if it is replayed
+/// within this time. One small key per session, not per write.
+pub const FLUSH_MARK_TTL: Duration = Duration::from_secs(6 * 3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -73,6 +93,18 @@ pub enum StoreError {
     Reply { op: &'static str, message: String },
     #[error("invalid Redis URL: {0}")]
     Url(#[source] ::redis::RedisError),
+    #[error("store ca_file: {0}")]
+    CaFile(#[source] crate::upstream::tls::TlsSetupError),
+}
+
+/// What became of one replayed write.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Replayed {
+    /// Applied now, or found already applied.
+    Applied,
+    /// The store answered with an error that a retry will not fix (the
+    /// message is the store's); the write is dropped and counted.
+    Rejected(String),
 }
 
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -89,14 +121,30 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// was then refused.
     fn unadmit<'a>(&'a self, key_id: &'a str, minute: u64) -> StoreFuture<'a, ()>;
 
-    /// One round trip: appends `rows` to the request-log stream (Redis
-    /// only), adds each charge to its budget counter (or reads it when the
-    /// charge is zero) and adds the tokens to the tpm window. Returns the
-    /// budget totals after the write, in the order of `charges`.
+    /// One round trip, atomic and idempotent (see the module docs): unless
+    /// the batch's [`FlushId`] was already applied, appends `rows` to the
+    /// request-log stream (Redis only), adds each charge to its budget
+    /// counter and the tokens to the tpm window, all of the period and
+    /// minute of `batch.now`. Returns the budget totals after the write, in
+    /// the order of `charges`.
     fn flush<'a>(&'a self, batch: &'a FlushBatch) -> StoreFuture<'a, Vec<f64>>;
+
+    /// Sends queued writes again, in order (one round trip on Redis).
+    /// `Err` when the store could not be reached: none, some or all were
+    /// applied, and sending them again is safe.
+    fn replay<'a>(&'a self, batches: &'a [&'a FlushBatch]) -> StoreFuture<'a, Vec<Replayed>>;
+
+    /// One cheap round trip that proves the store answers (start-up check).
+    fn ping(&self) -> StoreFuture<'_, ()>;
 
     /// `memory` or `redis`, for logs.
     fn kind(&self) -> &'static str;
+
+    /// What the store is, for logs: the kind, and for Redis its scheme,
+    /// host and port (never a password).
+    fn describe(&self) -> String {
+        self.kind().to_string()
+    }
 }
 
 /// Whose budget a counter is.
@@ -152,8 +200,20 @@ pub struct AdmitCounts {
     pub budgets: Vec<f64>,
 }
 
+/// Which write a batch is: the `seq`-th (from 1) of a session's meter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlushId {
+    pub session_id: String,
+    pub seq: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct FlushBatch {
+    /// `None` for a pure read (every charge 0, no tokens, no rows): it
+    /// changes nothing, so it needs no guard.
+    pub id: Option<FlushId>,
+    /// When the batch was made: its budget periods and tpm minute, even
+    /// when it is written later from the outbox.
     pub now: SystemTime,
     /// Cost to add to each budget counter (0 = just read it).
     pub charges: Vec<(BudgetKey, f64)>,
@@ -168,6 +228,16 @@ pub struct FlushBatch {
 impl FlushBatch {
     pub fn is_empty(&self) -> bool {
         self.charges.is_empty() && self.tpm.is_none() && self.rows.is_empty()
+    }
+
+    /// True when the batch changes nothing (it only reads budgets).
+    pub fn is_read_only(&self) -> bool {
+        self.tpm.is_none() && self.rows.is_empty() && self.charges.iter().all(|(_, c)| *c <= 0.0)
+    }
+
+    /// The USD of the batch's rows (what each budget is charged).
+    pub fn rows_cost(&self) -> f64 {
+        self.rows.iter().map(|r| r.cost_usd).sum()
     }
 }
 
@@ -210,6 +280,10 @@ impl KeyNames {
 
     pub fn request_logs(&self) -> String {
         format!("{}request_logs", self.prefix)
+    }
+
+    pub fn flushed(&self, session_id: &str) -> String {
+        format!("{}flushed:{session_id}", self.prefix)
     }
 }
 
@@ -353,5 +427,6 @@ mod tests {
         assert_eq!(k.rpm("k1", 7), "p:rpm:k1:7");
         assert_eq!(k.tpm("k1", 7), "p:tpm:k1:7");
         assert_eq!(KeyNames::default().request_logs(), "patchbay:request_logs");
+        assert_eq!(k.flushed("up1"), "p:flushed:up1");
     }
 }

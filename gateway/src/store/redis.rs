@@ -2,48 +2,146 @@
 //! same Redis, through one redis-rs [`ConnectionManager`] per process
 //! (a multiplexed connection that reconnects on its own).
 //!
-//! Each [`Store`] call is one pipeline (one round trip):
-//! - admit: `INCR` + `EXPIRE` the rpm minute, `GET` the previous minute,
-//!   `GET` both tpm minutes, `GET` each budget counter;
-//! - flush: `XADD {prefix}request_logs MAXLEN ~ n * field value …` per row,
-//!   `INCRBYFLOAT` + `EXPIRE` per charged budget (a plain `GET` when the
-//!   window cost nothing), `INCRBY` + `EXPIRE` on the tpm minute. The
-//!   `INCRBYFLOAT` replies are the budget re-read, so spending and checking
-//!   cost one round trip.
+//! Each [`Store`] call is one round trip:
+//! - admit: one pipeline: `INCR` + `EXPIRE` the rpm minute, `GET` the
+//!   previous minute, `GET` both tpm minutes, `GET` each budget counter;
+//! - flush: one Lua script ([`FLUSH_SCRIPT`], `EVALSHA`), atomic: if the
+//!   batch's sequence number is above the session's mark
+//!   (`{prefix}flushed:{session_id}`), it raises the mark and applies the
+//!   batch: `XADD {prefix}request_logs MAXLEN ~ n * field value …` per row,
+//!   `INCRBYFLOAT` + `EXPIRE` per charged budget, `INCRBY` + `EXPIRE` on the
+//!   tpm minute; either way it returns the budget totals, which are the
+//!   meter's budget re-read. A write sent twice is applied once;
+//! - replay: one pipeline of `SCRIPT LOAD` and one `EVALSHA` per queued
+//!   write, in order.
 //!
-//! The pipeline is not a `MULTI`: nothing needs the commands to be atomic
-//! together, and each counter update is atomic on its own.
+//! Inside the script each write is a `pcall`: a key someone overwrote with
+//! another type (a budget holding a string) fails that one command, counted
+//! and logged, instead of leaving the batch half applied.
+//!
+//! TLS: `rediss://` URLs connect with rustls (ring), verifying the server's
+//! certificate against the webpki roots, or against the certificates of
+//! `[store] ca_file` when it is set (then only those). Verification cannot
+//! be turned off. `rediss://user:password@host:port` authenticates as a
+//! Redis 6 ACL user.
 //!
 //! Failure handling: every call is bounded by [`CALL_TIMEOUT`] here, on top
 //! of the manager's own connect and response timeouts, and errors are
-//! returned, never retried: the caller fails open and the meter carries the
-//! unsent charge to its next flush. The manager is created lazily, so a
-//! gateway starts (and admits, failing open) while Redis is down, and
-//! reconnects when Redis returns; the first call after an outage can still
-//! fail while the new connection is made.
+//! returned, never retried here: the caller fails open and the outbox keeps
+//! the write. The manager is created lazily, so a gateway starts (and
+//! admits, failing open) while Redis is down, and reconnects when Redis
+//! returns.
 //!
 //! Not supported: Redis Cluster (keys of one call span hash slots).
 
+use std::path::Path;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Pipeline, Value};
+use redis::{Pipeline, Script, Value};
 
 use super::{
-    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Store, StoreError,
-    StoreFuture, WindowCounts, CALL_TIMEOUT, WINDOW_TTL,
+    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Replayed, Store,
+    StoreError, StoreFuture, WindowCounts, CALL_TIMEOUT, FLUSH_MARK_TTL, WINDOW_TTL,
 };
+use crate::logs::FIELDS;
 
-/// Bound on one connection attempt.
+/// Bound on one connection attempt (TCP, TLS and AUTH).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Reconnect attempts per outage detection; the next call tries again.
 const RECONNECT_RETRIES: usize = 1;
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+/// Bound on one replay round trip (up to [`crate::metering::outbox::REPLAY_BATCH`]
+/// writes).
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The idempotent flush. KEYS: mark, stream, budgets…, [tpm]. ARGV: seq
+/// (0 = read only), mark TTL s, stream MAXLEN (0 = none), budget count,
+/// tpm increment (0 = none), tpm TTL s, row count, field count, field
+/// names…, (cost, TTL s or 0) per budget, field values per row. Returns
+/// `{failed commands, {budget totals as strings}}` (strings: Lua numbers
+/// would be truncated to integers).
+pub const FLUSH_SCRIPT: &str = r#"
+local seq = tonumber(ARGV[1])
+local nb = tonumber(ARGV[4])
+local tpm_by = tonumber(ARGV[5])
+local nrows = tonumber(ARGV[7])
+local nf = tonumber(ARGV[8])
+local fresh = false
+if seq > 0 then
+  local applied = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+  if seq > applied then
+    fresh = true
+    redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  end
+end
+local failed = 0
+local function count(r)
+  if type(r) == 'table' and r.err then failed = failed + 1 end
+  return r
+end
+local b0 = 8 + nf
+local totals = {}
+for i = 1, nb do
+  local key = KEYS[2 + i]
+  local cost = ARGV[b0 + 2 * i - 1]
+  local ttl = tonumber(ARGV[b0 + 2 * i])
+  local r
+  if fresh and tonumber(cost) > 0 then
+    r = count(redis.pcall('INCRBYFLOAT', key, cost))
+    if ttl > 0 then redis.pcall('EXPIRE', key, ttl) end
+  else
+    r = redis.pcall('GET', key)
+  end
+  if type(r) ~= 'string' then r = '0' end
+  totals[i] = r
+end
+if fresh and tpm_by > 0 then
+  local key = KEYS[3 + nb]
+  count(redis.pcall('INCRBY', key, ARGV[5]))
+  redis.pcall('EXPIRE', key, ARGV[6])
+end
+if fresh and nrows > 0 then
+  local r0 = b0 + 2 * nb
+  local maxlen = tonumber(ARGV[3])
+  for r = 0, nrows - 1 do
+    local args = {'XADD', KEYS[2]}
+    if maxlen > 0 then
+      args[#args + 1] = 'MAXLEN'
+      args[#args + 1] = '~'
+      args[#args + 1] = ARGV[3]
+    end
+    args[#args + 1] = '*'
+    for f = 1, nf do
+      args[#args + 1] = ARGV[8 + f]
+      args[#args + 1] = ARGV[r0 + r * nf + f]
+    end
+    count(redis.pcall(unpack(args)))
+  end
+end
+return {failed, totals}
+"#;
+
+/// Server error codes that a later retry can succeed past (a loading,
+/// busy, read-only or full server); any other error rejects the write.
+const TRANSIENT_ERRORS: [&str; 8] = [
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "READONLY",
+    "OOM",
+    "CLUSTERDOWN",
+    "NOSCRIPT",
+];
 
 pub struct RedisStore {
     conn: ConnectionManager,
     names: KeyNames,
     timeout: Duration,
+    script: Script,
+    /// `redis://host:port` or `rediss://host:port`, for logs.
+    endpoint: String,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -51,7 +149,21 @@ impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("names", &self.names)
+            .field("endpoint", &self.endpoint)
             .finish_non_exhaustive()
+    }
+}
+
+/// `scheme://host:port` of a Redis URL, without user, password or path.
+pub fn endpoint(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => format!(
+            "{}://{}:{}",
+            u.scheme(),
+            u.host_str().unwrap_or(""),
+            u.port().unwrap_or(6379)
+        ),
+        Err(_) => "redis (unparsable URL)".into(),
     }
 }
 
@@ -59,19 +171,23 @@ impl RedisStore {
     /// A store on `url` under `prefix` ([`super::DEFAULT_PREFIX`] in
     /// production). Does not connect; must be called inside a Tokio runtime.
     pub fn new(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::Url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(CALL_TIMEOUT))
-            .set_number_of_retries(RECONNECT_RETRIES)
-            .set_min_delay(RECONNECT_MIN_DELAY)
-            .set_max_delay(CONNECT_TIMEOUT);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::Url)?;
+        Self::with_ca_file(url, prefix, None)
+    }
+
+    /// Like [`RedisStore::new`]; a `rediss://` server's certificate must
+    /// chain to a certificate of `ca_file` when it is given.
+    pub fn with_ca_file(
+        url: &str,
+        prefix: &str,
+        ca_file: Option<&Path>,
+    ) -> Result<Self, StoreError> {
+        let conn = managed(url, ca_file)?;
         Ok(Self {
             conn,
             names: KeyNames::new(prefix),
             timeout: CALL_TIMEOUT,
+            script: Script::new(FLUSH_SCRIPT),
+            endpoint: endpoint(url),
         })
     }
 
@@ -134,56 +250,209 @@ impl RedisStore {
         Ok(AdmitCounts { rpm, tpm, budgets })
     }
 
+    /// The script's KEYS and ARGV for `batch`.
+    fn script_args(&self, batch: &FlushBatch) -> (Vec<String>, Vec<String>) {
+        let session = batch.id.as_ref().map_or("", |id| id.session_id.as_str());
+        let mut keys = vec![self.names.flushed(session), self.names.request_logs()];
+        keys.extend(
+            batch
+                .charges
+                .iter()
+                .map(|(b, _)| self.names.budget(b, batch.now)),
+        );
+        let (minute, _) = window_position(batch.now);
+        let tpm_by = match &batch.tpm {
+            Some((key_id, tokens)) => {
+                keys.push(self.names.tpm(key_id, minute));
+                // Redis integers are i64; the meter caps an increment far
+                // below that (`MAX_TPM_INCREMENT`).
+                i64::try_from(*tokens).unwrap_or(i64::MAX)
+            }
+            None => 0,
+        };
+        let mut args =
+            Vec::with_capacity(8 + FIELDS.len() * (1 + batch.rows.len()) + 2 * batch.charges.len());
+        args.push(batch.id.as_ref().map_or(0, |id| id.seq).to_string());
+        args.push(FLUSH_MARK_TTL.as_secs().to_string());
+        args.push(batch.stream_maxlen.to_string());
+        args.push(batch.charges.len().to_string());
+        args.push(tpm_by.to_string());
+        args.push(WINDOW_TTL.as_secs().to_string());
+        args.push(batch.rows.len().to_string());
+        args.push(FIELDS.len().to_string());
+        args.extend(FIELDS.iter().map(|f| f.to_string()));
+        for (b, cost) in &batch.charges {
+            args.push(cost.max(0.0).to_string());
+            let ttl = period_ttl(b.period, batch.now).map_or(0, |t| t.as_secs());
+            args.push(ttl.to_string());
+        }
+        for row in &batch.rows {
+            args.extend(row.stream_fields().into_iter().map(|(_, v)| v));
+        }
+        (keys, args)
+    }
+
     async fn flush_inner(&self, batch: &FlushBatch) -> Result<Vec<f64>, StoreError> {
         const OP: &str = "flush";
-        let mut pipe = redis::pipe();
-        let stream = self.names.request_logs();
-        for row in &batch.rows {
-            let cmd = pipe.cmd("XADD").arg(&stream);
-            if batch.stream_maxlen > 0 {
-                cmd.arg("MAXLEN").arg("~").arg(batch.stream_maxlen);
-            }
-            cmd.arg("*");
-            for (field, value) in row.stream_fields() {
-                cmd.arg(field).arg(value);
-            }
-            cmd.ignore();
+        let (keys, args) = self.script_args(batch);
+        let mut inv = self.script.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
         }
-        for (b, cost) in &batch.charges {
-            let key = self.names.budget(b, batch.now);
-            if *cost > 0.0 {
-                pipe.cmd("INCRBYFLOAT").arg(&key).arg(*cost);
-                if let Some(ttl) = period_ttl(b.period, batch.now) {
-                    pipe.expire(&key, ttl.as_secs() as i64).ignore();
+        for a in &args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.clone();
+        let reply =
+            match tokio::time::timeout(self.timeout, inv.invoke_async::<Value>(&mut conn)).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(source)) => return Err(StoreError::Redis { op: OP, source }),
+                Err(_) => {
+                    return Err(StoreError::Timeout {
+                        op: OP,
+                        after: self.timeout,
+                    })
                 }
-            } else {
-                pipe.get(&key);
-            }
+            };
+        let (failed, totals) = script_reply(OP, &reply)?;
+        if failed > 0 {
+            tracing::warn!(store = %self.endpoint, failed, "the store refused part of a flush (a metering key holds a value of another type?)");
         }
-        if let Some((key_id, tokens)) = &batch.tpm {
-            let (minute, _) = window_position(batch.now);
-            let key = self.names.tpm(key_id, minute);
-            // Redis integers are i64; the meter caps an increment far
-            // below that (`MAX_TPM_INCREMENT`).
-            let by = i64::try_from(*tokens).unwrap_or(i64::MAX);
-            pipe.incr(&key, by)
-                .ignore()
-                .expire(&key, WINDOW_TTL.as_secs() as i64)
-                .ignore();
-        }
-        let replies = self.run(OP, &pipe).await?;
-        if replies.len() != batch.charges.len() {
+        if totals.len() != batch.charges.len() {
             return Err(StoreError::Reply {
                 op: OP,
                 message: format!(
-                    "{} replies for {} budgets",
-                    replies.len(),
+                    "{} totals for {} budgets",
+                    totals.len(),
                     batch.charges.len()
                 ),
             });
         }
-        replies.iter().map(|v| float(OP, v)).collect()
+        Ok(totals)
     }
+
+    async fn replay_inner(&self, batches: &[&FlushBatch]) -> Result<Vec<Replayed>, StoreError> {
+        const OP: &str = "replay";
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        // Loaded in the same pipeline, so a restarted (empty) Redis knows
+        // the script before the first EVALSHA.
+        pipe.cmd("SCRIPT").arg("LOAD").arg(FLUSH_SCRIPT);
+        for batch in batches {
+            let (keys, args) = self.script_args(batch);
+            pipe.cmd("EVALSHA")
+                .arg(self.script.get_hash())
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+        }
+        let mut conn = self.conn.clone();
+        let replies =
+            match tokio::time::timeout(REPLAY_TIMEOUT, pipe.query_async::<Vec<Value>>(&mut conn))
+                .await
+            {
+                Ok(Ok(v)) => v,
+                Ok(Err(source)) => return Err(StoreError::Redis { op: OP, source }),
+                Err(_) => {
+                    return Err(StoreError::Timeout {
+                        op: OP,
+                        after: REPLAY_TIMEOUT,
+                    })
+                }
+            };
+        if replies.len() != batches.len() + 1 {
+            return Err(StoreError::Reply {
+                op: OP,
+                message: format!("{} replies for {} writes", replies.len(), batches.len()),
+            });
+        }
+        let mut out = Vec::with_capacity(batches.len());
+        for reply in &replies[1..] {
+            match reply {
+                Value::ServerError(e) => {
+                    let code = e.code();
+                    if TRANSIENT_ERRORS.contains(&code) {
+                        return Err(StoreError::Reply {
+                            op: OP,
+                            message: e.to_string(),
+                        });
+                    }
+                    out.push(Replayed::Rejected(e.to_string()));
+                }
+                other => {
+                    let (failed, _) = script_reply(OP, other)?;
+                    if failed > 0 {
+                        tracing::warn!(store = %self.endpoint, failed, "the store refused part of a replayed flush (a metering key holds a value of another type?)");
+                    }
+                    out.push(Replayed::Applied);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The script's `{failed, {totals…}}`.
+fn script_reply(op: &'static str, v: &Value) -> Result<(u64, Vec<f64>), StoreError> {
+    let bad = |message: String| StoreError::Reply { op, message };
+    let Value::Array(parts) = v else {
+        return Err(bad(format!("not an array: {v:?}")));
+    };
+    let [failed, totals] = parts.as_slice() else {
+        return Err(bad(format!("{} parts, expected 2", parts.len())));
+    };
+    let failed = int(op, failed)?;
+    let totals = match totals {
+        Value::Array(t) => t
+            .iter()
+            .map(|v| float(op, v))
+            .collect::<Result<Vec<_>, _>>()?,
+        Value::Nil => Vec::new(),
+        other => return Err(bad(format!("totals not an array: {other:?}"))),
+    };
+    Ok((failed, totals))
+}
+
+/// A lazily connecting [`ConnectionManager`] on `url` (a `rediss://`
+/// server's certificate chaining to `ca_file` when given) with the store's
+/// bounds: connect and response timeouts, one reconnect attempt per failure.
+/// The store uses it, and so do other Redis users in the process (session
+/// leases), so TLS settings apply to every connection alike.
+pub fn managed(url: &str, ca_file: Option<&Path>) -> Result<ConnectionManager, StoreError> {
+    if url.starts_with("rediss://") {
+        // redis-rs builds its rustls config with the process-default
+        // provider: make that ring, whatever else the build links
+        // (an error only means one is installed already).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let client = match ca_file {
+        Some(path) => {
+            // Parsed here too, so a bad file is an error naming it.
+            crate::upstream::tls::read_ca_file(path).map_err(StoreError::CaFile)?;
+            let pem = std::fs::read(path).map_err(|source| {
+                StoreError::CaFile(crate::upstream::tls::TlsSetupError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })
+            })?;
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            )
+            .map_err(StoreError::Url)?
+        }
+        None => redis::Client::open(url).map_err(StoreError::Url)?,
+    };
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(CALL_TIMEOUT))
+        .set_number_of_retries(RECONNECT_RETRIES)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(CONNECT_TIMEOUT);
+    ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::Url)
 }
 
 fn int(op: &'static str, v: &Value) -> Result<u64, StoreError> {
@@ -221,7 +490,23 @@ impl Store for RedisStore {
         Box::pin(self.flush_inner(batch))
     }
 
+    fn replay<'a>(&'a self, batches: &'a [&'a FlushBatch]) -> StoreFuture<'a, Vec<Replayed>> {
+        Box::pin(self.replay_inner(batches))
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("PING").ignore();
+            self.run("ping", &pipe).await.map(|_| ())
+        })
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
+    }
+
+    fn describe(&self) -> String {
+        format!("redis at {}", self.endpoint)
     }
 }

@@ -42,6 +42,29 @@ pub type UpstreamSocket = WebSocketStream<UpstreamIo>;
 /// How much of a refusal's body is kept for the client's error message.
 const REFUSAL_BODY_MAX: usize = 512;
 
+/// Query parameters a client may pass through to the upstream: they select
+/// what kind of session the upstream starts (`intent=transcription`). Every
+/// other parameter is dropped; `model`, `deployment` and `api-version` are
+/// always the route's.
+pub const SESSION_PARAMS: [&str; 1] = ["intent"];
+
+/// First events that start a session: `session.created` (both protocols;
+/// a GA transcription session is one with `type: transcription`), and the
+/// beta protocol's `transcription_session.created`.
+pub const SESSION_STARTED: [&str; 2] = ["session.created", "transcription_session.created"];
+
+/// The session-selecting parameters of a client's query string, in the
+/// order given, each at most once (the first occurrence wins).
+pub fn session_params(query: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        if SESSION_PARAMS.contains(&k.as_ref()) && !out.iter().any(|(seen, _)| *seen == k) {
+            out.push((k.into_owned(), v.into_owned()));
+        }
+    }
+    out
+}
+
 /// An upstream socket that has received `session.created` and nothing else.
 pub struct Warm {
     pub ws: UpstreamSocket,
@@ -186,13 +209,23 @@ impl Upstream {
     /// Connects, upgrades and reads `session.created`, all within the
     /// route's `upgrade_timeout` from now.
     pub async fn dial(&self) -> Result<Warm, DialError> {
+        self.dial_with(&[]).await
+    }
+
+    /// [`Upstream::dial`] with session-selecting query parameters
+    /// ([`session_params`]) added to the route's URL.
+    pub async fn dial_with(&self, params: &[(String, String)]) -> Result<Warm, DialError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let ws = self.connect(deadline).await?;
+        let ws = self.connect(deadline, params).await?;
         read_session_created(ws, deadline).await
     }
 
     /// Connects and upgrades by `deadline`; the first event is not read yet.
-    async fn connect(&self, deadline: tokio::time::Instant) -> Result<UpstreamSocket, DialError> {
+    async fn connect(
+        &self,
+        deadline: tokio::time::Instant,
+        params: &[(String, String)],
+    ) -> Result<UpstreamSocket, DialError> {
         let authority = format!("{}:{}", self.host, self.port);
         let tcp = by(deadline, "connect", TcpStream::connect(&authority))
             .await?
@@ -211,7 +244,7 @@ impl Upstream {
             }
             None => Either::Left(tcp),
         };
-        let request = self.request()?;
+        let request = self.request(params)?;
         let (ws, _response) = by(
             deadline,
             "upgrade",
@@ -222,14 +255,17 @@ impl Upstream {
         Ok(ws)
     }
 
-    fn request(&self) -> Result<Request<()>, DialError> {
-        let mut request =
-            self.url
-                .as_str()
-                .into_client_request()
-                .map_err(|e| DialError::Handshake {
-                    message: e.to_string(),
-                })?;
+    fn request(&self, params: &[(String, String)]) -> Result<Request<()>, DialError> {
+        let mut url = self.url.clone();
+        if !params.is_empty() {
+            url.query_pairs_mut().extend_pairs(params);
+        }
+        let mut request = url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| DialError::Handshake {
+                message: e.to_string(),
+            })?;
         for (name, value) in &self.headers {
             request.headers_mut().insert(name.clone(), value.clone());
         }
@@ -279,7 +315,8 @@ fn handshake_error(e: WsError) -> DialError {
     }
 }
 
-/// Reads the first event by `deadline`; it must be `session.created`. Pings
+/// Reads the first event by `deadline`; it must start a session
+/// ([`SESSION_STARTED`]). Pings
 /// before it are answered (tungstenite queues the pong) and skipped.
 async fn read_session_created(
     mut ws: UpstreamSocket,
@@ -294,7 +331,7 @@ async fn read_session_created(
         match next {
             Some(Ok(Message::Text(text))) => {
                 return match event_type(&text).as_deref() {
-                    Some("session.created") => Ok(Warm {
+                    Some(t) if SESSION_STARTED.contains(&t) => Ok(Warm {
                         ws,
                         session_created: text,
                         connected_at: Instant::now(),
@@ -451,6 +488,39 @@ mod tests {
         assert_eq!(
             upstream_url(&r).unwrap().as_str(),
             "wss://res.openai.azure.com/openai/v1/realtime?model=dep-1"
+        );
+    }
+
+    #[test]
+    fn only_session_selecting_parameters_pass_through_once_each() {
+        assert_eq!(
+            session_params("model=x&intent=transcription&api-version=1&intent=other&foo=bar"),
+            vec![("intent".to_string(), "transcription".to_string())]
+        );
+        assert!(session_params("model=gpt-realtime&deployment=d").is_empty());
+        assert!(session_params("").is_empty());
+        assert_eq!(
+            session_params("intent=a%20b"),
+            vec![("intent".to_string(), "a b".to_string())]
+        );
+    }
+
+    #[test]
+    fn forwarded_parameters_follow_the_routes_own() {
+        let r = route(
+            Provider::Azure,
+            "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview",
+            Protocol::Beta,
+        );
+        let u = Upstream::new(&r, Duration::from_secs(1), 1 << 20).unwrap();
+        let params = vec![("intent".to_string(), "transcription".to_string())];
+        assert_eq!(
+            u.request(&params).unwrap().uri().to_string(),
+            "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview&deployment=dep-1&intent=transcription"
+        );
+        assert_eq!(
+            u.request(&[]).unwrap().uri().to_string(),
+            "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview&deployment=dep-1"
         );
     }
 

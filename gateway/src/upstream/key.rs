@@ -52,23 +52,17 @@ pub fn key_from_file_text(text: &str) -> Option<Secret> {
     (!key.is_empty()).then(|| Secret::new(key))
 }
 
-/// Apply a changed key file of `model`'s route; an empty file, or a key that cannot be sent in a
-/// header (a control character), keeps the current key.
-pub fn apply_key_file(model: &str, key: &UpstreamKey, text: &str) {
-    match key_from_file_text(text) {
-        Some(new) if new.expose().chars().any(char::is_control) => tracing::warn!(
-            route = %model,
-            "the upstream key file holds a control character; keeping the current key"
-        ),
-        Some(new) => {
-            if key.replace(new) {
-                tracing::info!(route = %model, "upstream key reloaded; new dials use it");
-            }
-        }
-        None => {
-            tracing::warn!(route = %model, "the upstream key file is empty; keeping the current key")
-        }
+/// Apply a changed key file of `model`'s route. An empty file, or a key that cannot be sent in a
+/// header (a control character), is refused and keeps the current key.
+pub fn apply_key_file(model: &str, key: &UpstreamKey, text: &str) -> Result<(), String> {
+    let new = key_from_file_text(text).ok_or("the upstream key file is empty")?;
+    if new.expose().chars().any(char::is_control) {
+        return Err("the upstream key file holds a control character".into());
     }
+    if key.replace(new) {
+        tracing::info!(route = %model, "upstream key reloaded; new dials use it");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -99,11 +93,11 @@ mod tests {
     #[test]
     fn an_empty_or_unsendable_key_file_keeps_the_current_key() {
         let key = UpstreamKey::new(Secret::new("sk-1"));
-        apply_key_file("m", &key, "\n");
+        assert!(apply_key_file("m", &key, "\n").is_err());
         assert_eq!(key.current().expose(), "sk-1");
-        apply_key_file("m", &key, "sk-2\u{7}\n");
+        assert!(apply_key_file("m", &key, "sk-2\u{7}\n").is_err());
         assert_eq!(key.current().expose(), "sk-1");
-        apply_key_file("m", &key, "sk-2\n");
+        apply_key_file("m", &key, "sk-2\n").unwrap();
         assert_eq!(key.current().expose(), "sk-2");
     }
 }

@@ -499,7 +499,9 @@ mod tests {
         p.push(up.dial().await.unwrap());
         sim.close_all(1001);
         until(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The close frame is on its way: wait until it reached the socket.
+        until(|| p.lock().iter_mut().all(|w| check(w) == Health::Dead)).await;
+        assert_eq!(p.len(), 1);
         assert_eq!(p.take().err(), Some(Miss::Dead));
     }
 
@@ -509,10 +511,14 @@ mod tests {
         let p = pool(up.clone(), 1, Duration::from_secs(30));
         p.push(up.dial().await.unwrap());
         sim.ping_all();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        p.reap();
+        // Each reap polls the pooled socket: once the ping has arrived, the
+        // reap reads it and flushes the pong.
+        until(|| {
+            p.reap();
+            sim.stats.pongs.load(Ordering::Relaxed) == 1
+        })
+        .await;
         assert_eq!(p.len(), 1, "a ping is not a dead socket");
-        until(|| sim.stats.pongs.load(Ordering::Relaxed) == 1).await;
         assert!(p.take().is_ok());
     }
 

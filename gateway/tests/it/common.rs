@@ -287,6 +287,20 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// How often a live-reloaded file's changed content was `applied` or
+/// `rejected` by an in-process gateway (`file`: `pool_size`, `keys`,
+/// `config`).
+pub fn reloads(gw: &Running, file: &str, result: &str) -> u64 {
+    gw.gateway
+        .metrics
+        .config_reloads
+        .get_or_create(&patchbay_gateway::metrics::ReloadLabels {
+            file: file.into(),
+            result: result.into(),
+        })
+        .get()
+}
+
 /// Polls `f` until it is true or [`WAIT`] passes.
 pub async fn eventually(mut f: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -346,10 +360,29 @@ impl Drop for TempFile {
     }
 }
 
+/// Whether a [`Child`]'s stderr is collected ([`Child::logs`]) or left in
+/// a pipe nobody reads. Its stdout is a pipe read only by a test that takes
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stderr {
+    Collected,
+    Unread,
+}
+
 impl Child {
     /// Starts the binary on free ports with `extra` config appended to a
     /// route to `upstream_url`, and waits until `/readyz` answers 200.
     pub async fn start(upstream_url: &str, extra: &str, env: &[(&str, &str)]) -> Child {
+        Self::start_with(upstream_url, extra, env, Stderr::Collected).await
+    }
+
+    /// [`Child::start`], with the child's stderr collected or not.
+    pub async fn start_with(
+        upstream_url: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+        stderr_is: Stderr,
+    ) -> Child {
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let toml = gateway_toml(upstream_url, extra)
@@ -375,18 +408,20 @@ impl Child {
         }
         let mut process = cmd.spawn().expect("the gateway binary starts");
         let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut pipe = process.stderr.take().unwrap();
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
+        if stderr_is == Stderr::Collected {
+            let mut pipe = process.stderr.take().unwrap();
+            let sink = stderr.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    sink.lock().unwrap().extend_from_slice(&buf[..n]);
                 }
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
+            });
+        }
         let child = Child {
             process,
             stderr,

@@ -1,8 +1,6 @@
 //! Client keys from a keys file: hashed entries, per-key session caps,
 //! disabled keys, and live reloads.
 
-use std::time::Duration;
-
 use crate::common::*;
 use patchbay_gateway::sim::SimConfig;
 
@@ -45,9 +43,14 @@ async fn keys_file_entries_authenticate_and_reload_live() {
         "a removed key is refused"
     );
 
-    // A broken file keeps the keys that were loaded.
+    // A broken file keeps the keys that were loaded, once the watcher has
+    // read and refused it.
+    assert_eq!(reloads(&gw, "keys", "rejected"), 0);
     std::fs::write(&file.0, "[[keys]]\nid = 1\n").unwrap();
-    tokio::time::sleep(patchbay_gateway::gateway::KEYS_FILE_POLL * 2).await;
+    assert!(
+        eventually(|| reloads(&gw, "keys", "rejected") == 1).await,
+        "the watcher never refused the broken keys file"
+    );
     assert_eq!(status_for(gw.addr, "pb-c").await, 101);
 }
 
@@ -75,7 +78,113 @@ async fn per_key_session_cap_is_enforced_with_429() {
     // Other keys are not affected.
     assert_eq!(status_for(gw.addr, CLIENT_KEY).await, 101);
     drop(first);
-    tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(eventually(|| gw.gateway.sessions.key_active("a") == 0).await);
     assert_eq!(status_for(gw.addr, "pb-a").await, 101);
+}
+
+const MINI: &str = "gpt-realtime-mini";
+
+/// 101 when a session on `model` opens with `key` (after its
+/// `session.created`), else the refusal's status and body.
+async fn open_model(
+    addr: std::net::SocketAddr,
+    key: &str,
+    model: &str,
+) -> Result<Client, (u16, serde_json::Value)> {
+    let bearer = format!("Bearer {key}");
+    let q = format!("?model={model}");
+    match connect_with(addr, &q, &[("authorization", &bearer)]).await {
+        Ok((mut ws, _)) => {
+            assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+            Ok(ws)
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            let body = r.body().clone().unwrap_or_default();
+            let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+            Err((r.status().as_u16(), json))
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn upgrades(sim: &patchbay_gateway::sim::SimHandle) -> u64 {
+    sim.stats.upgrades.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn model_allow_lists_admit_listed_models_and_refuse_others_with_403_before_any_dial() {
+    let sim = sim(SimConfig::default()).await;
+    // `only-gpt-realtime` also has rpm = 1 and max_sessions = 1: refusals
+    // for another model must consume neither.
+    let keys = key_entry(
+        "only-gpt-realtime",
+        "pb-one",
+        "models = [\"gpt-realtime\"]\nrpm = 1\nmax_sessions = 1",
+    ) + &key_entry(
+        "both-in-mini-team",
+        "pb-both",
+        "team = \"mini-team\"\nmodels = [\"gpt-realtime\", \"gpt-realtime-mini\"]",
+    ) + &key_entry("team-list-only", "pb-team", "team = \"mini-team\"")
+        + &key_entry("no-models", "pb-none", "models = []")
+        + "[[teams]]\nid = \"mini-team\"\nmodels = [\"gpt-realtime-mini\"]\n";
+    let file = TempFile::new("keys.toml", &keys);
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!(
+            "[[routes]]\nmodel = \"{MINI}\"\nupstream_url = \"{}\"\napi_key_env = \"SIM_KEY\"\n\
+             [keys]\nfile = \"{}\"\n",
+            sim.url(false),
+            file.0.display()
+        ),
+    ))
+    .await;
+
+    let mut refusals = 0;
+    let mut expect_403 = async |key: &str, model: &str| {
+        let before = upgrades(&sim);
+        let (status, body) = open_model(gw.addr, key, model)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{key} on {model} was admitted"));
+        assert_eq!(status, 403, "{key} on {model}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["code"], "model_not_allowed");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("'{model}'")), "{message}");
+        assert!(
+            !message.contains(key) && !message.contains("only-gpt") && !message.contains("team"),
+            "the message names neither the key nor its id: {message}"
+        );
+        assert_eq!(
+            upgrades(&sim),
+            before,
+            "nothing was dialled for {key} on {model}"
+        );
+        refusals += 1;
+    };
+    for _ in 0..3 {
+        expect_403("pb-one", MINI).await;
+    }
+    // Team intersection: the key lists both, its team only the mini.
+    expect_403("pb-both", MODEL).await;
+    expect_403("pb-team", MODEL).await;
+    // An empty list allows nothing.
+    expect_403("pb-none", MODEL).await;
+    expect_403("pb-none", MINI).await;
+
+    // Allowed models open sessions (dialling the upstream); the refusals
+    // above took neither the rpm nor the session slot of `pb-one`.
+    let before = upgrades(&sim);
+    let _one = open_model(gw.addr, "pb-one", MODEL).await.unwrap();
+    let _both = open_model(gw.addr, "pb-both", MINI).await.unwrap();
+    let _team = open_model(gw.addr, "pb-team", MINI).await.unwrap();
+    let _master = open_model(gw.addr, CLIENT_KEY, MINI).await.unwrap();
+    assert_eq!(upgrades(&sim), before + 4);
+    let counted = metric(
+        gw.admin_addr,
+        "patchbay_admission_refusals_total",
+        "reason=\"model_not_allowed\"",
+    )
+    .await;
+    assert_eq!(counted, f64::from(refusals));
 }

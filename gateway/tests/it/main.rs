@@ -3,12 +3,18 @@
 
 mod common;
 mod drain;
+mod fleet;
 mod keys;
 mod live_config;
+mod log_pipe;
+mod log_secrets;
 mod metering;
 mod metering_relay;
 mod metering_store;
 mod pool;
+mod redis_server;
 mod relay;
 mod secret_files;
+mod store_outbox;
+mod store_tls;
 mod tls_and_config;

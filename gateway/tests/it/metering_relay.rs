@@ -53,9 +53,36 @@ struct Rig {
     ended: mpsc::Receiver<Spliced>,
 }
 
+/// The session limits of a rig.
+#[derive(Clone, Copy)]
+struct Limited {
+    idle: Duration,
+    max_session: Duration,
+    max_message_bytes: usize,
+}
+
+impl Default for Limited {
+    fn default() -> Self {
+        Self {
+            idle: Duration::from_secs(30),
+            max_session: Duration::from_secs(60),
+            max_message_bytes: 1 << 20,
+        }
+    }
+}
+
 /// A simulator, and a listener that runs each client session through
 /// `relay::splice` with the tracker and the kill signal of `Metering`.
 async fn rig(sim_config: SimConfig, key_extra: &str, flush_secs: u64) -> Rig {
+    rig_with(sim_config, key_extra, flush_secs, Limited::default()).await
+}
+
+async fn rig_with(
+    sim_config: SimConfig,
+    key_extra: &str,
+    flush_secs: u64,
+    limited: Limited,
+) -> Rig {
     let sim = sim::start(
         "127.0.0.1:0".parse().unwrap(),
         SimConfig {
@@ -100,7 +127,7 @@ async fn rig(sim_config: SimConfig, key_extra: &str, flush_secs: u64) -> Rig {
                 (metering.clone(), upstream_url.clone(), ended_tx.clone());
             let key = store.get().by_id("k").unwrap().clone();
             tokio::spawn(async move {
-                let spliced = session(tcp, &url, metering, &session_id, key).await;
+                let spliced = session(tcp, &url, metering, &session_id, key, limited).await;
                 let _ = ended_tx.send(spliced).await;
             });
         }
@@ -121,8 +148,12 @@ async fn session(
     metering: Metering,
     session_id: &str,
     key: patchbay_gateway::auth::KeyEntry,
+    limited: Limited,
 ) -> Spliced {
-    let mut client = tokio_tungstenite::accept_async(tcp).await.unwrap();
+    let ws_config = relay::ws_config(limited.max_message_bytes);
+    let mut client = tokio_tungstenite::accept_async_with_config(tcp, Some(ws_config))
+        .await
+        .unwrap();
     let mut request = upstream_url.into_client_request().unwrap();
     request.headers_mut().insert(
         "authorization",
@@ -144,8 +175,8 @@ async fn session(
     let meter = tokio::spawn(meter.run());
     tracker.on_upstream_text(&created);
     let limits = Limits {
-        idle_timeout: Duration::from_secs(30),
-        deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+        idle_timeout: limited.idle,
+        deadline: tokio::time::Instant::now() + limited.max_session,
     };
     let spliced = relay::splice(
         client,
@@ -422,9 +453,14 @@ async fn a_client_leaving_mid_response_is_charged_for_what_was_generated() {
         let rows = rig.rows.rows();
         assert_eq!(rows.len(), 1, "{rows:?}");
         let r = &rows[0];
+        let reason = if gracefully {
+            "client_closed"
+        } else {
+            "client_left"
+        };
         assert_eq!(
             (r.status, r.usage_unknown, r.end_reason.as_str()),
-            (499, false, "cancelled"),
+            (499, false, reason),
             "{outcome}: {r:?}"
         );
         let deltas = r.output_audio_tokens / AUDIO_TOKENS_PER_DELTA;
@@ -470,6 +506,224 @@ async fn input_audio_transcription_usage_gets_its_own_row() {
     assert_eq!(
         (rows[0].transcription_tokens, rows[0].input_audio_tokens),
         (35, 30)
+    );
+    rig.sim.stop();
+}
+
+// ---------------------------------------------------------------------------
+// Every way a session ends charges the response in flight: the teardown
+// cancels it by its response_id and meters the cancelled response.done, and
+// the row names the cause.
+
+/// Starts a slow response and reads `deltas` of its audio deltas.
+async fn mid_response(rig: &Rig, deltas: usize) -> Client {
+    let mut ws = connect(rig.addr).await;
+    response_create(&mut ws).await;
+    let mut seen = 0;
+    while seen < deltas {
+        let text = next_text(&mut ws).await.expect("deltas");
+        if kind(&text) == "response.output_audio.delta" {
+            seen += 1;
+        }
+    }
+    ws
+}
+
+/// The rig's one row, asserted charged: the usage of a cancelled
+/// response.done, a cost, the cause's status and end_reason; and the cancel
+/// that reached the simulator named the response.
+async fn assert_charged(rig: &mut Rig, outcome: &str, status: u16, reason: &str) {
+    let spliced = session_end(rig).await;
+    assert_eq!(spliced.end.outcome(), outcome);
+    let rows = rig.rows.rows();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!(
+        (r.status, r.usage_unknown, r.end_reason.as_str()),
+        (status, false, reason),
+        "{r:?}"
+    );
+    assert!(r.input_tokens > 0 && r.cost_usd > 0.0, "{r:?}");
+    let cancels = rig.sim.stats.cancels.lock().unwrap().clone();
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
+    let id = cancels[0].clone().expect("the cancel names the response");
+    assert!(id.starts_with("resp_"), "{id}");
+}
+
+/// A long response: 500 small deltas 20 ms apart (ten seconds).
+fn long_response() -> SimConfig {
+    SimConfig {
+        audio_deltas: 500,
+        ..slow_response()
+    }
+}
+
+#[tokio::test]
+async fn a_frame_header_over_the_size_limit_ends_the_session_with_1009_and_charges_the_turn() {
+    use tokio::io::AsyncWriteExt;
+    let mut rig = rig(long_response(), "", 15).await;
+    let mut ws = mid_response(&rig, 3).await;
+    // A masked text frame header claiming 2^40 bytes, and no payload.
+    let mut header = vec![0x81, 0xFF];
+    header.extend_from_slice(&(1u64 << 40).to_be_bytes());
+    header.extend_from_slice(&[1, 2, 3, 4]);
+    ws.get_mut().write_all(&header).await.unwrap();
+    let (_, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1009));
+    assert_charged(
+        &mut rig,
+        "client_message_too_big",
+        499,
+        "client_oversize_frame",
+    )
+    .await;
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn invalid_utf8_from_the_client_ends_the_session_with_1007_and_charges_the_turn() {
+    use tokio::io::AsyncWriteExt;
+    let mut rig = rig(long_response(), "", 15).await;
+    let mut ws = mid_response(&rig, 3).await;
+    // A masked text frame whose payload is not UTF-8.
+    let mask = [9u8, 8, 7, 6];
+    let payload = [0xFFu8, 0xFE, 0xFD];
+    let mut frame = vec![0x81, 0x80 | payload.len() as u8];
+    frame.extend_from_slice(&mask);
+    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    ws.get_mut().write_all(&frame).await.unwrap();
+    let (_, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1007));
+    assert_charged(
+        &mut rig,
+        "client_protocol_error",
+        499,
+        "client_protocol_error",
+    )
+    .await;
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn an_idle_timeout_with_a_response_in_flight_charges_the_turn() {
+    // The model is silent for 5 s after response.created; the idle timeout
+    // is 1 s.
+    let sim_config = SimConfig {
+        inference_delay: Duration::from_secs(5),
+        ..SimConfig::default()
+    };
+    let limited = Limited {
+        idle: Duration::from_secs(1),
+        ..Limited::default()
+    };
+    let mut rig = rig_with(sim_config, "", 15, limited).await;
+    let mut ws = connect(rig.addr).await;
+    response_create(&mut ws).await;
+    let (_, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1001));
+    assert_charged(&mut rig, "idle_timeout", 408, "idle_timeout").await;
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn the_maximum_session_duration_charges_the_turn_in_flight() {
+    let limited = Limited {
+        max_session: Duration::from_secs(1),
+        ..Limited::default()
+    };
+    let mut rig = rig_with(long_response(), "", 15, limited).await;
+    let mut ws = mid_response(&rig, 1).await;
+    let (texts, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1001));
+    assert!(
+        texts.last().is_some_and(|t| t.contains("session_expired")),
+        "{texts:?}"
+    );
+    assert_charged(&mut rig, "max_duration", 408, "max_session_duration").await;
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn a_revoked_key_charges_the_turn_in_flight_with_403() {
+    let mut rig = rig(long_response(), "", 15).await;
+    let mut ws = mid_response(&rig, 1).await;
+    rig.keys.replace(KeySet::default());
+    let (_, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008));
+    assert_charged(&mut rig, "key_revoked", 403, "key_revoked").await;
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn a_budget_kill_charges_the_turn_in_flight_with_402() {
+    // Budget $0.005; flushes after every turn with a 1 s budget re-read.
+    let mut rig = rig(long_response(), "budget_usd = 0.005", 0).await;
+    let mut busy = mid_response(&rig, 1).await;
+    // A second session spends the budget: it cancels its own response after
+    // 3 deltas ($0.005412).
+    let mut spender = mid_response(&rig, 3).await;
+    spender
+        .send(Message::text(
+            json!({"type": "response.cancel"}).to_string(),
+        ))
+        .await
+        .unwrap();
+    let (_, code) = until_close(&mut spender).await;
+    assert_eq!(code, Some(1008), "the spender is closed at its own flush");
+    let first = session_end(&mut rig).await;
+    assert_eq!(first.end.outcome(), "budget_exhausted");
+    // The busy session is closed at its next budget re-read, mid-response.
+    let (texts, code) = until_close(&mut busy).await;
+    assert_eq!(code, Some(1008));
+    assert!(
+        texts
+            .last()
+            .is_some_and(|t| t.contains("insufficient_quota")),
+        "{texts:?}"
+    );
+    let second = session_end(&mut rig).await;
+    assert_eq!(second.end.outcome(), "budget_exhausted");
+    let rows = rig.rows.rows();
+    let killed: Vec<_> = rows.iter().filter(|r| r.status == 402).collect();
+    assert_eq!(killed.len(), 1, "{rows:?}");
+    let r = killed[0];
+    assert_eq!(
+        (r.usage_unknown, r.end_reason.as_str()),
+        (false, "budget_exhausted")
+    );
+    assert!(r.output_audio_tokens > 0 && r.cost_usd > 0.0, "{r:?}");
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn the_client_gets_its_close_at_once_while_the_upstream_leg_waits_for_the_cancelled_turn() {
+    // The upstream ignores the cancel (its response.done comes only after
+    // 8 s of model time, past both graces). The key is revoked mid-response: the client's
+    // 1008 goes out at once; the session itself ends only when the upstream
+    // leg gave up waiting (the close grace), with the turn cut short.
+    let sim_config = SimConfig {
+        inference_delay: Duration::from_secs(8),
+        fault: Some(SimFault::FinishResponseBeforeClose),
+        ..SimConfig::default()
+    };
+    let mut rig = rig(sim_config, "", 15).await;
+    let mut ws = connect(rig.addr).await;
+    response_create(&mut ws).await;
+    rig.keys.replace(KeySet::default());
+    let (_, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008));
+    assert!(
+        rig.ended.try_recv().is_err(),
+        "the client's close did not wait for the upstream leg"
+    );
+    let spliced = session_end(&mut rig).await;
+    assert_eq!(spliced.end.outcome(), "key_revoked");
+    let rows = rig.rows.rows();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].status, rows[0].usage_unknown),
+        (403, true),
+        "no response.done within the grace: usage unknown"
     );
     rig.sim.stop();
 }

@@ -107,9 +107,14 @@ async fn size_file_grows_and_shrinks_the_pool_live_and_bad_values_are_ignored() 
     assert!(eventually(|| pool.len() == 1).await);
     assert!(eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 1).await);
 
+    assert_eq!(reloads(&gw, "pool_size", "rejected"), 0);
     std::fs::write(&file, "lots").unwrap();
-    tokio::time::sleep(patchbay_gateway::gateway::SIZE_FILE_POLL * 2).await;
+    assert!(
+        eventually(|| reloads(&gw, "pool_size", "rejected") == 1).await,
+        "the watcher never refused the invalid size"
+    );
     assert_eq!(pool.target(), 1, "an invalid size is ignored");
+    assert_eq!(pool.len(), 1);
     let _ = std::fs::remove_file(file);
 }
 
@@ -172,4 +177,63 @@ async fn pool_size_zero_behaves_like_a_fresh_dial() {
         metric(gw.admin_addr, "patchbay_pool_misses_total", "").await,
         0.0
     );
+}
+
+#[tokio::test]
+async fn a_transcription_session_gets_a_fresh_dial_with_its_intent_and_nothing_else_forwarded() {
+    for (protocol, first) in [
+        ("beta", "transcription_session.created"),
+        ("ga", "session.created"),
+    ] {
+        let (sim, gw) = sim_and_gateway(
+            SimConfig::default(),
+            &format!("protocol = \"{protocol}\"\n[pool]\nsize = 1\n"),
+        )
+        .await;
+        let pool = gw.gateway.routes[0].pool.clone();
+        assert!(eventually(|| pool.len() == 1).await);
+        let bearer = format!("Bearer {CLIENT_KEY}");
+        let (mut ws, _) = connect_with(
+            gw.addr,
+            &format!("?model={MODEL}&intent=transcription&foo=bar&model=other"),
+            &[("authorization", &bearer)],
+        )
+        .await
+        .expect("session opens");
+        let created = recv_text(&mut ws).await;
+        assert_eq!(kind(&created), first, "{protocol}: {created}");
+        let session: serde_json::Value = serde_json::from_str(&created).unwrap();
+        if protocol == "ga" {
+            assert_eq!(session["session"]["type"], "transcription");
+        }
+        // The warm socket (dialled without the intent) was left alone.
+        assert_eq!(pool.len(), 1, "{protocol}");
+        let queries = sim.stats.queries.lock().unwrap().clone();
+        assert_eq!(
+            queries.last().map(String::as_str),
+            Some("model=gpt-realtime&intent=transcription"),
+            "{protocol}: {queries:?}"
+        );
+        // The transcription session works like any other.
+        send_json(
+            &mut ws,
+            serde_json::json!({"type": "input_audio_buffer.commit"}),
+        )
+        .await;
+        loop {
+            let t = recv_text(&mut ws).await;
+            if kind(&t) == "conversation.item.input_audio_transcription.completed" {
+                break;
+            }
+        }
+        // A plain session still takes the warm socket.
+        let mut plain = connect(gw.addr).await;
+        assert_eq!(kind(&recv_text(&mut plain).await), "session.created");
+        assert_eq!(
+            metric(gw.admin_addr, "patchbay_pool_hits_total", "").await,
+            1.0,
+            "{protocol}"
+        );
+        sim.stop();
+    }
 }

@@ -523,3 +523,75 @@ async fn admin_endpoints_report_health_readiness_and_metrics() {
     let dials = metric(gw.admin_addr, "patchbay_upstream_dial_seconds_count", "").await;
     assert_eq!(dials, 1.0);
 }
+
+/// An upstream that answers the first client event with one large message
+/// and its close, back to back.
+async fn upstream_that_floods_then_closes(message_bytes: usize) -> std::net::SocketAddr {
+    use futures_util::StreamExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(None)
+            .max_frame_size(None);
+        let mut ws = tokio_tungstenite::accept_async_with_config(tcp, Some(config))
+            .await
+            .unwrap();
+        ws.send(Message::text(
+            r#"{"type":"session.created","event_id":"e1","session":{"id":"sess_flood"}}"#,
+        ))
+        .await
+        .unwrap();
+        let _ = ws.next().await;
+        let big = format!(
+            r#"{{"type":"response.output_audio.delta","delta":"{}"}}"#,
+            "A".repeat(message_bytes)
+        );
+        let _ = ws.feed(Message::text(big)).await;
+        let _ = ws
+            .send(Message::Close(Some(CloseFrame {
+                code: CloseCode::Normal,
+                reason: "done".into(),
+            })))
+            .await;
+        // Hold the connection until the gateway drops it.
+        while let Some(Ok(_)) = ws.next().await {}
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_close_reaches_a_client_that_stopped_reading_within_the_close_grace() {
+    // The client asks for a response and stops reading; the upstream sends
+    // 32 MiB (far past the socket buffers) and closes. Forwarding that close
+    // to the stalled client is bounded like every other end step, so the
+    // session ends as `upstream_closed` at once instead of waiting for the
+    // idle timeout (60 s here).
+    let upstream = upstream_that_floods_then_closes(32 << 20).await;
+    let gw = gateway(&gateway_toml(
+        &format!("ws://{upstream}/v1/realtime"),
+        "[relay]\nidle_timeout_secs = 60\nmax_message_bytes = 67108864\n",
+    ))
+    .await;
+    let mut ws = connect(gw.addr).await;
+    send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+    let ended = async {
+        loop {
+            let n = metric(
+                gw.admin_addr,
+                "patchbay_realtime_sessions_total",
+                "outcome=\"upstream_closed\"",
+            )
+            .await;
+            if n >= 1.0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(WAIT, ended)
+        .await
+        .expect("the session ended within the close grace, not at the idle timeout");
+    drop(ws);
+}
