@@ -40,6 +40,8 @@ pub struct Refusal {
     pub code: &'static str,
     pub message: String,
     pub retry_after: Option<Duration>,
+    /// OpenAI error `param`: the request field at fault, if one is.
+    pub param: Option<String>,
 }
 
 impl Refusal {
@@ -55,7 +57,14 @@ impl Refusal {
             code,
             message: message.into(),
             retry_after: None,
+            param: None,
         }
+    }
+
+    /// Names the request field at fault (`param`); empty means none.
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = (!param.is_empty()).then(|| param.to_string());
+        self
     }
 
     pub fn retry_after(mut self, d: Duration) -> Self {
@@ -120,7 +129,7 @@ impl Refusal {
                 "message": self.message,
                 "type": self.kind,
                 "code": self.code,
-                "param": null,
+                "param": self.param,
             }
         })
         .to_string()

@@ -5,8 +5,9 @@
 //! 1. built-in defaults ([`Config::default`]);
 //! 2. the TOML file (`--config`, else `patchbay.toml` when present);
 //! 3. `PATCHBAY_<SECTION>_<KEY>` for the table sections (`server`, `pool`,
-//!    `relay`, `limits`, `metering`, `store`, `keys`, `drain`), parsed as a
-//!    TOML value when it is one (`10`, `true`, `"x"`), else taken as a string;
+//!    `relay`, `limits`, `metering`, `store`, `keys`, `drain`,
+//!    `client_secrets`), parsed as a TOML value when it is one (`10`,
+//!    `true`, `"x"`, `["a", "b"]`), else taken as a string;
 //! 4. the well-known `REALTIME_POOL_SIZE` and `REALTIME_POOL_MAX_IDLE_SECS`.
 //!
 //! Unknown keys are errors (`deny_unknown_fields`), so a typo never silently
@@ -32,8 +33,16 @@ pub const DEFAULT_CONFIG_FILE: &str = "patchbay.toml";
 /// Env var that holds a single client key (one-key setups).
 pub const MASTER_KEY_ENV: &str = "PATCHBAY_MASTER_KEY";
 const ENV_PREFIX: &str = "PATCHBAY_";
-const TABLE_SECTIONS: [&str; 8] = [
-    "server", "pool", "relay", "limits", "metering", "store", "keys", "drain",
+const TABLE_SECTIONS: [&str; 9] = [
+    "server",
+    "pool",
+    "relay",
+    "limits",
+    "metering",
+    "store",
+    "keys",
+    "drain",
+    "client_secrets",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +75,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub keys: KeysConfig,
     pub drain: DrainConfig,
+    pub client_secrets: ClientSecretsConfig,
     /// `PATCHBAY_MASTER_KEY`, when set.
     #[serde(skip)]
     pub master_key: Option<Secret>,
@@ -87,6 +97,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             keys: KeysConfig::default(),
             drain: DrainConfig::default(),
+            client_secrets: ClientSecretsConfig::default(),
             master_key: None,
             source: None,
         }
@@ -352,6 +363,28 @@ impl Default for DrainConfig {
     }
 }
 
+/// `[client_secrets]`: the keys that sign and verify client secrets, and
+/// the longest life a secret may be given.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientSecretsConfig {
+    /// Files each holding one signing key (at least 32 bytes, whitespace
+    /// trimmed): the first signs, all verify; re-read live. Empty: a random
+    /// key made at start, so secrets work on this process only.
+    pub signing_key_files: Vec<PathBuf>,
+    /// Cap on `expires_after.seconds` (10..=7200).
+    pub max_ttl_secs: u64,
+}
+
+impl Default for ClientSecretsConfig {
+    fn default() -> Self {
+        Self {
+            signing_key_files: Vec::new(),
+            max_ttl_secs: crate::client_secret::request::MAX_TTL_SECS,
+        }
+    }
+}
+
 impl Config {
     /// Loads from a file (or `patchbay.toml` if present, or defaults) and the
     /// process environment, then validates.
@@ -517,6 +550,24 @@ impl Config {
         }
         if self.drain.wait_secs == 0 {
             return Err(ConfigError::new("drain.wait_secs", "must be at least 1"));
+        }
+        {
+            use crate::client_secret::request::{MAX_TTL_SECS, MIN_TTL_SECS};
+            let ttl = self.client_secrets.max_ttl_secs;
+            if !(MIN_TTL_SECS..=MAX_TTL_SECS).contains(&ttl) {
+                return Err(ConfigError::new(
+                    "client_secrets.max_ttl_secs",
+                    format!("must be from {MIN_TTL_SECS} to {MAX_TTL_SECS}"),
+                ));
+            }
+            for (i, f) in self.client_secrets.signing_key_files.iter().enumerate() {
+                if let Err(e) = crate::client_secret::read_signing_key(f) {
+                    return Err(ConfigError::new(
+                        format!("client_secrets.signing_key_files[{i}]"),
+                        e,
+                    ));
+                }
+            }
         }
         // Every duration is added to a clock reading somewhere; past a year
         // it is a typo, and near u64::MAX seconds the addition would
@@ -784,6 +835,7 @@ fn section_keys(section: &str) -> &'static [&'static str] {
         "store" => &["redis_url_env", "redis_url_file", "ca_file"],
         "keys" => &["file"],
         "drain" => &["wait_secs", "mode", "linger_secs"],
+        "client_secrets" => &["signing_key_files", "max_ttl_secs"],
         _ => &[],
     }
 }
@@ -1000,6 +1052,9 @@ mod tests {
             wait_secs = 10
             mode = "close"
             linger_secs = 0
+            [client_secrets]
+            signing_key_files = []
+            max_ttl_secs = 3600
         "#;
         let c = Config::from_toml_with_env(
             toml,
@@ -1016,6 +1071,7 @@ mod tests {
         assert_eq!(c.prices[0].audio_output, 64.0);
         assert_eq!(c.metering.unpriced, Unpriced::Block);
         assert!(c.store.redis_url.is_some());
+        assert_eq!(c.client_secrets.max_ttl_secs, 3600);
     }
 
     /// A file under the temp dir holding `text`; removed on drop.

@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::{fallback_admits, Permit, Refusal, Sessions};
 use crate::auth::{model_allowed, KeyEntry, KeySet, KeyStore};
+use crate::client_secret::ClientSecrets;
 use crate::config::{Config, RouteConfig};
 use crate::metering::Metering;
 use crate::metrics::Metrics;
@@ -45,6 +46,7 @@ pub struct Gateway {
     pub keys: Arc<KeyStore>,
     pub metrics: Arc<Metrics>,
     pub metering: Metering,
+    pub client_secrets: ClientSecrets,
     pub sessions: Arc<Sessions>,
     /// Fleet-wide session leases for capped keys (Redis configured).
     pub leases: Option<Leases>,
@@ -67,6 +69,8 @@ pub enum StartError {
     Keys(#[from] crate::auth::KeysError),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("client secrets: {0}")]
+    ClientSecrets(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -116,6 +120,8 @@ impl Gateway {
             )?),
             None => None,
         };
+        let client_secrets =
+            ClientSecrets::new(&config, metrics.clone()).map_err(StartError::ClientSecrets)?;
         let ready = routes.iter().all(|r| r.pool.target() == 0);
         Ok(Self {
             config,
@@ -123,6 +129,7 @@ impl Gateway {
             keys,
             metrics,
             metering,
+            client_secrets,
             sessions: Arc::default(),
             leases,
             shutdown: CancellationToken::new(),
@@ -406,6 +413,23 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 move |text| crate::upstream::key::apply_key_file(&model, &key, text),
             ));
         }
+    }
+    // Each signing key file is polled; a change to any re-reads them all.
+    for path in gateway.client_secrets.signing_key_files() {
+        let gw = gateway.clone();
+        let stop = gateway.draining.clone();
+        let reloads = watch::Reloads {
+            file: "signing_key",
+            counters: gateway.metrics.config_reloads.clone(),
+        };
+        tokio::spawn(watch::on_change(
+            path.clone(),
+            "client-secret signing key",
+            KEYS_FILE_POLL,
+            stop,
+            reloads,
+            move |_| gw.client_secrets.reload(),
+        ));
     }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));

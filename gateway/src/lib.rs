@@ -4,7 +4,9 @@
 //! (upgrade, upstream, `session.created`) → `relay` (the splice).
 
 pub mod admission;
+pub mod api;
 pub mod auth;
+pub mod client_secret;
 pub mod config;
 pub mod demo;
 pub mod drain;

@@ -6,8 +6,8 @@
 //! - stdout, always: one JSON object per line (`tracing` output goes to
 //!   stderr, so stdout carries nothing else);
 //! - the Redis stream `{prefix}request_logs`, when Redis is configured: one
-//!   flat stream field per row field, every value a string (`ttft_ms` and
-//!   `team` are empty when absent, `usage_unknown` is `true`/`false`). The
+//!   flat stream field per row field, every value a string (`ttft_ms`,
+//!   `team` and `client_secret_id` are empty when absent, `usage_unknown` is `true`/`false`). The
 //!   stream write rides in the meter's flush round trip
 //!   ([`crate::store::Store::flush`]), and waits in the outbox
 //!   ([`crate::metering::outbox`]) while the store fails.
@@ -36,10 +36,11 @@ use crate::metering::outbox::{Bounds, Lane, SETTLE_POLL};
 use crate::metrics::{sink, Metrics};
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 24] = [
+pub const FIELDS: [&str; 25] = [
     "request_id",
     "session_id",
     "key_id",
+    "client_secret_id",
     "team",
     "model",
     "upstream_model",
@@ -70,6 +71,9 @@ pub struct RequestLogRow {
     pub request_id: String,
     pub session_id: String,
     pub key_id: String,
+    /// The client secret the session was opened with (its parent is
+    /// `key_id`); `None` for a session opened with the key itself.
+    pub client_secret_id: Option<String>,
     pub team: Option<String>,
     pub model: String,
     pub upstream_model: String,
@@ -122,6 +126,10 @@ impl RequestLogRow {
             ("request_id", self.request_id.clone()),
             ("session_id", self.session_id.clone()),
             ("key_id", self.key_id.clone()),
+            (
+                "client_secret_id",
+                self.client_secret_id.clone().unwrap_or_default(),
+            ),
             ("team", self.team.clone().unwrap_or_default()),
             ("model", self.model.clone()),
             ("upstream_model", self.upstream_model.clone()),
@@ -376,6 +384,7 @@ mod tests {
             request_id: "abc:1".into(),
             session_id: "abc".into(),
             key_id: "k1".into(),
+            client_secret_id: None,
             team: Some("support".into()),
             model: "gpt-realtime".into(),
             upstream_model: "gpt-realtime-2025-08-28".into(),
@@ -420,6 +429,7 @@ mod tests {
         assert_eq!(v["ttft_ms"], serde_json::Value::Null);
         assert_eq!(v["usage_unknown"], false);
         assert_eq!(v["team"], "support");
+        assert_eq!(v["client_secret_id"], serde_json::Value::Null);
         assert_eq!(v["cost_usd"], 0.0065);
     }
 
@@ -434,6 +444,7 @@ mod tests {
         assert_eq!(names, FIELDS.to_vec());
         let get = |k: &str| fields.iter().find(|(f, _)| *f == k).unwrap().1.clone();
         assert_eq!(get("team"), "");
+        assert_eq!(get("client_secret_id"), "");
         assert_eq!(get("ttft_ms"), "87");
         assert_eq!(get("usage_unknown"), "true");
         assert_eq!(get("cost_usd"), "0.0065");

@@ -66,6 +66,13 @@ pub struct TokenLabels {
     pub modality: String,
 }
 
+/// Client-secret refusals: `stage` is `mint` or `connect`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SecretRefusalLabels {
+    pub stage: String,
+    pub reason: String,
+}
+
 fn seconds_histogram() -> Histogram {
     Histogram::new([
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -100,6 +107,8 @@ pub struct Metrics {
     pub outbox_dropped_usd: Counter<f64, std::sync::atomic::AtomicU64>,
     pub outbox_replayed: Counter,
     pub config_reloads: Family<ReloadLabels, Counter>,
+    pub client_secrets_minted: Family<ModelLabel, Counter>,
+    pub client_secrets_refused: Family<SecretRefusalLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -142,6 +151,8 @@ impl Metrics {
             outbox_dropped_usd: Counter::default(),
             outbox_replayed: Counter::default(),
             config_reloads: Family::default(),
+            client_secrets_minted: Family::default(),
+            client_secrets_refused: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -254,6 +265,16 @@ impl Metrics {
             m.config_reloads.clone(),
         );
         r.register_collector(Box::new(LogLinesDropped));
+        r.register(
+            "client_secrets_minted",
+            "Client secrets minted, by model",
+            m.client_secrets_minted.clone(),
+        );
+        r.register(
+            "client_secrets_refused",
+            "Client-secret mints and connects refused, by stage and reason",
+            m.client_secrets_refused.clone(),
+        );
         Self { registry, ..m }
     }
 

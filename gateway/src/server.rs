@@ -1,18 +1,25 @@
 //! The HTTP edges: the client listener (`GET /v1/realtime` WebSocket
-//! upgrades) and the admin listener (`/healthz`, `/readyz`, `/metrics`).
+//! upgrades, and every other request through the axum router of
+//! [`crate::api`]) and the admin listener (`/healthz`, `/readyz`,
+//! `/metrics`).
 //!
-//! hyper's HTTP/1 connection builder is used directly rather than a router:
-//! the gateway has one client route, and owning the accept loop gives the
-//! knobs it needs: a listen backlog of [`LISTEN_BACKLOG`] for connect bursts,
-//! `TCP_NODELAY` on every accepted socket, and a header read timeout
-//! (`upgrade_timeout_secs`) so half-open upgrades are dropped instead of
-//! piling up. Each connection is its own task, so a stalled one never delays
+//! hyper's HTTP/1 connection builder is used directly for the upgrade path
+//! (the relay forwards frames undecoded, which axum's WebSocket extractor
+//! would not), and owning the accept loop gives the knobs it needs: a
+//! listen backlog of [`LISTEN_BACKLOG`] for connect bursts, `TCP_NODELAY` on
+//! every accepted socket, and a header read timeout (`upgrade_timeout_secs`)
+//! so half-open upgrades are dropped instead of piling up. Each connection is its own task, so a stalled one never delays
 //! another.
 //!
-//! Checks before the 101, in order: WebSocket handshake → 400; draining →
-//! 503; credential → 401; `?model=` → 400 missing / 404 unknown; then
-//! admission ([`Gateway::admit`]: the key's model allow-list 403, session
-//! caps, rpm, tpm, budgets, unpriced). Nothing is dialled before all pass.
+//! Checks before the 101, in order: WebSocket handshake (else the request
+//! goes to the router, which answers 400 or 404); draining → 503;
+//! credential → 401 (a client secret: expired, invalid, parent key disabled
+//! or removed, config gone → 401; another model → 403); `?model=` → 400
+//! missing (a client secret defaults to its own) / 404 unknown; then
+//! admission ([`Gateway::admit`], as the parent key for a client secret:
+//! the key's model allow-list 403, session caps, rpm, tpm, budgets,
+//! unpriced). Nothing is dialled before
+//! all pass.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,6 +37,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::admission::Refusal;
 use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
+use crate::client_secret::is_client_secret;
 use crate::gateway::Gateway;
 use crate::metrics::ReasonLabels;
 use crate::session::Session;
@@ -39,7 +47,7 @@ use crate::session::Session;
 pub const LISTEN_BACKLOG: u32 = 4096;
 
 /// Paths a Realtime client may use: OpenAI's, and Azure's two.
-const REALTIME_PATHS: [&str; 3] = ["/v1/realtime", "/openai/realtime", "/openai/v1/realtime"];
+pub const REALTIME_PATHS: [&str; 3] = ["/v1/realtime", "/openai/realtime", "/openai/v1/realtime"];
 
 type Body = Full<Bytes>;
 
@@ -67,6 +75,7 @@ fn http1(gw: &Gateway) -> hyper::server::conn::http1::Builder {
 
 pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
     let builder = http1(&gw);
+    let api = crate::api::router(gw.clone());
     loop {
         // Accepting goes on while draining, so that new upgrades get a clear
         // 503 (and SDKs retry elsewhere) rather than a refused connection.
@@ -81,12 +90,21 @@ pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
         };
         let _ = tcp.set_nodelay(true);
         let gw = gw.clone();
+        let api = api.clone();
         let conn = builder
             .serve_connection(
                 TokioIo::new(tcp),
-                service_fn(move |req| {
+                service_fn(move |req: Request<Incoming>| {
                     let gw = gw.clone();
-                    async move { Ok::<_, Infallible>(handle_client(req, gw).await) }
+                    let api = api.clone();
+                    async move {
+                        if REALTIME_PATHS.contains(&req.uri().path()) && is_websocket_upgrade(&req)
+                        {
+                            return Ok(handle_client(req, gw).await.map(axum::body::Body::new));
+                        }
+                        let req = req.map(axum::body::Body::new);
+                        tower::ServiceExt::oneshot(api, req).await
+                    }
                 }),
             )
             .with_upgrades();
@@ -143,6 +161,12 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 }
 
 fn refuse(gw: &Gateway, model_name: &str, refusal: Refusal) -> Response<Body> {
+    count_refusal(gw, model_name, &refusal);
+    refusal_response(&refusal)
+}
+
+/// Counts a refusal in `patchbay_admission_refusals_total{model,reason}`.
+pub fn count_refusal(gw: &Gateway, model_name: &str, refusal: &Refusal) {
     gw.metrics
         .refusals
         .get_or_create(&ReasonLabels {
@@ -150,6 +174,11 @@ fn refuse(gw: &Gateway, model_name: &str, refusal: Refusal) -> Response<Body> {
             reason: refusal.code.into(),
         })
         .inc();
+}
+
+/// The OpenAI-style JSON answer for a refusal, with `Retry-After` when it
+/// has one.
+pub fn refusal_response(refusal: &Refusal) -> Response<Body> {
     let mut r = text(refusal.status, refusal.body());
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -179,35 +208,20 @@ fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
         && req.headers().contains_key(header::SEC_WEBSOCKET_KEY)
 }
 
+/// A WebSocket upgrade of one of [`REALTIME_PATHS`].
 async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body> {
     let started = Instant::now();
-    if !REALTIME_PATHS.contains(&req.uri().path()) {
-        let r = Refusal::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "not_found",
-            format!(
-                "no route for {}; use GET /v1/realtime?model=…",
-                req.uri().path()
-            ),
-        );
-        return refuse(&gw, "", r);
-    }
-    if !is_websocket_upgrade(&req) {
-        let r = Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "websocket_required",
-            "this endpoint only accepts WebSocket upgrades (GET with Upgrade: websocket, version 13)",
-        );
-        return refuse(&gw, "", r);
-    }
     if gw.sessions.is_draining() {
         return refuse(&gw, "", Refusal::draining());
     }
     let presented = presented_key(req.headers());
+    let query = req.uri().query().unwrap_or("");
+    let requested_model = url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "model" || k == "deployment")
+        .map(|(_, v)| v.into_owned())
+        .filter(|m| !m.is_empty());
     let keys = gw.keys.get();
-    let key = match presented.key.as_ref().map(|k| keys.lookup(k)) {
+    let (key, grant) = match presented.key.as_ref() {
         None => {
             return refuse(
                 &gw,
@@ -217,19 +231,32 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
                 ),
             )
         }
-        Some(None) => return refuse(&gw, "", Refusal::unauthorized("incorrect API key provided")),
-        Some(Some(k)) if k.disabled => {
-            return refuse(&gw, "", Refusal::unauthorized("this API key is disabled"))
+        Some(secret) if is_client_secret(secret.expose()) => {
+            let opened = gw
+                .client_secrets
+                .open(
+                    secret,
+                    &keys,
+                    requested_model.as_deref(),
+                    std::time::SystemTime::now(),
+                )
+                .await;
+            match opened {
+                Ok((key, grant)) => (key, Some(grant)),
+                Err(r) => return refuse(&gw, "", r),
+            }
         }
-        Some(Some(k)) => k.clone(),
+        Some(k) => match keys.lookup(k) {
+            None => return refuse(&gw, "", Refusal::unauthorized("incorrect API key provided")),
+            Some(k) if k.disabled => {
+                return refuse(&gw, "", Refusal::unauthorized("this API key is disabled"))
+            }
+            Some(k) => (k.clone(), None),
+        },
     };
     let wants_realtime = presented.wants_realtime_subprotocol;
     drop(presented);
-    let query = req.uri().query().unwrap_or("");
-    let model_name = url::form_urlencoded::parse(query.as_bytes())
-        .find(|(k, _)| k == "model" || k == "deployment")
-        .map(|(_, v)| v.into_owned())
-        .filter(|m| !m.is_empty());
+    let model_name = requested_model.or_else(|| grant.as_ref().map(|g| g.model.clone()));
     let Some(model_name) = model_name else {
         let r = Refusal::new(
             StatusCode::BAD_REQUEST,
@@ -268,6 +295,7 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
         gateway: gw.clone(),
         route,
         key,
+        client_secret: grant,
         permit,
         params,
         started,

@@ -12,6 +12,13 @@
 //! HTTP errors because they are known before the 101. Frames the client sends
 //! while the upstream is being dialled are held (bounded) and forwarded right
 //! after `session.created`, as the upstream would have seen them.
+//!
+//! A session opened with a client secret has one more step before the
+//! splice: its minted config is sent upstream as a `session.update` and the
+//! `session.updated` awaited ([`crate::client_secret::apply`]), client
+//! frames held the same way meanwhile; the client gets `session.created`,
+//! then the `session.updated`. If the upstream refuses the config, the
+//! client gets the upstream's `error` event as received and a close 1011.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,12 +33,14 @@ use tokio_tungstenite::WebSocketStream;
 
 use crate::admission::Permit;
 use crate::auth::KeyEntry;
+use crate::client_secret::apply::{self, ApplyError};
+use crate::client_secret::Grant;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
 use crate::metering::{EndReason, SessionMeta};
 use crate::metrics::{model, OutcomeLabels};
 use crate::relay::{self, Kill, Limits, Tap};
-use crate::upstream::dial::{DialError, Warm};
+use crate::upstream::dial::{DialError, UpstreamSocket, Warm};
 
 /// Client frames held while the upstream is dialled; past either bound the
 /// client is not read until the upstream is ready (TCP pushes back), so a
@@ -40,11 +49,56 @@ use crate::upstream::dial::{DialError, Warm};
 const MAX_PENDING_FRAMES: usize = 64;
 const MAX_PENDING_BYTES: usize = 1 << 20;
 
+type ClientSocket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+/// Client frames held until the upstream is ready, and their size.
+#[derive(Default)]
+struct Held {
+    frames: relay::Pending,
+    bytes: usize,
+}
+
+/// How waiting on something while holding client frames ended.
+enum Hold<T> {
+    Done(T),
+    /// The client closed or failed.
+    ClientLeft,
+    Shutdown,
+}
+
+/// Runs `work` while reading (and holding, within [`MAX_PENDING_FRAMES`]
+/// and [`MAX_PENDING_BYTES`]) the client's frames.
+async fn hold_client_while<F: std::future::Future>(
+    client: &mut ClientSocket,
+    work: F,
+    held: &mut Held,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Hold<F::Output> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            r = &mut work => return Hold::Done(r),
+            msg = client.next(), if held.frames.len() < MAX_PENDING_FRAMES && held.bytes < MAX_PENDING_BYTES => match msg {
+                Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => {
+                    held.bytes += m.len();
+                    held.frames.push(m);
+                }
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Hold::ClientLeft,
+                Some(Ok(_)) => {}
+            },
+            _ = shutdown.cancelled() => return Hold::Shutdown,
+        }
+    }
+}
+
 pub struct Session {
     pub id: String,
     pub gateway: Arc<Gateway>,
     pub route: Arc<Route>,
     pub key: KeyEntry,
+    /// Set when the session was opened with a client secret (`key` is then
+    /// its parent).
+    pub client_secret: Option<Grant>,
     pub permit: Permit,
     /// Session-selecting query parameters for the upstream
     /// ([`crate::upstream::dial::session_params`]). A session with any gets a
@@ -71,8 +125,7 @@ impl Session {
                 .await;
 
         let deadline = self.started + Duration::from_secs(gw.config.relay.max_session_secs);
-        let mut pending = Vec::new();
-        let mut pending_bytes = 0usize;
+        let mut held = Held::default();
         let shutdown = gw.shutdown.clone();
         let label = model(&self.route.config.model);
         let pooled = if self.params.is_empty() {
@@ -85,27 +138,23 @@ impl Session {
             None => {
                 let dial_started = Instant::now();
                 let dial = self.route.upstream.dial_with(&self.params);
-                tokio::pin!(dial);
-                let result = loop {
-                    tokio::select! {
-                        r = &mut dial => break r,
-                        msg = client.next(), if pending.len() < MAX_PENDING_FRAMES && pending_bytes < MAX_PENDING_BYTES => match msg {
-                            Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => {
-                                pending_bytes += m.len();
-                                pending.push(m);
-                            }
-                            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
-                                let _ = client.close(None).await;
-                                self.log_end("client_left_before_session", None, None, None);
-                                return;
-                            }
-                            Some(Ok(_)) => {}
-                        },
-                        _ = shutdown.cancelled() => {
-                            let _ = client.send(Message::Close(Some(relay::close(1001, "server shutting down")))).await;
-                            self.log_end("shutdown", Some(1001), None, None);
-                            return;
-                        }
+                let result = match hold_client_while(&mut client, dial, &mut held, &shutdown).await
+                {
+                    Hold::Done(r) => r,
+                    Hold::ClientLeft => {
+                        let _ = client.close(None).await;
+                        self.log_end("client_left_before_session", None, None, None);
+                        return;
+                    }
+                    Hold::Shutdown => {
+                        let _ = client
+                            .send(Message::Close(Some(relay::close(
+                                1001,
+                                "server shutting down",
+                            ))))
+                            .await;
+                        self.log_end("shutdown", Some(1001), None, None);
+                        return;
                     }
                 };
                 gw.metrics
@@ -115,7 +164,7 @@ impl Session {
                 result
             }
         };
-        let warm: Warm = match warm {
+        let mut warm: Warm = match warm {
             Ok(w) => w,
             Err(e) => {
                 let (event, code) = dial_error_to_client(&e);
@@ -149,17 +198,34 @@ impl Session {
             .get_or_create(&label)
             .observe(setup.as_secs_f64());
 
+        // A client secret's minted config, applied before any client frame.
+        let applied = match &self.client_secret {
+            Some(grant) => {
+                let applying =
+                    self.apply_minted_config(grant, &mut client, &mut warm.ws, &mut held, setup);
+                match applying.await {
+                    Some(frames) => frames,
+                    None => return,
+                }
+            }
+            None => Vec::new(),
+        };
+
         let limits = Limits {
             idle_timeout: Duration::from_secs(gw.config.relay.idle_timeout_secs),
             deadline,
         };
-        let (mut tracker, meter, metering_kill) = gw.metering.start_session(SessionMeta::new(
-            self.id.clone(),
-            &self.key,
-            &self.route.config,
-        ));
+        let (mut tracker, meter, metering_kill) = gw.metering.start_session(
+            SessionMeta::new(self.id.clone(), &self.key, &self.route.config)
+                .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone())),
+        );
         gw.tasks.spawn(meter.run());
         tracker.on_upstream_text(&warm.session_created);
+        for frame in &applied {
+            if let Message::Text(t) = frame {
+                tracker.on_upstream_text(t);
+            }
+        }
         let kill = async move {
             tokio::select! {
                 k = metering_kill.fired() => k,
@@ -171,7 +237,7 @@ impl Session {
                 },
             }
         };
-        let spliced = relay::splice(client, warm.ws, pending, limits, &mut tracker, kill).await;
+        let spliced = relay::splice(client, warm.ws, held.frames, limits, &mut tracker, kill).await;
         tracker.finish(EndReason::from_end(&spliced.end));
         if spliced.end == relay::End::ClientGone {
             gw.metrics.client_disconnects.get_or_create(&label).inc();
@@ -182,6 +248,83 @@ impl Session {
             spliced.upstream_code,
             Some(setup),
         );
+    }
+
+    /// Sends a client secret's minted config upstream and waits for
+    /// `session.updated` while holding client frames, then gives the client
+    /// what the upstream sent meanwhile. Returns those frames (for the
+    /// tracker), or `None` when the session ended here (closed and logged).
+    async fn apply_minted_config(
+        &self,
+        grant: &Grant,
+        client: &mut ClientSocket,
+        upstream: &mut UpstreamSocket,
+        held: &mut Held,
+        setup: Duration,
+    ) -> Option<Vec<Message>> {
+        let gw = &self.gateway;
+        let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+        let update = grant.session_update(self.route.config.protocol);
+        let work = apply::apply(upstream, update, timeout);
+        let result = match hold_client_while(client, work, held, &gw.shutdown).await {
+            Hold::Done(r) => r,
+            Hold::ClientLeft => {
+                let _ = client.close(None).await;
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
+                self.log_end("client_left_before_session", None, None, Some(setup));
+                return None;
+            }
+            Hold::Shutdown => {
+                let _ = client
+                    .send(Message::Close(Some(relay::close(
+                        1001,
+                        "server shutting down",
+                    ))))
+                    .await;
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
+                self.log_end("shutdown", Some(1001), None, Some(setup));
+                return None;
+            }
+        };
+        let frames = match result {
+            Ok(frames) => frames,
+            Err(e) => {
+                tracing::warn!(session_id = %self.id, client_secret_id = %grant.id, error = %e, "minted session config not applied");
+                let event = match e {
+                    ApplyError::Refused { frame } => frame,
+                    other => error_event(
+                        "server_error",
+                        "session_config_failed",
+                        &format!("the minted session config could not be applied: {other}"),
+                    ),
+                };
+                let _ = client.feed(Message::text(event)).await;
+                let _ = client
+                    .send(Message::Close(Some(relay::close(
+                        1011,
+                        "session config refused",
+                    ))))
+                    .await;
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
+                    while let Some(Ok(_)) = client.next().await {}
+                })
+                .await;
+                self.log_end("session_config_refused", Some(1011), None, Some(setup));
+                return None;
+            }
+        };
+        for frame in &frames {
+            if client.feed(frame.clone()).await.is_err() {
+                self.log_end("client_gone", None, None, Some(setup));
+                return None;
+            }
+        }
+        if client.flush().await.is_err() {
+            self.log_end("client_gone", None, None, Some(setup));
+            return None;
+        }
+        Some(frames)
     }
 
     fn log_end(
@@ -202,6 +345,7 @@ impl Session {
         tracing::info!(
             session_id = %self.id,
             key_id = %self.key.id,
+            client_secret_id = self.client_secret.as_ref().map(|g| g.id.as_str()),
             model = %self.route.config.model,
             duration_ms = self.started.elapsed().as_millis() as u64,
             setup_ms = setup.map(|d| d.as_secs_f64() * 1000.0),

@@ -8,7 +8,11 @@
 //! session delay (with `?intent=transcription`: beta
 //! `transcription_session.created`, GA a `session.created` whose session
 //! has `type: transcription`), then:
-//! - `session.update` → `session.updated`;
+//! - `session.update` → `session.updated` with the session's config, its
+//!   `instructions` kept for the rest of the session; an invalid one (no
+//!   `session` object, a `session.type` other than `realtime` on GA,
+//!   non-string `instructions`) → an `error` event (`invalid_request_error`,
+//!   `param` naming the field), the session unchanged;
 //! - `conversation.item.create` → `conversation.item.added` + `.done`
 //!   (beta: `conversation.item.created`);
 //! - `input_audio_buffer.commit` → `input_audio_buffer.committed`,
@@ -92,7 +96,8 @@ pub struct SimConfig {
     pub fault: Option<SimFault>,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub max_message_bytes: usize,
-    /// Keep a copy of every text frame sent, in [`SimStats::sent`].
+    /// Keep a copy of every text frame sent and received, in
+    /// [`SimStats::sent`] and [`SimStats::received`].
     pub record: bool,
 }
 
@@ -131,6 +136,9 @@ pub struct SimStats {
     pub auth_headers: Mutex<Vec<String>>,
     /// Text frames sent, when [`SimConfig::record`] is set.
     pub sent: Mutex<Vec<String>>,
+    /// Text frames received from clients, in arrival order, when
+    /// [`SimConfig::record`] is set.
+    pub received: Mutex<Vec<String>>,
     pub pongs: AtomicU64,
     /// The `response_id` of every `response.cancel` received (`None`: the
     /// cancel named no response).
@@ -372,6 +380,8 @@ struct Session {
     seq: u64,
     responses: u64,
     items: u64,
+    /// The session's instructions (`session.update` changes them).
+    instructions: String,
     /// Events that arrived while a response was in flight, to handle next.
     deferred: std::collections::VecDeque<String>,
 }
@@ -401,6 +411,7 @@ impl Session {
             seq: 0,
             responses: 0,
             items: 0,
+            instructions: "You are a helpful assistant.".into(),
             deferred: std::collections::VecDeque::new(),
         }
     }
@@ -439,6 +450,7 @@ impl Session {
             };
             match msg {
                 Some(Ok(Message::Text(text))) => {
+                    self.record_received(&text);
                     if event_type(&text).as_deref() == Some("response.cancel") {
                         let target = cancel_target(&text);
                         if let Ok(mut seen) = self.handle.stats.cancels.lock() {
@@ -468,6 +480,49 @@ impl Session {
                 Some(Err(_)) | None => return Some(Interrupt::Ended),
             }
         }
+    }
+
+    fn record_received(&self, text: &str) {
+        if self.config.record {
+            if let Ok(mut received) = self.handle.stats.received.lock() {
+                received.push(text.to_string());
+            }
+        }
+    }
+
+    /// Applies a `session.update`, or names the invalid field.
+    fn update_session(&mut self, text: &str) -> Result<(), (&'static str, String)> {
+        let v: Value = serde_json::from_str(text)
+            .map_err(|_| ("", "The event could not be parsed.".to_string()))?;
+        let Some(session) = v.get("session").and_then(Value::as_object) else {
+            return Err((
+                "session",
+                "Missing required parameter: 'session'.".to_string(),
+            ));
+        };
+        if !self.beta {
+            match session.get("type") {
+                None => {}
+                Some(Value::String(t)) if t == "realtime" => {}
+                Some(other) => {
+                    return Err((
+                        "session.type",
+                        format!("Invalid value: {other}. Supported values are: 'realtime'."),
+                    ))
+                }
+            }
+        }
+        match session.get("instructions") {
+            None => {}
+            Some(Value::String(i)) => self.instructions = i.clone(),
+            Some(_) => {
+                return Err((
+                    "session.instructions",
+                    "Invalid type for 'session.instructions': expected a string.".to_string(),
+                ))
+            }
+        }
+        Ok(())
     }
 
     fn event_id(&mut self) -> String {
@@ -536,6 +591,7 @@ impl Session {
                 },
                 msg = ws.next() => match msg {
                     Some(Ok(Message::Text(text))) => {
+                        self.record_received(&text);
                         if let Flow::Stop = self.on_event(&mut ws, &text).await { return; }
                     }
                     Some(Ok(Message::Close(frame))) => {
@@ -559,7 +615,7 @@ impl Session {
             "id": self.id,
             "model": "gpt-realtime",
             "output_modalities": ["audio"],
-            "instructions": "You are a helpful assistant.",
+            "instructions": self.instructions,
             "tools": [],
             "tool_choice": "auto",
             "max_output_tokens": "inf",
@@ -604,16 +660,24 @@ impl Session {
     async fn on_event(&mut self, ws: &mut Ws, text: &str) -> Flow {
         let kind = event_type(text).map(|t| t.into_owned());
         let ok = match kind.as_deref() {
-            Some("session.update") => {
-                let mut session = self.session_object();
-                if let Ok(v) = serde_json::from_str::<Value>(text) {
-                    if let Some(instr) = v["session"]["instructions"].as_str() {
-                        session["instructions"] = Value::String(instr.into());
-                    }
+            Some("session.update") => match self.update_session(text) {
+                Ok(()) => {
+                    let session = self.session_object();
+                    self.send(ws, json!({"type": "session.updated", "session": session}))
+                        .await
                 }
-                self.send(ws, json!({"type": "session.updated", "session": session}))
-                    .await
-            }
+                Err((param, message)) => {
+                    let client_event_id = serde_json::from_str::<Value>(text)
+                        .ok()
+                        .and_then(|v| v.get("event_id").cloned())
+                        .unwrap_or(Value::Null);
+                    let error = json!({"type": "error", "error": {"type": "invalid_request_error",
+                        "code": "invalid_value", "message": message,
+                        "param": if param.is_empty() { Value::Null } else { Value::String(param.into()) },
+                        "event_id": client_event_id}});
+                    self.send(ws, error).await
+                }
+            },
             Some("conversation.item.create") => {
                 self.items += 1;
                 let item = json!({"id": format!("item_{}", self.items), "type": "message",
@@ -883,6 +947,55 @@ mod tests {
         next_event(ws).await.map(|(k, _)| k)
     }
 
+    async fn send_update(ws: &mut Client, session: Value) {
+        let update = json!({"type": "session.update", "event_id": "evt_c1", "session": session});
+        ws.send(Message::text(update.to_string())).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn session_update_is_kept_and_an_invalid_one_is_an_error_naming_the_field() {
+        let sim = start(
+            "127.0.0.1:0".parse().unwrap(),
+            SimConfig {
+                record: true,
+                ..SimConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+        let mut ws = connect(&sim).await;
+        send_update(
+            &mut ws,
+            json!({"type": "realtime", "instructions": "Be brief."}),
+        )
+        .await;
+        let (kind, text) = next_event(&mut ws).await.unwrap();
+        assert_eq!(kind, "session.updated");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["session"]["instructions"], "Be brief.");
+        for (session, param) in [
+            (json!({"type": "transcription"}), "session.type"),
+            (json!({"instructions": 5}), "session.instructions"),
+            (Value::Null, "session"),
+        ] {
+            send_update(&mut ws, session).await;
+            let (kind, text) = next_event(&mut ws).await.unwrap();
+            assert_eq!(kind, "error", "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["error"]["param"], param, "{text}");
+            assert_eq!(v["error"]["event_id"], "evt_c1", "{text}");
+        }
+        // Unchanged by the refused updates, and kept for the session.
+        send_update(&mut ws, json!({"type": "realtime"})).await;
+        let (_, text) = next_event(&mut ws).await.unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["session"]["instructions"], "Be brief.");
+        let received = sim.stats.received.lock().unwrap().clone();
+        assert_eq!(received.len(), 5, "{received:?}");
+        assert!(received[0].contains("Be brief."), "{received:?}");
+        sim.stop();
+    }
+
     async fn send_type(ws: &mut Client, kind: &str) {
         ws.send(Message::text(format!(r#"{{"type":"{kind}"}}"#)))
             .await
@@ -918,7 +1031,7 @@ mod tests {
             AUDIO_TOKENS_PER_DELTA * deltas
         );
         // The session goes on.
-        send_type(&mut ws, "session.update").await;
+        send_update(&mut ws, json!({"type": "realtime"})).await;
         assert_eq!(next_type(&mut ws).await.unwrap(), "session.updated");
         sim.stop();
     }
@@ -1019,7 +1132,7 @@ mod tests {
         let sim = slow_sim(None).await;
         let mut ws = connect(&sim).await;
         send_type(&mut ws, "response.create").await;
-        send_type(&mut ws, "session.update").await;
+        send_update(&mut ws, json!({"type": "realtime"})).await;
         send_type(&mut ws, "input_audio_buffer.commit").await;
         let mut order = Vec::new();
         while order.last().map(String::as_str)

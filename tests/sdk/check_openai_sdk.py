@@ -1,5 +1,6 @@
 """Third-party client check: the official `openai` Python SDK completes a
-Realtime turn through the gateway.
+Realtime turn through the gateway, and mints a client secret with which a
+second client (SDK by Bearer, browser-style by subprotocol) completes a turn.
 
 Starts `patchbay-gateway sim` and `patchbay-gateway serve` (the binary given
 as argv[1]) on free 127.0.0.1 ports, waits for /readyz, then drives one
@@ -16,9 +17,12 @@ import sys
 import tempfile
 import time
 import traceback
+import json
 import urllib.request
 
+import openai
 from openai import AsyncOpenAI, OpenAI
+from websockets.sync.client import connect as ws_connect
 
 CLIENT_KEY = "pb-sdk-check"
 UPSTREAM_KEY = "sk-sim-sdk-check"
@@ -92,6 +96,56 @@ def check_wrong_key_is_refused(base: str) -> None:
     raise AssertionError("a wrong key was accepted")
 
 
+def check_client_secret_flow(http_base: str, ws_base: str) -> None:
+    server = OpenAI(api_key=CLIENT_KEY, base_url=http_base, max_retries=0)
+    secret = server.realtime.client_secrets.create(
+        expires_after={"anchor": "created_at", "seconds": 60},
+        session={"type": "realtime", "model": MODEL, "instructions": "Minted instructions."},
+    )
+    assert secret.value.startswith("pbek_"), secret
+    assert time.time() < secret.expires_at <= time.time() + 61, secret
+    assert secret.session.instructions == "Minted instructions.", secret.session
+
+    # Bearer form: a client holding only the secret.
+    holder = OpenAI(api_key=secret.value, websocket_base_url=ws_base, max_retries=0)
+    seen = []
+    with holder.realtime.connect(model=MODEL) as conn:
+        conn.response.create()
+        for event in conn:
+            seen.append(event.type)
+            if event.type == "error":
+                raise AssertionError(f"error event: {event}")
+            if event.type == "session.updated":
+                assert event.session.instructions == "Minted instructions.", event.session
+            if event.type == "response.done":
+                assert event.response.status == "completed", event.response
+                break
+    assert seen[:2] == ["session.created", "session.updated"], seen
+
+    # Browser form: the secret in the subprotocol, as a page would send it.
+    url = f"{ws_base}/realtime?model={MODEL}"
+    protocols = ["realtime", f"openai-insecure-api-key.{secret.value}"]
+    with ws_connect(url, subprotocols=protocols, open_timeout=DEADLINE_S) as ws:
+        assert ws.subprotocol == "realtime", ws.subprotocol
+        first = json.loads(ws.recv(timeout=DEADLINE_S))
+        assert first["type"] == "session.created", first
+        updated = json.loads(ws.recv(timeout=DEADLINE_S))
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["instructions"] == "Minted instructions.", updated
+        ws.send(json.dumps({"type": "response.create"}))
+        while json.loads(ws.recv(timeout=DEADLINE_S))["type"] != "response.done":
+            pass
+
+    # A secret cannot mint secrets.
+    try:
+        OpenAI(api_key=secret.value, base_url=http_base, max_retries=0).realtime.client_secrets.create(
+            session={"type": "realtime", "model": MODEL}
+        )
+    except openai.AuthenticationError:
+        return
+    raise AssertionError("a client secret minted a client secret")
+
+
 def main() -> int:
     binary = sys.argv[1]
     sim_port, gw_port, admin_port = free_port(), free_port(), free_port()
@@ -119,6 +173,10 @@ def main() -> int:
             ("sync client completes a turn", lambda: check_sync(base)),
             ("async client completes a turn", lambda: asyncio.run(asyncio.wait_for(check_async(base), DEADLINE_S))),
             ("wrong key is refused with 401", lambda: check_wrong_key_is_refused(base)),
+            (
+                "a minted client secret opens a session (Bearer and subprotocol)",
+                lambda: check_client_secret_flow(f"http://127.0.0.1:{gw_port}/v1", base),
+            ),
         ]
         for name, check in checks:
             try:

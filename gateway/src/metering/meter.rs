@@ -425,6 +425,7 @@ pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> P
         request_id: format!("{}:{}", meta.session_id, rec.n),
         session_id: meta.session_id.clone(),
         key_id: meta.key.id.clone(),
+        client_secret_id: meta.client_secret_id.clone(),
         team: meta.team.clone(),
         model: row_model.to_string(),
         upstream_model: upstream_model.to_string(),
@@ -549,6 +550,19 @@ mod tests {
         assert_eq!(r.transcription_tokens, 0);
         assert!((r.cost_usd - 0.0046896).abs() < 1e-12, "{}", r.cost_usd);
         assert!(!r.usage_unknown);
+    }
+
+    #[test]
+    fn a_row_names_the_client_secret_its_session_was_opened_with() {
+        let rec = record(TurnKind::Response, None);
+        assert_eq!(
+            build_row(&rec, &meta(), &prices()).row.client_secret_id,
+            None
+        );
+        let meta = meta().with_client_secret(Some("cs_0011".into()));
+        let r = build_row(&rec, &meta, &prices()).row;
+        assert_eq!(r.client_secret_id.as_deref(), Some("cs_0011"));
+        assert_eq!(r.key_id, "k1", "metered as the parent key");
     }
 
     #[test]

@@ -138,6 +138,8 @@ pub struct SessionMeta {
     pub session_id: String,
     /// The key at admission; the meter re-reads it from the key store.
     pub key: KeyEntry,
+    /// The client secret the session was opened with (`key` is its parent).
+    pub client_secret_id: Option<String>,
     pub team: Option<String>,
     /// The route's client-facing model.
     pub model: String,
@@ -151,6 +153,7 @@ impl SessionMeta {
         Self {
             session_id: session_id.into(),
             key: key.clone(),
+            client_secret_id: None,
             team: key.team.clone(),
             model: route.model.clone(),
             upstream_model: route.upstream_model().to_string(),
@@ -160,6 +163,12 @@ impl SessionMeta {
             },
             route_budget: route.budget_usd.map(|b| (b, route.budget_period)),
         }
+    }
+
+    /// Marks the session as opened with client secret `id`.
+    pub fn with_client_secret(mut self, id: Option<String>) -> Self {
+        self.client_secret_id = id;
+        self
     }
 }
 

@@ -452,6 +452,7 @@ mod tests {
             request_id: format!("up1:{seq}"),
             session_id: "up1".into(),
             key_id: "k".into(),
+            client_secret_id: None,
             team: None,
             model: "m".into(),
             upstream_model: "m".into(),

@@ -102,9 +102,11 @@ async fn unread_stderr_drops_and_counts_log_lines_and_sessions_carry_on() {
 async fn gateway_whose_stdout_and_stderr_nobody_reads_keeps_completing_sessions_for_30_s() {
     const RUN: Duration = Duration::from_secs(30);
     let sim = sim(SimConfig::default()).await;
+    // Nobody reads stdout either: the drain waits its `wait_secs` for the
+    // rows queued there, then exits 0 all the same.
     let mut child = Child::start_with(
         &sim.url(false),
-        "",
+        "[drain]\nwait_secs = 2\n",
         &[
             ("RUST_LOG", "debug"),
             ("PATCHBAY_LOG_QUEUE_LINES", QUEUE_LINES),

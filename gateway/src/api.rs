@@ -1,0 +1,228 @@
+//! The client listener's plain HTTP routes, on an axum router:
+//! `POST /v1/realtime/client_secrets`, and the answers for everything that
+//! is not a WebSocket upgrade of `/v1/realtime` (which stays on the
+//! hand-rolled hyper path in `crate::server`, since the relay forwards
+//! frames undecoded).
+//!
+//! - The client key is an extractor ([`ParentKey`]), so no handler can
+//!   forget authentication; it refuses client secrets (a secret cannot mint
+//!   secrets).
+//! - Every error is an [`ApiError`], answered once as OpenAI's error JSON
+//!   (`{"error":{"message","type","code","param"}}`, the same shape as an
+//!   upgrade refusal) with `Retry-After` when the refusal has one, and
+//!   counted in `patchbay_admission_refusals_total{reason}`.
+//! - Handlers are thin: validation is [`crate::client_secret::request`],
+//!   minting [`crate::client_secret::ClientSecrets`], limits and budgets the
+//!   metering admission the upgrade path uses.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, RawQuery, State};
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, post};
+use axum::Router;
+use http::{header, HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+
+use crate::admission::Refusal;
+use crate::auth::{presented_key, KeyEntry};
+use crate::client_secret::{self, is_client_secret, request};
+use crate::gateway::Gateway;
+
+/// The mint route (the SDKs call `{base_url}/realtime/client_secrets`).
+pub const CLIENT_SECRETS_PATH: &str = "/v1/realtime/client_secrets";
+
+/// The router for the client listener's non-upgrade requests.
+pub fn router(gw: Arc<Gateway>) -> Router {
+    let mut r = Router::new().route(CLIENT_SECRETS_PATH, post(mint).fallback(method_not_allowed));
+    for path in crate::server::REALTIME_PATHS {
+        r = r.route(path, any(websocket_required));
+    }
+    r.fallback(not_found).with_state(gw)
+}
+
+/// An OpenAI-style error answer.
+#[derive(Debug)]
+pub struct ApiError(pub Refusal);
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> Self {
+        Self(r)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        crate::server::refusal_response(&self.0).map(Body::new)
+    }
+}
+
+/// The Patchbay client key a request is authenticated with (`Authorization:
+/// Bearer` or `api-key`); never a client secret.
+#[derive(Debug, Clone)]
+pub struct ParentKey(pub KeyEntry);
+
+impl FromRequestParts<Arc<Gateway>> for ParentKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gw: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        let presented = presented_key(&parts.headers);
+        let refusal = match presented.key {
+            None => (
+                "missing_key",
+                Refusal::unauthorized(
+                    "missing API key: send Authorization: Bearer <key> or api-key",
+                ),
+            ),
+            Some(k) if is_client_secret(k.expose()) => {
+                ("minted_by_secret", client_secret::secret_cannot_mint())
+            }
+            Some(k) => match gw.keys.get().lookup(&k) {
+                Some(e) if !e.disabled => return Ok(Self(e.clone())),
+                Some(_) => (
+                    "key_disabled",
+                    Refusal::unauthorized("this API key is disabled"),
+                ),
+                None => (
+                    "invalid_key",
+                    Refusal::unauthorized("incorrect API key provided"),
+                ),
+            },
+        };
+        gw.client_secrets.count_refusal("mint", refusal.0);
+        crate::server::count_refusal(gw, "", &refusal.1);
+        Err(ApiError(refusal.1))
+    }
+}
+
+/// `POST /v1/realtime/client_secrets`.
+async fn mint(
+    State(gw): State<Arc<Gateway>>,
+    ParentKey(key): ParentKey,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Response {
+    match mint_inner(&gw, &key, query.as_deref(), body).await {
+        Ok(r) => r,
+        Err(ApiError(refusal)) => {
+            gw.client_secrets.count_refusal("mint", refusal.code);
+            crate::server::count_refusal(&gw, "", &refusal);
+            ApiError(refusal).into_response()
+        }
+    }
+}
+
+async fn mint_inner(
+    gw: &Gateway,
+    key: &KeyEntry,
+    query: Option<&str>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = match http_body_util::Limited::new(body, request::MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return Err(Refusal::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "request_too_large",
+                format!(
+                    "the request body is larger than {} bytes (or was cut off)",
+                    request::MAX_BODY_BYTES
+                ),
+            )
+            .into())
+        }
+    };
+    let query_model = query.and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "model")
+            .map(|(_, v)| v.into_owned())
+            .filter(|m| !m.is_empty())
+    });
+    let routes: Vec<&str> = gw.routes.iter().map(|r| r.config.model.as_str()).collect();
+    let default_model = query_model
+        .as_deref()
+        .or(routes.first().copied())
+        .unwrap_or_default();
+    let req = request::parse(
+        &body,
+        default_model,
+        &routes,
+        gw.client_secrets.max_ttl_secs(),
+    )?;
+    let route = gw.route(&req.model).cloned().ok_or_else(|| {
+        Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("the model '{}' is not served by this gateway", req.model),
+        )
+    })?;
+    let keys = gw.keys.get();
+    let team = key.team.as_deref().and_then(|t| keys.team(t));
+    client_secret::parent_key_may_use(key, team, &req.model)?;
+    // Minting is one request against the key's rpm, refused when a budget
+    // of the key, its team or the route is spent.
+    gw.metering.admit(key, team, &route.config).await?;
+    let minted = gw.client_secrets.mint(key, req, SystemTime::now()).await?;
+    let body = serde_json::json!({
+        "value": minted.value.expose(),
+        "expires_at": minted.expires_at,
+        "session": minted.session,
+    })
+    .to_string();
+    let mut r = Response::new(Body::from(body));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    // The body is a credential: no cache may keep it.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(r)
+}
+
+async fn websocket_required(State(gw): State<Arc<Gateway>>) -> ApiError {
+    let r = Refusal::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "websocket_required",
+        "this endpoint only accepts WebSocket upgrades (GET with Upgrade: websocket, version 13)",
+    );
+    crate::server::count_refusal(&gw, "", &r);
+    ApiError(r)
+}
+
+async fn method_not_allowed(State(gw): State<Arc<Gateway>>, method: http::Method) -> ApiError {
+    let r = Refusal::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!("{method} is not allowed here; use POST {CLIENT_SECRETS_PATH}"),
+    );
+    crate::server::count_refusal(&gw, "", &r);
+    ApiError(r)
+}
+
+async fn not_found(State(gw): State<Arc<Gateway>>, uri: http::Uri) -> ApiError {
+    let r = Refusal::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "not_found",
+        format!(
+            "no route for {}; use GET /v1/realtime?model=… or POST {CLIENT_SECRETS_PATH}",
+            uri.path()
+        ),
+    );
+    crate::server::count_refusal(&gw, "", &r);
+    ApiError(r)
+}
