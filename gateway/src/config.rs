@@ -12,9 +12,10 @@
 //!
 //! Unknown keys are errors (`deny_unknown_fields`), so a typo never silently
 //! falls back to a default. Secrets are never in the file: routes name the
-//! environment variable that holds their upstream key (`api_key_env`), Redis
-//! is named by `redis_url_env`, and client keys live in the keys file (hashed)
-//! or `PATCHBAY_MASTER_KEY`. Every validation error names the offending key;
+//! environment variable (`api_key_env`) or the file (`api_key_file`, a mounted
+//! Secret, re-read while running) that holds their upstream key, Redis is named
+//! by `redis_url_env` or `redis_url_file`, and client keys live in the keys
+//! file (hashed) or `PATCHBAY_MASTER_KEY`. Every validation error names the offending key;
 //! `main` turns it into exit code 2.
 
 use std::collections::BTreeMap;
@@ -25,6 +26,7 @@ use serde::Deserialize;
 use url::Url;
 
 use crate::secret::Secret;
+use crate::upstream::key::{key_from_file_text, UpstreamKey};
 
 /// The file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "patchbay.toml";
@@ -189,17 +191,20 @@ pub struct RouteConfig {
     pub upstream_model: Option<String>,
     #[serde(default = "default_protocol")]
     pub protocol: Protocol,
-    /// Environment variable holding the upstream key.
+    /// Environment variable holding the upstream key (or use `api_key_file`).
     #[serde(default)]
     pub api_key_env: String,
+    /// File holding the upstream key (a mounted Secret), re-read when it changes.
+    pub api_key_file: Option<PathBuf>,
     /// Extra trust root (PEM) for a wss upstream.
     pub ca_file: Option<PathBuf>,
     pub budget_usd: Option<f64>,
     #[serde(default)]
     pub budget_period: BudgetPeriod,
-    /// Resolved from `api_key_env` during validation.
+    /// Resolved from `api_key_env` or `api_key_file` during validation; swapped when the file
+    /// changes.
     #[serde(skip)]
-    pub api_key: Secret,
+    pub api_key: UpstreamKey,
     /// The route's upstreams; after validation never empty (the shorthand
     /// becomes a list of one).
     #[serde(default)]
@@ -207,7 +212,7 @@ pub struct RouteConfig {
 }
 
 /// One upstream of a route (`[[routes.upstreams]]`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Appears in rows, logs and metric labels; unique within the route.
@@ -220,15 +225,23 @@ pub struct UpstreamConfig {
     /// Must equal the route's `protocol` (clients must not see event names
     /// change between sessions); may be left out.
     pub protocol: Option<Protocol>,
+    /// Environment variable holding this upstream's key (or use
+    /// `api_key_file`).
+    #[serde(default)]
     pub api_key_env: String,
+    /// File holding this upstream's key (a mounted Secret), re-read when it
+    /// changes.
+    pub api_key_file: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
     /// Lower is preferred; upstreams of equal priority share by weight.
     #[serde(default)]
     pub priority: u32,
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Resolved during validation; shared with the dialler, swapped when the
+    /// key file changes.
     #[serde(skip)]
-    pub api_key: Secret,
+    pub api_key: UpstreamKey,
 }
 
 fn default_weight() -> u32 {
@@ -259,10 +272,11 @@ impl Default for RouteConfig {
             upstream_model: None,
             protocol: Protocol::Ga,
             api_key_env: "OPENAI_API_KEY".into(),
+            api_key_file: None,
             ca_file: None,
             budget_usd: None,
             budget_period: BudgetPeriod::Total,
-            api_key: Secret::default(),
+            api_key: UpstreamKey::default(),
             upstreams: Vec::new(),
         }
     }
@@ -291,6 +305,7 @@ impl RouteConfig {
             upstream_model: self.upstream_model.clone(),
             protocol: Some(self.protocol),
             api_key_env: self.api_key_env.clone(),
+            api_key_file: self.api_key_file.clone(),
             ca_file: self.ca_file.clone(),
             priority: 0,
             weight: 1,
@@ -364,7 +379,7 @@ pub enum Unpriced {
     Allow,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeteringConfig {
     /// 0 = flush after every turn, budgets re-read every second.
@@ -410,13 +425,15 @@ pub struct PriceRow {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Env var holding the Redis URL; unset = in-memory store.
+    /// Env var holding the Redis URL; unset (and no `redis_url_file`) = in-memory store.
     pub redis_url_env: Option<String>,
+    /// File holding the Redis URL (a mounted Secret).
+    pub redis_url_file: Option<PathBuf>,
     /// PEM file of the CA(s) a `rediss://` server's certificate must chain
     /// to (private CAs); unset = the public webpki roots. Verification is
     /// always on.
     pub ca_file: Option<PathBuf>,
-    /// Resolved from `redis_url_env` during validation.
+    /// Resolved from `redis_url_env` or `redis_url_file` during validation.
     #[serde(skip)]
     pub redis_url: Option<Secret>,
 }
@@ -572,22 +589,21 @@ impl Config {
                 return Err(ConfigError::new(key("model"), "must not be empty"));
             }
             let listed = !route.upstreams.is_empty();
-            if listed && (!route.upstream_url.is_empty() || !route.api_key_env.is_empty()) {
+            if listed
+                && (!route.upstream_url.is_empty()
+                    || !route.api_key_env.is_empty()
+                    || route.api_key_file.is_some())
+            {
                 return Err(ConfigError::new(
                     key("upstreams"),
-                    "use either upstream_url/api_key_env or [[routes.upstreams]], not both",
+                    "use either upstream_url/api_key_env/api_key_file or [[routes.upstreams]], not both",
                 ));
             }
-            if !listed {
-                if route.upstream_url.is_empty() {
-                    return Err(ConfigError::new(
-                        key("upstream_url"),
-                        "required (or list [[routes.upstreams]])",
-                    ));
-                }
-                if route.api_key_env.is_empty() {
-                    return Err(ConfigError::new(key("api_key_env"), "required"));
-                }
+            if !listed && route.upstream_url.is_empty() {
+                return Err(ConfigError::new(
+                    key("upstream_url"),
+                    "required (or list [[routes.upstreams]])",
+                ));
             }
             let prefix = |j: usize, k: &str| {
                 if listed {
@@ -615,18 +631,9 @@ impl Config {
                 up.protocol = Some(route.protocol);
                 validate_upstream_url(up.provider, &up.upstream_url)
                     .map_err(|m| ConfigError::new(prefix(j, "upstream_url"), m))?;
-                match env(&up.api_key_env) {
-                    Some(v) if !v.trim().is_empty() => up.api_key = Secret::new(v.trim()),
-                    _ => {
-                        return Err(ConfigError::new(
-                            prefix(j, "api_key_env"),
-                            format!(
-                                "environment variable {} (the upstream key) is not set",
-                                up.api_key_env
-                            ),
-                        ))
-                    }
-                }
+                let secret = upstream_key(&up.api_key_env, up.api_key_file.as_deref(), env)
+                    .map_err(|(k, m)| ConfigError::new(prefix(j, k), m))?;
+                up.api_key = UpstreamKey::new(secret);
                 if let Some(ca) = &up.ca_file {
                     if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
                         return Err(ConfigError::new(prefix(j, "ca_file"), e.to_string()));
@@ -689,37 +696,26 @@ impl Config {
             ));
         }
         validate_prices(&self.prices)?;
-        if let Some(var) = &self.store.redis_url_env {
-            match env(var) {
-                Some(v) if !v.trim().is_empty() => {
-                    let url = v.trim();
-                    if !(url.starts_with("redis://")
-                        || url.starts_with("rediss://")
-                        || url.starts_with("unix://"))
-                    {
-                        return Err(ConfigError::new(
-                            "store.redis_url_env",
-                            format!("{var} must hold a redis:// or rediss:// URL"),
-                        ));
-                    }
-                    validate_redis_url(url, self.store.ca_file.is_some()).map_err(|m| {
-                        ConfigError::new("store.redis_url_env", format!("{var}: {m}"))
-                    })?;
-                    self.store.redis_url = Some(Secret::new(url));
-                }
-                _ => {
-                    return Err(ConfigError::new(
-                        "store.redis_url_env",
-                        format!("environment variable {var} (the Redis URL) is not set"),
-                    ))
-                }
+        if let Some((k, raw)) = redis_url_source(&self.store, env)? {
+            let url = raw.trim();
+            if !(url.starts_with("redis://")
+                || url.starts_with("rediss://")
+                || url.starts_with("unix://"))
+            {
+                return Err(ConfigError::new(
+                    k,
+                    "must hold a redis://, rediss:// or unix:// URL",
+                ));
             }
+            validate_redis_url(url, self.store.ca_file.is_some())
+                .map_err(|m| ConfigError::new(k, m))?;
+            self.store.redis_url = Some(Secret::new(url));
         }
         if let Some(ca) = &self.store.ca_file {
             if self.store.redis_url.is_none() {
                 return Err(ConfigError::new(
                     "store.ca_file",
-                    "needs a rediss:// store (set store.redis_url_env)",
+                    "needs a rediss:// store (set store.redis_url_env or store.redis_url_file)",
                 ));
             }
             if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
@@ -791,6 +787,111 @@ impl Config {
     pub fn route(&self, model: &str) -> Option<&RouteConfig> {
         self.routes.iter().find(|r| r.model == model)
     }
+}
+
+/// A route's upstream key from `api_key_file` or `api_key_env` (exactly one); the error names the
+/// offending key of the route.
+fn upstream_key(
+    api_key_env: &str,
+    api_key_file: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Secret, (&'static str, String)> {
+    match (api_key_file, api_key_env.trim()) {
+        (Some(_), var) if !var.is_empty() => Err((
+            "api_key_file",
+            "set api_key_env or api_key_file, not both".into(),
+        )),
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                (
+                    "api_key_file",
+                    format!("cannot read {}: {e}", file.display()),
+                )
+            })?;
+            key_from_file_text(&text)
+                .ok_or_else(|| ("api_key_file", format!("{} is empty", file.display())))
+        }
+        (None, "") => Err(("api_key_env", "set api_key_env or api_key_file".into())),
+        (None, var) => match env(var) {
+            Some(v) if !v.trim().is_empty() => Ok(Secret::new(v.trim())),
+            _ => Err((
+                "api_key_env",
+                format!("environment variable {var} (the upstream key) is not set"),
+            )),
+        },
+    }
+}
+
+/// Where `[store]` takes the Redis URL from, and its raw text; `None`: no Redis.
+fn redis_url_source(
+    store: &StoreConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(&'static str, String)>, ConfigError> {
+    match (&store.redis_url_env, &store.redis_url_file) {
+        (Some(_), Some(_)) => Err(ConfigError::new(
+            "store.redis_url_file",
+            "set redis_url_env or redis_url_file, not both",
+        )),
+        (None, None) => Ok(None),
+        (Some(var), None) => match env(var) {
+            Some(v) if !v.trim().is_empty() => Ok(Some(("store.redis_url_env", v))),
+            _ => Err(ConfigError::new(
+                "store.redis_url_env",
+                format!("environment variable {var} (the Redis URL) is not set"),
+            )),
+        },
+        (None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(text) if !text.trim().is_empty() => Ok(Some(("store.redis_url_file", text))),
+            Ok(_) => Err(ConfigError::new(
+                "store.redis_url_file",
+                format!("{} is empty", file.display()),
+            )),
+            Err(e) => Err(ConfigError::new(
+                "store.redis_url_file",
+                format!("cannot read {}: {e}", file.display()),
+            )),
+        },
+    }
+}
+
+/// The part of the config file the gateway applies while running: `[metering]` and
+/// `[[prices]]` (with the `PATCHBAY_METERING_*` overrides of `env`), validated as at start.
+/// Everything else in the file needs a restart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveConfig {
+    pub metering: MeteringConfig,
+    pub prices: Vec<PriceRow>,
+}
+
+/// Parse the live part of a config file's `text`; see [`LiveConfig`].
+pub fn live_from_toml(
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<LiveConfig, ConfigError> {
+    let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
+    apply_env_overrides(&mut doc, env)?;
+    let metering: MeteringConfig = match doc.remove("metering") {
+        None => MeteringConfig::default(),
+        Some(value) => serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = format!("metering.{}", e.path());
+            ConfigError::new(path, e.into_inner().message().to_string())
+        })?,
+    };
+    if metering.flush_secs > MAX_SECS {
+        return Err(ConfigError::new(
+            "metering.flush_secs",
+            format!("must be at most {MAX_SECS} (one year)"),
+        ));
+    }
+    let prices = doc
+        .remove("prices")
+        .unwrap_or_else(|| toml::Value::Array(Vec::new()));
+    let prices: Vec<PriceRow> = serde_path_to_error::deserialize(prices).map_err(|e| {
+        let path = format!("prices{}", e.path());
+        ConfigError::new(path, e.into_inner().message().to_string())
+    })?;
+    validate_prices(&prices)?;
+    Ok(LiveConfig { metering, prices })
 }
 
 /// A store URL the gateway can use safely: TLS certificates are always
@@ -969,7 +1070,7 @@ fn section_keys(section: &str) -> &'static [&'static str] {
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
         "limits" => &["max_sessions"],
         "metering" => &["flush_secs", "unpriced", "stream_maxlen"],
-        "store" => &["redis_url_env", "ca_file"],
+        "store" => &["redis_url_env", "redis_url_file", "ca_file"],
         "keys" => &["file"],
         "drain" => &["wait_secs", "mode", "linger_secs"],
         "client_secrets" => &["signing_key_files", "max_ttl_secs"],
@@ -1038,7 +1139,7 @@ mod tests {
         assert_eq!(c.metering.flush_secs, 15);
         assert_eq!(c.drain.wait_secs, 10);
         assert_eq!(c.routes[0].model, "gpt-realtime");
-        assert_eq!(c.routes[0].api_key.expose(), "sk-up");
+        assert_eq!(c.routes[0].api_key.current().expose(), "sk-up");
         assert_eq!(c.master_key.as_ref().unwrap().expose(), "pb-master");
     }
 
@@ -1211,6 +1312,119 @@ mod tests {
         assert_eq!(c.metering.unpriced, Unpriced::Block);
         assert!(c.store.redis_url.is_some());
         assert_eq!(c.client_secrets.max_ttl_secs, 3600);
+    }
+
+    /// A file under the temp dir holding `text`; removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(text: &str) -> Self {
+            let path =
+                std::env::temp_dir().join(format!("patchbay-config-{}", crate::ids::short_id()));
+            std::fs::write(&path, text).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn file_route(file: &Path, env_line: &str) -> String {
+        format!(
+            "[[routes]]\nmodel = \"m\"\nupstream_url = \"wss://api.openai.com/v1/realtime\"\n\
+             api_key_file = \"{}\"\n{env_line}\n",
+            file.display()
+        )
+    }
+
+    #[test]
+    fn the_upstream_key_is_read_from_its_file_trimmed() {
+        let key = TempFile::new("sk-from-file\n");
+        let c = Config::from_toml_with_env(&file_route(&key.0, ""), &env_of(BASE_ENV)).unwrap();
+        assert_eq!(c.routes[0].api_key.current().expose(), "sk-from-file");
+    }
+
+    #[test]
+    fn an_upstream_key_file_that_is_missing_empty_or_doubled_by_an_env_var_is_named() {
+        let env = env_of(BASE_ENV);
+        let missing = std::env::temp_dir().join("patchbay-config-no-such-key-file");
+        let e = Config::from_toml_with_env(&file_route(&missing, ""), &env).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_file", "{e}");
+        let empty = TempFile::new(" \n");
+        let e = Config::from_toml_with_env(&file_route(&empty.0, ""), &env).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_file", "{e}");
+        assert!(e.to_string().contains("is empty"), "{e}");
+        let key = TempFile::new("sk-1");
+        let both = file_route(&key.0, "api_key_env = \"OPENAI_API_KEY\"");
+        let e = Config::from_toml_with_env(&both, &env).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_file", "{e}");
+        let neither = "[[routes]]\nmodel = \"m\"\nupstream_url = \"wss://a.example/v1/realtime\"\n";
+        let e = Config::from_toml_with_env(neither, &env).unwrap_err();
+        assert_eq!(e.key, "routes[0].api_key_env", "{e}");
+    }
+
+    #[test]
+    fn the_redis_url_is_read_from_its_file_and_checked() {
+        let env = env_of(BASE_ENV);
+        let url = TempFile::new("redis://127.0.0.1:6379/3\n");
+        let toml = format!("[store]\nredis_url_file = \"{}\"\n", url.0.display());
+        let c = Config::from_toml_with_env(&toml, &env).unwrap();
+        assert_eq!(
+            c.store.redis_url.as_ref().map(Secret::expose),
+            Some("redis://127.0.0.1:6379/3")
+        );
+        let bad = TempFile::new("http://127.0.0.1:6379");
+        let toml = format!("[store]\nredis_url_file = \"{}\"\n", bad.0.display());
+        let e = Config::from_toml_with_env(&toml, &env).unwrap_err();
+        assert_eq!(e.key, "store.redis_url_file", "{e}");
+        assert!(
+            !e.to_string().contains("127.0.0.1"),
+            "the URL is not echoed: {e}"
+        );
+        let toml = format!(
+            "[store]\nredis_url_file = \"{}\"\nredis_url_env = \"R\"\n",
+            url.0.display()
+        );
+        let e = Config::from_toml_with_env(&toml, &env).unwrap_err();
+        assert_eq!(e.key, "store.redis_url_file", "{e}");
+    }
+
+    #[test]
+    fn the_live_part_is_metering_and_prices_with_their_env_overrides() {
+        let text = "[server]\nlisten = \"127.0.0.1:1\"\n[metering]\nflush_secs = 3\nunpriced = \"block\"\n\
+                    [[prices]]\nmodel = \"m\"\ntext_input = 1.0\n";
+        let live = live_from_toml(text, &env_of(&[])).unwrap();
+        assert_eq!(live.metering.flush_secs, 3);
+        assert_eq!(live.metering.unpriced, Unpriced::Block);
+        assert_eq!(live.prices[0].text_input, 1.0);
+        let env = env_of(&[("PATCHBAY_METERING_FLUSH_SECS", "7")]);
+        assert_eq!(live_from_toml(text, &env).unwrap().metering.flush_secs, 7);
+        assert_eq!(
+            live_from_toml("", &env_of(&[])).unwrap().metering,
+            MeteringConfig::default()
+        );
+    }
+
+    #[test]
+    fn an_invalid_live_part_is_refused_naming_the_key() {
+        for (text, key) in [
+            ("[metering]\nflush_secs = \"soon\"\n", "metering.flush_secs"),
+            (
+                "[metering]\nflush_secs = 99999999999\n",
+                "metering.flush_secs",
+            ),
+            ("[metering]\nflush = 1\n", "metering."),
+            (
+                "[[prices]]\nmodel = \"m\"\ntext_input = -1.0\n",
+                "prices[0].text_input",
+            ),
+        ] {
+            let e = live_from_toml(text, &env_of(&[])).unwrap_err();
+            assert!(e.key.starts_with(key), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -461,18 +461,27 @@ fn apply_keys_file(gw: &Gateway, text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Applies the config file's `[[prices]]` (the meter reads prices at every
-/// flush, so an edit applies from the next flush); other sections need a
-/// restart, and an invalid edit is ignored.
-fn apply_prices(gw: &Gateway, text: &str) -> Result<(), String> {
-    let prices = crate::config::prices_from_toml(text).map_err(|e| e.to_string())?;
+/// Applies the live part of the config file ([`crate::config::LiveConfig`]: `[metering]` and
+/// `[[prices]]`; the meter reads prices at every flush, the unpriced policy at every admission,
+/// the flush interval when a session starts) and the `priority` and `weight` of every
+/// `[[routes.upstreams]]` entry. Other sections need a restart; an invalid edit is refused (and
+/// counted) and keeps what is loaded.
+fn apply_live_config(gw: &Gateway, text: &str) -> Result<(), String> {
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let live =
+        crate::config::live_from_toml(text, &|k| env.get(k).cloned()).map_err(|e| e.to_string())?;
     let balances = crate::config::balances_from_toml(text).map_err(|e| e.to_string())?;
-    if prices != *gw.metering.prices() {
+    if live.prices != *gw.metering.prices() {
+        tracing::info!(rows = live.prices.len(), "prices reloaded");
+        gw.metering.set_prices(live.prices);
+    }
+    if live.metering != gw.metering.config() {
         tracing::info!(
-            rows = prices.len(),
-            "prices reloaded; other changes apply on restart"
+            flush_secs = live.metering.flush_secs,
+            unpriced = ?live.metering.unpriced,
+            "metering settings reloaded"
         );
-        gw.metering.set_prices(prices);
+        gw.metering.set_config(live.metering);
     }
     for route in &gw.routes {
         let mut changed = false;
@@ -584,7 +593,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             "config file",
             "config",
             CONFIG_FILE_POLL,
-            apply_prices,
+            apply_live_config,
         ),
     ];
     for (path, what, file, poll, apply) in watchers {
@@ -602,6 +611,26 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 stop,
                 reloads,
                 move |text| apply(&gw, text),
+            ));
+        }
+    }
+    for route in &gateway.routes {
+        for u in &route.upstreams {
+            let Some(path) = u.config.api_key_file.clone() else {
+                continue;
+            };
+            let (model, key) = (route.config.model.clone(), u.config.api_key.clone());
+            let reloads = watch::Reloads {
+                file: "upstream_key",
+                counters: gateway.metrics.config_reloads.clone(),
+            };
+            tokio::spawn(watch::on_change(
+                path,
+                "upstream key file",
+                KEYS_FILE_POLL,
+                gateway.draining.clone(),
+                reloads,
+                move |text| crate::upstream::key::apply_key_file(&model, &key, text),
             ));
         }
     }

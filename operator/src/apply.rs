@@ -6,8 +6,9 @@
 //! conflict with a stray manager should resolve in the route's favour. Fields it does not set
 //! (`spec.replicas` under an HPA) stay with whoever owns them.
 //!
-//! A child that is no longer desired (the HPA once `replicas.max == min`) is deleted, but only if
-//! the route controls it: a same-named object someone else made is left alone.
+//! Every child's name was claimed first ([`crate::ownership`]). A child that is no longer desired
+//! (the HPA once `replicas.max == min`) is deleted, but only if the route controls it: a
+//! same-named object someone else made is left alone.
 
 use std::fmt::Debug;
 
@@ -25,6 +26,7 @@ use crate::build::{gateway_name, Desired, MANAGER};
 use crate::context::Context;
 use crate::crd::RealtimeRoute;
 use crate::error::Result;
+use crate::ownership::{Claims, Holder};
 
 /// What applying changed beyond the objects themselves.
 #[derive(Debug)]
@@ -93,6 +95,7 @@ pub async fn apply_all(
     namespace: &str,
     desired: &Desired,
     before: Option<&Deployment>,
+    claims: Claims,
 ) -> Result<Applied> {
     // No `..`: a new child kind must be applied here before this compiles.
     let Desired {
@@ -139,7 +142,7 @@ pub async fn apply_all(
             apply_one(ctx, &hpas, hpa).await?;
             false
         }
-        None => delete_if_owned(ctx, &hpas, &gateway_name(route), route).await?,
+        None => delete_if_owned(ctx, &hpas, &gateway_name(route), claims.hpa).await?,
     };
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client, namespace);
     apply_one(ctx, &pdbs, pdb).await?;
@@ -149,54 +152,19 @@ pub async fn apply_all(
     })
 }
 
-/// Who holds an object's name: nobody yet, the route (as its controller), or someone else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holder {
-    Nobody,
-    Route,
-    Other,
-}
-
-/// Reads `name`'s metadata only and tells who holds it.
-pub async fn holder<K>(
-    ctx: &Context,
-    api: &Api<K>,
-    name: &str,
-    route: &RealtimeRoute,
-) -> Result<Holder>
-where
-    K: k8s_openapi::Resource + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
-{
-    let Some(existing) = ctx
-        .call("get", K::KIND, name, api.get_metadata_opt(name))
-        .await?
-    else {
-        return Ok(Holder::Nobody);
-    };
-    let route_uid = route.uid();
-    let controlled = existing
-        .owner_references()
-        .iter()
-        .any(|o| o.controller == Some(true) && Some(&o.uid) == route_uid.as_ref());
-    Ok(if controlled {
-        Holder::Route
-    } else {
-        Holder::Other
-    })
-}
-
-/// Delete `name` if it exists and `route` is its controller. Returns whether it was deleted.
+/// Delete `name` if `holder` (as [`crate::ownership::claim_children`] found it) is the route.
+/// Returns whether it was deleted.
 pub async fn delete_if_owned<K>(
     ctx: &Context,
     api: &Api<K>,
     name: &str,
-    route: &RealtimeRoute,
+    holder: Holder,
 ) -> Result<bool>
 where
     K: k8s_openapi::Resource + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
     let kind = K::KIND;
-    if holder(ctx, api, name, route).await? != Holder::Route {
+    if holder != Holder::Route {
         return Ok(false);
     }
     match ctx

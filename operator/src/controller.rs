@@ -2,15 +2,18 @@
 //!
 //! A reconcile runs four stages (the shape of Stackable's operators):
 //!
-//! 1. **validate**: the spec is servable and its Secrets exist ([`crate::validate`]);
+//! 1. **validate**: the spec is servable ([`crate::validate`]), and no child's name is held by an
+//!    object the route does not control ([`crate::ownership`]);
 //! 2. **build**: every desired child, by pure functions ([`crate::build`]);
 //! 3. **apply**: server-side apply in dependency order, stale children deleted ([`crate::apply`]);
-//! 4. **status**: observed generation, counts, endpoint, conditions ([`crate::status`]).
+//! 4. **status**: observed generation, counts, endpoint, conditions ([`crate::status`]); when the
+//!    Deployment is short of ready pods, why, from the pods' events ([`crate::pods`]).
 //!
-//! Bad input is a condition, not a crash loop: a missing Secret or an unservable spec sets
-//! `Degraded` with the reason, publishes a warning event, leaves the existing children as they are
-//! and returns the error, so [`error_policy`] counts it and retries with exponential backoff (the
-//! operator cannot watch Secrets, so the retry is how it notices one appearing).
+//! Bad input is a condition, not a crash loop: an unservable spec or a taken name sets `Degraded`
+//! with the reason, publishes a warning event, leaves the existing children as they are and
+//! returns the error, so [`error_policy`] counts it and retries with exponential backoff. The
+//! operator cannot read Secrets: a missing one shows as pods that do not start
+//! (`Degraded=True/PodsNotStarting`), rechecked every [`NOT_READY_RESYNC_INTERVAL`].
 //!
 //! The controller watches routes and, through `.owns()`, every child kind (only objects labelled
 //! `app.kubernetes.io/managed-by=patchbay-operator`), so a Deployment scaled by its HPA triggers a
@@ -38,10 +41,12 @@ use crate::context::Context;
 use crate::crd::RealtimeRoute;
 use crate::error::{Error, Result};
 use crate::status::{self, Observation};
-use crate::{apply, events, validate};
+use crate::{apply, events, ownership, pods, validate};
 
 /// Period of the drift-repairing re-reconcile of a healthy route.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
+/// Period of the re-reconcile while the route's Deployment is short of ready pods.
+pub const NOT_READY_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Reconcile one route.
 pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<Action> {
@@ -63,9 +68,14 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         )
         .await?;
 
-    // 1. validate
-    let secret_versions = match validate::check_route(&ctx, &namespace, &route).await {
-        Ok(versions) => versions,
+    // 1. validate, and claim every child's name
+    let checked = async {
+        validate::check_route(&route)?;
+        let wants_hpa = route.spec.replicas.autoscaled();
+        ownership::claim_children(&ctx, &route, &namespace, before.as_ref(), wants_hpa).await
+    };
+    let claims = match checked.await {
+        Ok(claims) => claims,
         Err(problem) => {
             if problem.is_user_error() {
                 tracing::warn!(route = %name, %namespace, reason = problem.reason(), "{problem}");
@@ -74,6 +84,7 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
                     deployment: before.as_ref(),
                     pool_size: None,
                     problem: Some(&problem),
+                    pods_not_starting: None,
                 };
                 let status = status::compute(&route, &seen, &status::now_rfc3339());
                 status::patch(&ctx, &route, &namespace, &status).await?;
@@ -88,12 +99,26 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         route: &route,
         default_image: &ctx.gateway_image,
         observed_replicas,
-        secret_versions: &secret_versions,
     });
 
     // 3. apply
-    let applied = apply::apply_all(&ctx, &route, &namespace, &desired, before.as_ref()).await?;
-    let changes = events::changes(&route, before.as_ref(), &desired, applied.hpa_deleted);
+    let applied =
+        apply::apply_all(&ctx, &route, &namespace, &desired, before.as_ref(), claims).await?;
+
+    // Pods short of ready: say why, if the kubelet did (a missing Secret, an unpullable image).
+    let short = pods::short_of_ready(&applied.deployment);
+    let pods_not_starting = if short {
+        pods::observe(&ctx, &route, &namespace).await?
+    } else {
+        None
+    };
+    let changes = events::changes(
+        &route,
+        before.as_ref(),
+        &desired,
+        applied.hpa_deleted,
+        pods_not_starting.as_deref(),
+    );
     for change in &changes {
         tracing::info!(route = %name, %namespace, reason = change.reason, "{}", change.note);
     }
@@ -104,12 +129,18 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         deployment: Some(&applied.deployment),
         pool_size: Some(desired.pool_size),
         problem: None,
+        pods_not_starting: pods_not_starting.as_deref(),
     };
     let status = status::compute(&route, &seen, &status::now_rfc3339());
     status::patch(&ctx, &route, &namespace, &status).await?;
 
     ctx.reset_backoff(&ObjectRef::from_obj(&*route));
-    Ok(Action::requeue(RESYNC_INTERVAL))
+    // Pods are not watched: look again soon while some are not ready.
+    Ok(Action::requeue(if short {
+        NOT_READY_RESYNC_INTERVAL
+    } else {
+        RESYNC_INTERVAL
+    }))
 }
 
 /// Count the failure by reason and retry the route with exponential backoff.

@@ -6,13 +6,6 @@ use std::time::Duration;
 /// Why a reconcile did not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A Secret the route references does not exist (yet).
-    #[error("Secret {namespace}/{name} referenced by {field} not found")]
-    SecretNotFound {
-        namespace: String,
-        name: String,
-        field: &'static str,
-    },
     /// The spec passed schema validation but cannot be served.
     #[error("invalid spec: {0}")]
     InvalidSpec(String),
@@ -50,7 +43,6 @@ impl Error {
     /// Label value of `patchbay_operator_reconcile_failures_total{reason}`.
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::SecretNotFound { .. } => "SecretNotFound",
             Error::InvalidSpec(_) => "InvalidSpec",
             Error::NameTaken { .. } => "NameTaken",
             Error::Api { .. } => "ApiError",
@@ -61,10 +53,7 @@ impl Error {
 
     /// Bad input the user must fix, as opposed to a transient failure.
     pub fn is_user_error(&self) -> bool {
-        matches!(
-            self,
-            Error::SecretNotFound { .. } | Error::InvalidSpec(_) | Error::NameTaken { .. }
-        )
+        matches!(self, Error::InvalidSpec(_) | Error::NameTaken { .. })
     }
 }
 

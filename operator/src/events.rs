@@ -12,7 +12,7 @@ use crate::build::{Desired, CONFIG_HASH_ANNOTATION};
 use crate::context::Context;
 use crate::crd::RealtimeRoute;
 use crate::error::Error;
-use crate::status::DEGRADED;
+use crate::status::{DEGRADED, PODS_NOT_STARTING};
 
 /// One event to publish on the route.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +28,7 @@ pub fn changes(
     before: Option<&Deployment>,
     desired: &Desired,
     hpa_deleted: bool,
+    pods_not_starting: Option<&str>,
 ) -> Vec<Change> {
     let mut out = Vec::new();
     let name = desired.deployment.name_any();
@@ -71,15 +72,24 @@ pub fn changes(
             note: "replicas.min == replicas.max: deleted the HorizontalPodAutoscaler".into(),
         });
     }
-    let was_degraded = route
-        .condition(DEGRADED)
-        .is_some_and(|c| c.status == "True");
-    if was_degraded {
-        out.push(Change {
+    let degraded = route.condition(DEGRADED).filter(|c| c.status == "True");
+    match (degraded, pods_not_starting) {
+        (Some(c), Some(why)) if c.reason != PODS_NOT_STARTING => out.push(Change {
+            warning: true,
+            reason: PODS_NOT_STARTING,
+            note: why.to_string(),
+        }),
+        (None, Some(why)) => out.push(Change {
+            warning: true,
+            reason: PODS_NOT_STARTING,
+            note: why.to_string(),
+        }),
+        (Some(_), None) => out.push(Change {
             warning: false,
             reason: "Recovered",
-            note: "the route's spec problem is resolved".into(),
-        });
+            note: "the route's problem is resolved".into(),
+        }),
+        (Some(_), Some(_)) | (None, None) => {}
     }
     out
 }
@@ -140,9 +150,11 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: None,
-            secret_versions: &std::collections::BTreeMap::new(),
         });
-        assert_eq!(reasons(&changes(&route, None, &d, false)), ["Created"]);
+        assert_eq!(
+            reasons(&changes(&route, None, &d, false, None)),
+            ["Created"]
+        );
     }
 
     #[test]
@@ -152,13 +164,12 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: None,
-            secret_versions: &std::collections::BTreeMap::new(),
         });
         route.status = Some(crate::crd::RealtimeRouteStatus {
             pool_size_per_pod: Some(d.pool_size),
             ..Default::default()
         });
-        assert!(changes(&route, Some(&d.deployment), &d, false).is_empty());
+        assert!(changes(&route, Some(&d.deployment), &d, false, None).is_empty());
     }
 
     #[test]
@@ -168,7 +179,6 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: Some(2),
-            secret_versions: &std::collections::BTreeMap::new(),
         });
         route.status = Some(crate::crd::RealtimeRouteStatus {
             pool_size_per_pod: Some(before.pool_size),
@@ -179,11 +189,48 @@ mod tests {
             route: &route,
             default_image: "img",
             observed_replicas: Some(5),
-            secret_versions: &std::collections::BTreeMap::new(),
         });
         assert_eq!(
-            reasons(&changes(&route, Some(&before.deployment), &after, true)),
+            reasons(&changes(
+                &route,
+                Some(&before.deployment),
+                &after,
+                true,
+                None
+            )),
             ["ConfigChanged", "PoolResized", "AutoscalerRemoved"]
         );
+    }
+
+    #[test]
+    fn pods_not_starting_warn_once_and_recover_when_they_start() {
+        let mut route = fixtures::route(fixtures::minimal_spec());
+        let d = desired(&BuildInput {
+            route: &route,
+            default_image: "img",
+            observed_replicas: None,
+        });
+        route.status = Some(crate::crd::RealtimeRouteStatus {
+            pool_size_per_pod: Some(d.pool_size),
+            ..Default::default()
+        });
+        let why = Some("1 of 1 gateway pods are not starting");
+        let steady =
+            |route: &RealtimeRoute, why| changes(route, Some(&d.deployment), &d, false, why);
+        assert_eq!(reasons(&steady(&route, why)), ["PodsNotStarting"]);
+        assert!(steady(&route, why)[0].warning);
+        let degraded = |reason: &str| crate::crd::RouteCondition {
+            type_: DEGRADED.into(),
+            status: "True".into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: "t".into(),
+            observed_generation: Some(1),
+        };
+        route.status.as_mut().unwrap().conditions = vec![degraded(PODS_NOT_STARTING)];
+        assert!(steady(&route, why).is_empty(), "no repeat while it lasts");
+        assert_eq!(reasons(&steady(&route, None)), ["Recovered"]);
+        route.status.as_mut().unwrap().conditions = vec![degraded("NameTaken")];
+        assert_eq!(reasons(&steady(&route, why)), ["PodsNotStarting"]);
     }
 }

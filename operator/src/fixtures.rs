@@ -264,20 +264,3 @@ pub fn mock_context() -> (Arc<Context>, ApiServer, Registry) {
     );
     (Arc::new(ctx), ApiServer { handle }, registry)
 }
-
-/// Metadata-only answer for a Secret lookup.
-/// The `resourceVersion` [`secret_metadata`] reports for each Secret `spec` references.
-pub fn secret_versions(spec: &RealtimeRouteSpec) -> BTreeMap<String, String> {
-    crate::validate::secret_refs(spec)
-        .into_iter()
-        .map(|(_, s)| (s.name.clone(), format!("rv-{}", s.name)))
-        .collect()
-}
-
-pub fn secret_metadata(name: &str) -> Value {
-    json!({
-        "apiVersion": "meta.k8s.io/v1",
-        "kind": "PartialObjectMetadata",
-        "metadata": {"name": name, "namespace": NAMESPACE, "resourceVersion": format!("rv-{name}")}
-    })
-}

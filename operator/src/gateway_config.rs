@@ -2,8 +2,8 @@
 //!
 //! This is the one contract the operator shares with the gateway: the keys are exactly the ones the
 //! gateway's loader accepts (it rejects unknown keys), and no secret is ever written here. Secrets
-//! reach the pod as environment variables (`api_key_env`, `redis_url_env` name them) or as the
-//! mounted key file.
+//! reach the pod as files of mounted Secret volumes, which the gateway re-reads when they change:
+//! `api_key_file` (the upstream key), `[store] redis_url_file` and `[keys] file`.
 //!
 //! `[pool] size` is a fixed fallback ([`POOL_SIZE_FALLBACK`]), used only if the size file were
 //! missing: the live value comes from `size_file`, which the pool ConfigMap feeds (it is applied
@@ -30,10 +30,10 @@ pub const POOL_DIR: &str = "/etc/patchbay/pool";
 pub const POOL_SIZE_KEY: &str = "REALTIME_POOL_SIZE";
 /// Directory the client keys Secret is mounted at.
 pub const KEYS_DIR: &str = "/etc/patchbay/keys";
-/// Env var carrying the upstream API key.
-pub const UPSTREAM_API_KEY_ENV: &str = "PATCHBAY_UPSTREAM_API_KEY";
-/// Env var carrying the Redis URL.
-pub const REDIS_URL_ENV: &str = "PATCHBAY_REDIS_URL";
+/// Directory the upstream key's Secret is mounted at.
+pub const UPSTREAM_KEY_DIR: &str = "/etc/patchbay/upstream";
+/// Directory the Redis URL's Secret is mounted at.
+pub const REDIS_URL_DIR: &str = "/etc/patchbay/redis";
 
 const UPGRADE_TIMEOUT_SECS: u32 = 10;
 const RELAY_IDLE_TIMEOUT_SECS: u32 = 300;
@@ -85,7 +85,7 @@ struct Route<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_model: Option<&'a str>,
     protocol: &'static str,
-    api_key_env: &'static str,
+    api_key_file: String,
 }
 
 #[derive(Serialize)]
@@ -127,7 +127,7 @@ struct PriceRow<'a> {
 
 #[derive(Serialize)]
 struct Store {
-    redis_url_env: &'static str,
+    redis_url_file: String,
 }
 
 #[derive(Serialize)]
@@ -140,6 +140,20 @@ struct DrainSection {
     wait_secs: i32,
     mode: &'static str,
     linger_secs: i32,
+}
+
+/// Sections of `gateway.toml` the gateway applies while running (it re-reads the file): editing
+/// them never restarts a pod. Everything else needs a restart and is hashed into the pod
+/// template ([`restart_part`]).
+pub const LIVE_SECTIONS: [&str; 2] = ["metering", "prices"];
+
+/// The rendered config without its [`LIVE_SECTIONS`]: what a pod must restart to apply.
+pub fn restart_part(rendered: &str) -> String {
+    let mut doc: toml::Table = toml::from_str(rendered).expect("the rendered config parses");
+    for section in LIVE_SECTIONS {
+        doc.remove(section);
+    }
+    toml::to_string(&doc).expect("a TOML table always serialises")
 }
 
 /// The upstream URL of a route: the spec's, or OpenAI's for an OpenAI route that names none.
@@ -172,7 +186,10 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
                 Protocol::Ga => "ga",
                 Protocol::Beta => "beta",
             },
-            api_key_env: UPSTREAM_API_KEY_ENV,
+            api_key_file: format!(
+                "{UPSTREAM_KEY_DIR}/{}",
+                spec.upstream.api_key_secret_ref.key
+            ),
         }],
         pool: PoolSection {
             size: POOL_SIZE_FALLBACK,
@@ -209,8 +226,8 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
                 audio_output: p.audio_output,
             })
             .collect(),
-        store: spec.metering.redis_url_secret_ref.as_ref().map(|_| Store {
-            redis_url_env: REDIS_URL_ENV,
+        store: spec.metering.redis_url_secret_ref.as_ref().map(|r| Store {
+            redis_url_file: format!("{REDIS_URL_DIR}/{}", r.key),
         }),
         keys: Keys {
             file: format!("{KEYS_DIR}/{}", spec.client_keys_secret_ref.key),
@@ -233,6 +250,20 @@ mod tests {
     use crate::fixtures;
 
     #[test]
+    fn the_restart_part_leaves_out_exactly_the_live_sections() {
+        let rendered = render(&fixtures::full_spec());
+        let restart: toml::Table = toml::from_str(&restart_part(&rendered)).unwrap();
+        let full: toml::Table = toml::from_str(&rendered).unwrap();
+        for (section, value) in &full {
+            if LIVE_SECTIONS.contains(&section.as_str()) {
+                assert!(!restart.contains_key(section), "{section}");
+            } else {
+                assert_eq!(restart.get(section), Some(value), "{section}");
+            }
+        }
+    }
+
+    #[test]
     fn renders_every_section_of_the_contract_and_no_secret() {
         let spec = fixtures::full_spec();
         let text = render(&spec);
@@ -247,14 +278,21 @@ mod tests {
         );
         let route = &doc["routes"].as_array().unwrap()[0];
         assert_eq!(route["model"].as_str(), Some("gpt-realtime"));
-        assert_eq!(route["api_key_env"].as_str(), Some(UPSTREAM_API_KEY_ENV));
+        assert_eq!(
+            route["api_key_file"].as_str(),
+            Some("/etc/patchbay/upstream/api-key")
+        );
+        assert!(
+            route.get("api_key_env").is_none(),
+            "no secret in the environment"
+        );
         assert_eq!(
             doc["pool"]["size_file"].as_str(),
             Some("/etc/patchbay/pool/REALTIME_POOL_SIZE")
         );
         assert_eq!(
-            doc["store"]["redis_url_env"].as_str(),
-            Some("PATCHBAY_REDIS_URL")
+            doc["store"]["redis_url_file"].as_str(),
+            Some("/etc/patchbay/redis/url")
         );
         assert_eq!(
             doc["keys"]["file"].as_str(),

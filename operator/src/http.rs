@@ -92,7 +92,7 @@ mod tests {
         let metrics = Metrics::default();
         let mut registry = Registry::default();
         metrics.register(&mut registry);
-        metrics.reconcile_failed("SecretNotFound");
+        metrics.reconcile_failed("InvalidSpec");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
@@ -102,8 +102,9 @@ mod tests {
         assert!(health.starts_with("HTTP/1.1 200"), "{health}");
         let scrape = get(addr, "/metrics").await;
         assert!(scrape.starts_with("HTTP/1.1 200"), "{scrape}");
-        assert!(scrape
-            .contains("patchbay_operator_reconcile_failures_total{reason=\"SecretNotFound\"} 1"));
+        assert!(
+            scrape.contains("patchbay_operator_reconcile_failures_total{reason=\"InvalidSpec\"} 1")
+        );
         assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
 
         shutdown.cancel();

@@ -4,19 +4,23 @@
 //! Layout, in reconcile order: [`crd`] (the resource), [`validate`], [`build`] (pure builders,
 //! with [`gateway_config`] and [`pool`]), [`apply`] (server-side apply), [`status`], [`events`];
 //! [`controller`] wires them to the watches. [`leader`] is the Lease-based leader election,
-//! [`metrics`] and [`http`] the operator's own `/metrics` and `/healthz`.
+//! [`metrics`] and [`http`] the operator's own `/metrics` and `/healthz`. [`deletion_cost`] keeps
+//! each gateway pod's deletion cost at its live sessions, so scale-down spares busy pods.
 
 pub mod apply;
 pub mod build;
 pub mod context;
 pub mod controller;
 pub mod crd;
+pub mod deletion_cost;
 pub mod error;
 pub mod events;
 pub mod gateway_config;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod ownership;
+pub mod pods;
 pub mod pool;
 pub mod status;
 pub mod validate;

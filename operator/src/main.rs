@@ -7,9 +7,9 @@ use std::sync::Arc;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use kube::Client;
-use patchbay_operator::controller;
 use patchbay_operator::leader::LeaderElector;
 use patchbay_operator::metrics::Metrics;
+use patchbay_operator::{controller, deletion_cost};
 use patchbay_operator::{crd, http, Context};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -161,20 +161,20 @@ async fn run(args: RunArgs) -> Result<(), String> {
 
     let mut lost_leadership = false;
     if args.leader_election {
-        let elector =
+        let mut elector =
             LeaderElector::new(client, &args.lease_namespace, &args.lease_name, &identity);
         tracing::info!(lease = %args.lease_name, namespace = %args.lease_namespace, %identity, "waiting for leadership");
         if elector.acquire(&shutdown).await {
             tracing::info!(%identity, "leading");
             metrics.leader.set(1);
-            let stop = shutdown.clone();
-            let controller = tokio::spawn(async move {
-                controller::run(ctx, watch_namespace, async move { stop.cancelled().await }).await
-            });
+            let controller = tokio::spawn(lead(ctx, watch_namespace, shutdown.clone()));
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 () = elector.hold() => {
+                    // Stop reconciling at once rather than finishing in-flight reconciles: the
+                    // Lease may be another replica's LEASE_DURATION - RENEW_DEADLINE from now.
                     lost_leadership = true;
+                    controller.abort();
                     shutdown.cancel();
                 }
             }
@@ -186,8 +186,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
         }
     } else {
         metrics.leader.set(1);
-        let stop = shutdown.clone();
-        controller::run(ctx, watch_namespace, async move { stop.cancelled().await }).await;
+        lead(ctx, watch_namespace, shutdown.clone()).await;
     }
 
     shutdown.cancel();
@@ -197,6 +196,24 @@ async fn run(args: RunArgs) -> Result<(), String> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// What the leader runs until `stop`: the controller and the pod deletion-cost keeper.
+async fn lead(ctx: Arc<Context>, watch_namespace: Option<String>, stop: CancellationToken) {
+    let keeper = tokio::spawn(deletion_cost::run(
+        ctx.clone(),
+        watch_namespace.clone(),
+        stop.clone(),
+    ));
+    let stopped = stop.clone();
+    controller::run(
+        ctx,
+        watch_namespace,
+        async move { stopped.cancelled().await },
+    )
+    .await;
+    stop.cancel();
+    let _ = keeper.await;
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {

@@ -6,6 +6,8 @@
 //! - `patchbay_operator_api_calls_total{verb,kind,outcome}`: every API call, `outcome` one of
 //!   `success`, `failure`, `timeout` (the Linkerd policy-controller's accounting).
 //! - `patchbay_operator_leader`: 1 while this replica holds the lease (or runs without election).
+//! - `patchbay_operator_deletion_cost_scrapes_total{outcome}`: gateway `/metrics` scrapes for the
+//!   pod deletion cost, `success` or `failure` (the patches are `api_calls{verb="patch",kind="Pod"}`).
 //!
 //! [`Error::reason`]: crate::error::Error::reason
 
@@ -26,6 +28,11 @@ pub struct FailureLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiCallLabels {
     pub verb: &'static str,
     pub kind: &'static str,
@@ -40,6 +47,7 @@ pub struct Metrics {
     pub failures: Family<FailureLabels, Counter>,
     pub api_calls: Family<ApiCallLabels, Counter>,
     pub leader: Gauge,
+    pub deletion_cost_scrapes: Family<OutcomeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -51,6 +59,7 @@ impl Default for Metrics {
             failures: Family::default(),
             api_calls: Family::default(),
             leader: Gauge::default(),
+            deletion_cost_scrapes: Family::default(),
         }
     }
 }
@@ -80,6 +89,17 @@ impl Metrics {
             "1 while this replica is the active controller",
             self.leader.clone(),
         );
+        r.register(
+            "deletion_cost_scrapes",
+            "Gateway /metrics scrapes for the pod deletion cost, by outcome",
+            self.deletion_cost_scrapes.clone(),
+        );
+    }
+
+    pub fn deletion_cost_scrape(&self, outcome: &'static str) {
+        self.deletion_cost_scrapes
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
 
     /// Count a reconcile and time it until the guard drops.
@@ -136,14 +156,15 @@ mod tests {
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         drop(metrics.reconcile_started());
-        metrics.reconcile_failed("SecretNotFound");
+        metrics.reconcile_failed("InvalidSpec");
         metrics.api_call("apply", "ConfigMap", "timeout");
         metrics.leader.set(1);
         let text = encode(&registry);
         assert!(text.contains("patchbay_operator_reconciles_total 1"));
         assert!(text.contains("patchbay_operator_reconcile_duration_seconds_count 1"));
-        assert!(text
-            .contains("patchbay_operator_reconcile_failures_total{reason=\"SecretNotFound\"} 1"));
+        assert!(
+            text.contains("patchbay_operator_reconcile_failures_total{reason=\"InvalidSpec\"} 1")
+        );
         assert!(text.contains(
             "patchbay_operator_api_calls_total{verb=\"apply\",kind=\"ConfigMap\",outcome=\"timeout\"} 1"
         ));

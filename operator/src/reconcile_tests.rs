@@ -8,9 +8,9 @@ use http::{Method, StatusCode};
 use kube::runtime::controller::Action;
 use serde_json::{json, Value};
 
-use crate::controller::{error_policy, reconcile, RESYNC_INTERVAL};
+use crate::controller::{error_policy, reconcile, NOT_READY_RESYNC_INTERVAL, RESYNC_INTERVAL};
 use crate::crd::{RealtimeRoute, RealtimeRouteSpec};
-use crate::fixtures::{self, secret_metadata, ApiServer, NAMESPACE, ROUTE_NAME, ROUTE_UID};
+use crate::fixtures::{self, ApiServer, NAMESPACE, ROUTE_NAME, ROUTE_UID};
 use crate::metrics;
 
 const APPLY: &str = "?&force=true&fieldManager=patchbay-operator";
@@ -57,29 +57,83 @@ fn deployment_response(applied: &Value, replicas: i32, ready: i32) -> Value {
     d
 }
 
-/// Answer the Deployment read and the Secret checks of a route whose Secrets all exist.
+/// Answer the Deployment read, then the name claims with every other child absent.
 async fn observe(server: &mut ApiServer, deployment: Option<&Value>, spec: &RealtimeRouteSpec) {
+    observe_with_hpa(server, deployment, spec, None).await;
+}
+
+/// [`observe`], with the HPA `<name>-gateway` answered as `hpa` (metadata) when given.
+async fn observe_with_hpa(
+    server: &mut ApiServer,
+    deployment: Option<&Value>,
+    spec: &RealtimeRouteSpec,
+    hpa: Option<Value>,
+) {
     let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
     match deployment {
         Some(d) => reply.ok(d),
         None => reply.not_found("deployment"),
     }
-    let mut secrets = vec![
-        spec.upstream.api_key_secret_ref.name.clone(),
-        spec.client_keys_secret_ref.name.clone(),
-    ];
-    if let Some(redis) = &spec.metering.redis_url_secret_ref {
-        secrets.push(redis.name.clone());
+    // No Secret is read: the spec only names them.
+    let _ = spec;
+    // Every child's name is free (the Deployment was judged from the read above).
+    for path in [
+        core("configmaps", &gw()),
+        core("configmaps", &format!("{ROUTE_NAME}-pool")),
+        core("services", ROUTE_NAME),
+    ] {
+        let (_, reply) = server.expect(Method::GET, &path).await;
+        reply.not_found("child");
     }
-    for secret in secrets {
-        let (_, reply) = server.expect(Method::GET, &core("secrets", &secret)).await;
-        reply.ok(&secret_metadata(&secret));
+    let (_, reply) = server.expect(Method::GET, &hpa_path(&gw())).await;
+    match hpa {
+        Some(meta) => reply.ok(&meta),
+        None => reply.not_found("hpa"),
     }
-    // The Service name is free (or the route's own).
-    let (_, reply) = server
-        .expect(Method::GET, &core("services", ROUTE_NAME))
+    let (_, reply) = server.expect(Method::GET, &pdb_path(&gw())).await;
+    reply.not_found("pdb");
+}
+
+/// Answer the list of the route's gateway pods with `pods`.
+async fn expect_pods(server: &mut ApiServer, pods: &[Value]) {
+    let (seen, reply) = server.next().await;
+    assert_eq!(seen.method, Method::GET);
+    assert_eq!(
+        seen.uri,
+        format!(
+            "/api/v1/namespaces/{NAMESPACE}/pods?&labelSelector=app.kubernetes.io%2Finstance%3D{ROUTE_NAME}%2Capp.kubernetes.io%2Fname%3Dpatchbay-gateway"
+        )
+    );
+    reply.ok(&json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}));
+}
+
+/// Answer the list of the namespace's pod events with `list`.
+async fn expect_pod_events(server: &mut ApiServer, list: &Value) {
+    let (seen, reply) = server
+        .expect(
+            Method::GET,
+            &format!(
+                "/api/v1/namespaces/{NAMESPACE}/events?&fieldSelector=involvedObject.kind%3DPod"
+            ),
+        )
         .await;
-    reply.not_found("service");
+    let _ = seen;
+    reply.ok(list);
+}
+
+/// Metadata of an object named `name`, controlled by `owner_uid` when given.
+fn metadata(name: &str, owner_uid: Option<&str>) -> Value {
+    let mut meta = json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": name, "namespace": NAMESPACE}
+    });
+    if let Some(uid) = owner_uid {
+        meta["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "patchbay.dev/v1alpha1", "kind": "RealtimeRoute",
+            "name": ROUTE_NAME, "uid": uid, "controller": true
+        }]);
+    }
+    meta
 }
 
 /// Answer the status patch of a reconcile that failed for `reason`; returns the `Degraded`
@@ -164,12 +218,20 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
         seen.body["spec"].get("replicas").is_none(),
         "the HPA owns replicas"
     );
-    // The upstream key's Secret version, as read with the Secret checks.
-    let upstream = &route.spec.upstream.api_key_secret_ref.name;
+    // Secrets are mounted files, never read by the operator nor versioned on the template.
+    let template = &seen.body["spec"]["template"];
     assert_eq!(
-        seen.body["spec"]["template"]["metadata"]["annotations"]
-            [crate::build::SECRET_VERSIONS_ANNOTATION],
-        format!("{upstream}=rv-{upstream}")
+        template["metadata"]["annotations"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["patchbay.dev/config-hash"]
+    );
+    assert!(template["spec"]["containers"][0].get("env").is_none());
+    assert_eq!(
+        template["spec"]["volumes"][3]["secret"],
+        json!({"secretName": "openai", "items": [{"key": "api-key", "path": "api-key"}], "optional": false})
     );
     assert_owned(&seen.body);
     reply.ok(&deployment_response(&seen.body, 2, 0));
@@ -187,6 +249,9 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
     let pdb = expect_apply(&mut server, &pdb_path(&gw())).await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
     assert_owned(&pdb);
+
+    // 0 of 2 ready: the pods are looked at (none yet, so no events are read).
+    expect_pods(&mut server, &[]).await;
 
     assert_eq!(
         server.expect_event().await,
@@ -210,7 +275,7 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
     reply.ok(&patched(&route, &seen.body));
 
     let action = task.await.unwrap().expect("reconcile succeeds");
-    assert_eq!(action, Action::requeue(RESYNC_INTERVAL));
+    assert_eq!(action, Action::requeue(NOT_READY_RESYNC_INTERVAL));
     server.expect_silence().await;
 }
 
@@ -229,13 +294,14 @@ async fn a_fixed_route_sets_replicas_and_deletes_the_hpa_it_owned() {
             route: &route,
             default_image: "patchbay/gateway:test",
             observed_replicas: Some(2),
-            secret_versions: &fixtures::secret_versions(&route.spec),
         });
         deployment_response(&serde_json::to_value(&d.deployment).unwrap(), 2, 2)
     };
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
-    observe(&mut server, Some(&existing), &route.spec).await;
+    // The stale HPA: read by metadata with the other names, controlled by the route.
+    let owned_hpa = metadata(&gw(), Some(ROUTE_UID));
+    observe_with_hpa(&mut server, Some(&existing), &route.spec, Some(owned_hpa)).await;
     expect_apply(&mut server, &core("configmaps", &gw())).await;
     let pool = expect_apply(
         &mut server,
@@ -250,15 +316,7 @@ async fn a_fixed_route_sets_replicas_and_deletes_the_hpa_it_owned() {
     reply.ok(&deployment_response(&seen.body, 2, 2));
     expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
 
-    // The stale HPA: read by metadata, deleted because the route controls it.
-    let (_, reply) = server.expect(Method::GET, &hpa_path(&gw())).await;
-    reply.ok(&json!({
-        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-        "metadata": {"name": gw(), "namespace": NAMESPACE, "ownerReferences": [{
-            "apiVersion": "patchbay.dev/v1alpha1", "kind": "RealtimeRoute",
-            "name": ROUTE_NAME, "uid": ROUTE_UID, "controller": true
-        }]}
-    }));
+    // Deleted because the route controls it.
     let (seen, reply) = server
         .expect(Method::DELETE, &format!("{}?", hpa_path(&gw())))
         .await;
@@ -286,7 +344,9 @@ async fn an_hpa_the_route_does_not_own_is_left_alone() {
     let (ctx, mut server, _) = fixtures::mock_context();
     let route = fixtures::route(fixtures::minimal_spec());
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
-    observe(&mut server, None, &route.spec).await;
+    // A fixed-count route wants no HPA, so a foreign one of its name is no reason to refuse.
+    let foreign_hpa = metadata(&gw(), None);
+    observe_with_hpa(&mut server, None, &route.spec, Some(foreign_hpa)).await;
     expect_apply(&mut server, &core("configmaps", &gw())).await;
     expect_apply(
         &mut server,
@@ -298,13 +358,9 @@ async fn an_hpa_the_route_does_not_own_is_left_alone() {
         .await;
     reply.ok(&seen.body);
     expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
-    let (_, reply) = server.expect(Method::GET, &hpa_path(&gw())).await;
-    reply.ok(&json!({
-        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-        "metadata": {"name": gw(), "namespace": NAMESPACE}
-    }));
     // No DELETE: straight on to the PDB.
     expect_apply(&mut server, &pdb_path(&gw())).await;
+    expect_pods(&mut server, &[]).await;
     server.expect_event().await;
     let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
     reply.ok(&patched(&route, &seen.body));
@@ -324,7 +380,6 @@ async fn a_scaled_deployment_resizes_only_the_pool_config_map() {
             route: &route,
             default_image: "patchbay/gateway:test",
             observed_replicas: observed,
-            secret_versions: &fixtures::secret_versions(&route.spec),
         })
     };
     let at_two = build(Some(2));
@@ -364,42 +419,89 @@ async fn a_scaled_deployment_resizes_only_the_pool_config_map() {
     assert_eq!(seen.body["status"]["poolSizePerPod"], 100);
     assert_eq!(seen.body["status"]["replicas"], 5);
     reply.ok(&patched(&route, &seen.body));
-    task.await.unwrap().expect("reconcile succeeds");
+    let action = task.await.unwrap().expect("reconcile succeeds");
+    assert_eq!(action, Action::requeue(RESYNC_INTERVAL), "every pod ready");
     server.expect_silence().await;
 }
 
 #[tokio::test]
-async fn a_missing_secret_is_degraded_with_a_reason_an_event_and_a_backoff() {
+async fn pods_stuck_on_a_missing_secret_make_the_route_degraded_pods_not_starting() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = fixtures::route(fixtures::minimal_spec());
+    let build = crate::build::desired(&crate::build::BuildInput {
+        route: &route,
+        default_image: "patchbay/gateway:test",
+        observed_replicas: Some(1),
+    });
+    let existing = deployment_response(&serde_json::to_value(&build.deployment).unwrap(), 1, 0);
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+
+    observe(&mut server, Some(&existing), &route.spec).await;
+    expect_apply(&mut server, &core("configmaps", &gw())).await;
+    expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    reply.ok(&deployment_response(&seen.body, 1, 0));
+    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    expect_apply(&mut server, &pdb_path(&gw())).await;
+
+    // What the kubelet recorded: the pod waits in ContainerCreating, its Secret volume failing.
+    let pod: Value =
+        serde_json::from_str(include_str!("../testdata/pod-secret-missing.json")).unwrap();
+    expect_pods(&mut server, &[pod]).await;
+    let events: Value =
+        serde_json::from_str(include_str!("../testdata/events-secret-missing.json")).unwrap();
+    expect_pod_events(&mut server, &events).await;
+
+    assert_eq!(
+        server.expect_event().await,
+        ("Warning".into(), "PodsNotStarting".into())
+    );
+    let degraded = expect_degraded(&mut server, &route, &status_path(), "PodsNotStarting").await;
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains("secret \"openai\" not found")
+            && message.contains("realtime/openai key \"api-key\" (upstream.apiKeySecretRef)"),
+        "{message}"
+    );
+    // Not an error: the children are applied; the route is looked at again soon.
+    let action = task.await.unwrap().expect("reconcile succeeds");
+    assert_eq!(action, Action::requeue(NOT_READY_RESYNC_INTERVAL));
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_degraded_with_a_reason_an_event_and_a_backoff() {
     let (ctx, mut server, registry) = fixtures::mock_context();
-    let route = Arc::new(fixtures::route(fixtures::minimal_spec()));
+    let mut route = fixtures::route(fixtures::minimal_spec());
+    route.spec.upstream.url = Some("https://api.openai.com/v1/realtime".into());
+    let route = Arc::new(route);
     let task = tokio::spawn(reconcile(route.clone(), ctx.clone()));
 
     let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
     reply.not_found("deployment");
-    let (_, reply) = server.expect(Method::GET, &core("secrets", "openai")).await;
-    reply.not_found("secret");
     assert_eq!(
         server.expect_event().await,
-        ("Warning".into(), "SecretNotFound".into())
+        ("Warning".into(), "InvalidSpec".into())
     );
-    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
-    let degraded = condition(&seen.body["status"], "Degraded");
-    assert_eq!(degraded["status"], "True");
-    assert_eq!(degraded["reason"], "SecretNotFound");
+    let degraded = expect_degraded(&mut server, &route, &status_path(), "InvalidSpec").await;
     assert!(degraded["message"]
         .as_str()
         .unwrap()
-        .contains("Secret realtime/openai referenced by upstream.apiKeySecretRef"));
-    assert_eq!(condition(&seen.body["status"], "Ready")["status"], "False");
-    reply.ok(&patched(&route, &seen.body));
+        .contains("upstream.url"));
 
     // No child was applied.
     let error = task
         .await
         .unwrap()
-        .expect_err("a missing secret fails the reconcile");
+        .expect_err("an invalid spec fails the reconcile");
     server.expect_silence().await;
-    assert_eq!(error.reason(), "SecretNotFound");
+    assert_eq!(error.reason(), "InvalidSpec");
 
     assert_eq!(
         error_policy(route.clone(), &error, ctx.clone()),
@@ -411,9 +513,7 @@ async fn a_missing_secret_is_degraded_with_a_reason_an_event_and_a_backoff() {
         "consecutive failures back off"
     );
     let text = metrics::encode(&registry);
-    assert!(
-        text.contains("patchbay_operator_reconcile_failures_total{reason=\"SecretNotFound\"} 2")
-    );
+    assert!(text.contains("patchbay_operator_reconcile_failures_total{reason=\"InvalidSpec\"} 2"));
 }
 
 #[tokio::test]
@@ -440,42 +540,90 @@ async fn a_route_name_that_cannot_name_a_service_is_invalid_and_applies_nothing(
     server.expect_silence().await;
 }
 
-#[tokio::test]
-async fn a_service_name_taken_by_someone_else_is_never_taken_over() {
+/// Reconcile a new autoscaled route whose `taken` child (kind, API path) exists and is
+/// controlled by something else: the route is `Degraded=True/NameTaken` naming that object, and
+/// nothing is applied.
+async fn a_child_name_taken_by_someone_else(kind: &str, name: &str, taken: &str) {
     let (ctx, mut server, _) = fixtures::mock_context();
-    let route = Arc::new(fixtures::route(fixtures::minimal_spec()));
+    let route = Arc::new(fixtures::route(fixtures::autoscaled_spec()));
     let task = tokio::spawn(reconcile(route.clone(), ctx.clone()));
-
-    let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
-    reply.not_found("deployment");
-    for secret in ["openai", "voice-keys"] {
-        let (_, reply) = server.expect(Method::GET, &core("secrets", secret)).await;
-        reply.ok(&secret_metadata(secret));
-    }
-    // A Service of the route's name that another owner (or nobody) controls.
-    let (_, reply) = server
-        .expect(Method::GET, &core("services", ROUTE_NAME))
-        .await;
-    reply.ok(&json!({
-        "apiVersion": "meta.k8s.io/v1",
-        "kind": "PartialObjectMetadata",
-        "metadata": {"name": ROUTE_NAME, "namespace": NAMESPACE, "ownerReferences": [{
+    let foreign = |name: &str| {
+        let mut meta = metadata(name, None);
+        meta["metadata"]["ownerReferences"] = json!([{
             "apiVersion": "apps/v1", "kind": "Deployment", "name": "someone-else",
             "uid": "00000000-0000-4000-8000-00000000beef", "controller": true
-        }]}
-    }));
+        }]);
+        meta
+    };
+
+    let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
+    if taken == apps(&gw()) {
+        let mut d = foreign(&gw());
+        d["apiVersion"] = json!("apps/v1");
+        d["kind"] = json!("Deployment");
+        reply.ok(&d);
+    } else {
+        reply.not_found("deployment");
+    }
+    let claims = [
+        core("configmaps", &gw()),
+        core("configmaps", &format!("{ROUTE_NAME}-pool")),
+        core("services", ROUTE_NAME),
+        hpa_path(&gw()),
+        pdb_path(&gw()),
+    ];
+    for path in claims.iter().filter(|_| taken != apps(&gw())) {
+        let (_, reply) = server.expect(Method::GET, path).await;
+        if *path == taken {
+            reply.ok(&foreign(name));
+            break;
+        }
+        reply.not_found("child");
+    }
     assert_eq!(
         server.expect_event().await,
         ("Warning".into(), "NameTaken".into())
     );
     let degraded = expect_degraded(&mut server, &route, &status_path(), "NameTaken").await;
-    assert!(degraded["message"]
-        .as_str()
-        .unwrap()
-        .contains(&format!("Service {NAMESPACE}/{ROUTE_NAME} exists")));
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{kind} {NAMESPACE}/{name} exists")),
+        "{message}"
+    );
     let error = task.await.unwrap().expect_err("a taken name fails");
     assert_eq!(error.reason(), "NameTaken");
     server.expect_silence().await; // nothing was applied
+}
+
+#[tokio::test]
+async fn a_service_name_taken_by_someone_else_is_never_taken_over() {
+    a_child_name_taken_by_someone_else("Service", ROUTE_NAME, &core("services", ROUTE_NAME)).await;
+}
+
+#[tokio::test]
+async fn a_gateway_config_map_taken_by_someone_else_is_never_taken_over() {
+    a_child_name_taken_by_someone_else("ConfigMap", &gw(), &core("configmaps", &gw())).await;
+}
+
+#[tokio::test]
+async fn a_pool_config_map_taken_by_someone_else_is_never_taken_over() {
+    let pool = format!("{ROUTE_NAME}-pool");
+    a_child_name_taken_by_someone_else("ConfigMap", &pool, &core("configmaps", &pool)).await;
+}
+
+#[tokio::test]
+async fn a_deployment_taken_by_someone_else_is_never_taken_over() {
+    a_child_name_taken_by_someone_else("Deployment", &gw(), &apps(&gw())).await;
+}
+
+#[tokio::test]
+async fn an_hpa_taken_by_someone_else_is_never_taken_over_by_an_autoscaled_route() {
+    a_child_name_taken_by_someone_else("HorizontalPodAutoscaler", &gw(), &hpa_path(&gw())).await;
+}
+
+#[tokio::test]
+async fn a_pdb_taken_by_someone_else_is_never_taken_over() {
+    a_child_name_taken_by_someone_else("PodDisruptionBudget", &gw(), &pdb_path(&gw())).await;
 }
 
 #[tokio::test]
@@ -491,7 +639,6 @@ async fn a_fixed_route_becoming_autoscaled_hands_its_replicas_off_before_droppin
             route: &fixed_route,
             default_image: "patchbay/gateway:test",
             observed_replicas: Some(4),
-            secret_versions: &fixtures::secret_versions(&route.spec),
         })
         .deployment,
     )
@@ -565,4 +712,106 @@ async fn an_api_error_fails_the_reconcile_with_its_facts() {
     assert_eq!(error.reason(), "ApiError");
     assert!(error.to_string().contains("apply ConfigMap voice-gateway"));
     server.expect_silence().await;
+}
+
+/// Reconcile `edited` over the children `original` built (all pods ready); returns the applied
+/// gateway ConfigMap and Deployment bodies, the events, and the children `original` had.
+async fn reconcile_an_edit(
+    original: RealtimeRouteSpec,
+    edited: RealtimeRouteSpec,
+) -> (Value, Value, Vec<(String, String)>, crate::build::Desired) {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut route = fixtures::route(original);
+    let before = crate::build::desired(&crate::build::BuildInput {
+        route: &route,
+        default_image: "patchbay/gateway:test",
+        observed_replicas: Some(2),
+    });
+    route.status = Some(crate::crd::RealtimeRouteStatus {
+        pool_size_per_pod: Some(before.pool_size),
+        ..Default::default()
+    });
+    route.spec = edited;
+    let existing = deployment_response(&serde_json::to_value(&before.deployment).unwrap(), 2, 2);
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, Some(&existing), &route.spec).await;
+    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
+    expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    let deployment = seen.body.clone();
+    reply.ok(&deployment_response(&seen.body, 2, 2));
+    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    expect_apply(&mut server, &hpa_path(&gw())).await;
+    expect_apply(&mut server, &pdb_path(&gw())).await;
+    let mut events = Vec::new();
+    loop {
+        let (seen, reply) = server.next().await;
+        if seen.uri.contains("/events") {
+            events.push((
+                seen.body["type"].as_str().unwrap_or_default().to_string(),
+                seen.body["reason"].as_str().unwrap_or_default().to_string(),
+            ));
+            reply.ok(&seen.body);
+            continue;
+        }
+        assert_eq!(seen.uri, status_path());
+        reply.ok(&patched(&route, &seen.body));
+        break;
+    }
+    task.await.unwrap().expect("reconcile succeeds");
+    server.expect_silence().await;
+    (config, deployment, events, before)
+}
+
+#[tokio::test]
+async fn a_price_and_flush_interval_edit_changes_the_config_map_and_not_the_pod_template() {
+    let original = fixtures::full_spec();
+    let mut edited = original.clone();
+    edited.metering.prices[0].audio_output = 80.0;
+    edited.metering.flush_seconds = 5;
+    let (config, deployment, events, before) = reconcile_an_edit(original, edited).await;
+    let toml = config["data"]["gateway.toml"].as_str().unwrap();
+    assert!(
+        toml.contains("audio_output = 80.0") && toml.contains("flush_secs = 5"),
+        "{toml}"
+    );
+    assert_ne!(
+        config,
+        serde_json::to_value(&before.gateway_config).unwrap()
+    );
+    assert_eq!(
+        deployment,
+        serde_json::to_value(&before.deployment).unwrap(),
+        "the pod template (and so every live call) is untouched"
+    );
+    assert!(events.is_empty(), "no ConfigChanged: {events:?}");
+}
+
+#[tokio::test]
+async fn an_upstream_url_edit_changes_the_pod_template() {
+    let original = fixtures::full_spec();
+    let mut edited = original.clone();
+    edited.upstream.url = Some("wss://eu.api.openai.com/v1/realtime".into());
+    let (config, deployment, events, before) = reconcile_an_edit(original, edited).await;
+    assert!(config["data"]["gateway.toml"]
+        .as_str()
+        .unwrap()
+        .contains("wss://eu.api.openai.com/v1/realtime"));
+    let hash = |d: &Value| {
+        d["spec"]["template"]["metadata"]["annotations"]["patchbay.dev/config-hash"].clone()
+    };
+    assert_ne!(
+        hash(&deployment),
+        hash(&serde_json::to_value(&before.deployment).unwrap())
+    );
+    assert_eq!(
+        events,
+        [("Normal".to_string(), "ConfigChanged".to_string())]
+    );
 }

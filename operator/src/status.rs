@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `Ready` | at least one gateway pod is ready | `GatewayReady`, `NoReadyReplicas` |
 //! | `Progressing` | the Deployment is being created or rolled out | `Creating`, `RollingOut`, `RolloutComplete`, `Blocked` |
-//! | `Degraded` | the spec cannot be served as written | `SecretNotFound`, `InvalidSpec`, `AsExpected` |
+//! | `Degraded` | the spec cannot be served as written, or its pods cannot start | `InvalidSpec`, `NameTaken`, `PodsNotStarting`, `AsExpected` |
 //!
 //! A condition keeps its `lastTransitionTime` while its `status` stays the same, so an unchanged
 //! world yields an identical status and the apply is a no-op (no watch event, no reconcile loop).
@@ -26,6 +26,8 @@ use crate::error::{Error, Result};
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// `Degraded` reason when the route's pods cannot start (for example a missing Secret).
+pub const PODS_NOT_STARTING: &str = "PodsNotStarting";
 
 /// What a reconcile saw and decided.
 #[derive(Debug, Default)]
@@ -36,6 +38,8 @@ pub struct Observation<'a> {
     pub pool_size: Option<i32>,
     /// The user error that stopped this reconcile.
     pub problem: Option<&'a Error>,
+    /// Why the route's pods do not start ([`crate::pods::not_starting`]), when they do not.
+    pub pods_not_starting: Option<&'a str>,
 }
 
 /// The current time as `metav1.Time` text (RFC 3339, seconds).
@@ -119,9 +123,10 @@ pub fn compute(route: &RealtimeRoute, seen: &Observation<'_>, now: &str) -> Real
         }
     };
 
-    let degraded = match seen.problem {
-        Some(problem) => condition(DEGRADED, true, problem.reason(), problem.to_string()),
-        None => condition(DEGRADED, false, "AsExpected", String::new()),
+    let degraded = match (seen.problem, seen.pods_not_starting) {
+        (Some(problem), _) => condition(DEGRADED, true, problem.reason(), problem.to_string()),
+        (None, Some(why)) => condition(DEGRADED, true, PODS_NOT_STARTING, why.to_string()),
+        (None, None) => condition(DEGRADED, false, "AsExpected", String::new()),
     };
 
     RealtimeRouteStatus {
@@ -219,6 +224,7 @@ mod tests {
             deployment: Some(&d),
             pool_size: Some(4),
             problem: None,
+            pods_not_starting: None,
         };
         let status = compute(&route, &seen, "2025-01-01T00:00:00Z");
         assert_eq!(status.observed_generation, Some(1));
@@ -251,12 +257,12 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_secret_is_degraded_with_its_reason() {
+    fn a_spec_problem_is_degraded_with_its_reason_and_blocks_the_rollout() {
         let route = fixtures::route(fixtures::minimal_spec());
-        let problem = Error::SecretNotFound {
+        let problem = Error::NameTaken {
+            kind: "ConfigMap",
             namespace: "realtime".into(),
-            name: "openai".into(),
-            field: "upstream.apiKeySecretRef",
+            name: "voice-pool".into(),
         };
         let seen = Observation {
             problem: Some(&problem),
@@ -265,10 +271,29 @@ mod tests {
         let status = compute(&route, &seen, "t");
         let degraded = get(&status, DEGRADED);
         assert_eq!(degraded.status, "True");
-        assert_eq!(degraded.reason, "SecretNotFound");
-        assert!(degraded.message.contains("realtime/openai"));
+        assert_eq!(degraded.reason, "NameTaken");
+        assert!(degraded.message.contains("realtime/voice-pool"));
         assert_eq!(get(&status, READY).status, "False");
         assert_eq!(get(&status, PROGRESSING).reason, "Blocked");
+    }
+
+    #[test]
+    fn pods_that_cannot_start_are_degraded_with_why() {
+        let route = fixtures::route(fixtures::minimal_spec());
+        let d = deployment(1, 1, 2, 2, 0);
+        let seen = Observation {
+            deployment: Some(&d),
+            pool_size: Some(1),
+            problem: None,
+            pods_not_starting: Some("1 of 2 gateway pods are not starting: …"),
+        };
+        let status = compute(&route, &seen, "t");
+        let degraded = get(&status, DEGRADED);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "PodsNotStarting")
+        );
+        assert!(degraded.message.starts_with("1 of 2 gateway pods"));
     }
 
     #[test]
@@ -279,6 +304,7 @@ mod tests {
             deployment: Some(&d),
             pool_size: Some(1),
             problem: None,
+            pods_not_starting: None,
         };
         let first = compute(&route, &seen, "2025-01-01T00:00:00Z");
         route.status = Some(first.clone());

@@ -1,17 +1,12 @@
 //! Stage 1 of a reconcile: is the route servable?
 //!
 //! The schema already enforces types, minimums, enums and `replicas.min <= max`; what is left is
-//! what a schema cannot say ([`check_spec`], pure) and whether the referenced Secrets exist
-//! ([`check_secrets`]). Secrets are looked up by metadata only: the operator needs to know they
-//! are there, never what they hold, and its RBAC grants `get` on Secrets for exactly this.
+//! what a schema cannot say ([`check_route`], pure). Whether the referenced Secrets exist is not
+//! checked here: the operator has no access to Secrets at all. A missing one keeps the gateway
+//! pods from starting, which [`crate::pods`] reports from the pods and their events.
 
-use std::collections::BTreeMap;
+use kube::ResourceExt;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::{Api, ResourceExt};
-
-use crate::apply::Holder;
-use crate::context::Context;
 use crate::crd::{Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
 use crate::error::{Error, Result};
 
@@ -121,71 +116,10 @@ pub fn secret_refs(spec: &RealtimeRouteSpec) -> Vec<(&'static str, &SecretKeyRef
     refs
 }
 
-/// Fails with [`Error::SecretNotFound`] on the first referenced Secret that does not exist;
-/// otherwise returns each referenced Secret's `resourceVersion` by name (metadata only).
-pub async fn check_secrets(
-    ctx: &Context,
-    namespace: &str,
-    spec: &RealtimeRouteSpec,
-) -> Result<BTreeMap<String, String>> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut versions = BTreeMap::new();
-    for (field, secret) in secret_refs(spec) {
-        let found = ctx
-            .call(
-                "get",
-                "Secret",
-                &secret.name,
-                secrets.get_metadata_opt(&secret.name),
-            )
-            .await?;
-        let Some(found) = found else {
-            return Err(Error::SecretNotFound {
-                namespace: namespace.to_string(),
-                name: secret.name.clone(),
-                field,
-            });
-        };
-        if let Some(version) = found.metadata.resource_version {
-            versions.insert(secret.name.clone(), version);
-        }
-    }
-    Ok(versions)
-}
-
-/// The Service is named after the route itself, so it is the child most likely to collide with
-/// an object someone else made. A forced server-side apply would take that object over (and the
-/// garbage collector would delete it with the route): refuse instead, with [`Error::NameTaken`].
-/// The other children carry a `-gateway` or `-pool` suffix.
-pub async fn check_service_name_free(
-    ctx: &Context,
-    namespace: &str,
-    route: &RealtimeRoute,
-) -> Result<()> {
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-    let name = crate::build::service_name(route);
-    match crate::apply::holder(ctx, &services, &name, route).await? {
-        Holder::Nobody | Holder::Route => Ok(()),
-        Holder::Other => Err(Error::NameTaken {
-            kind: "Service",
-            namespace: namespace.to_string(),
-            name,
-        }),
-    }
-}
-
-/// Stage 1 as a whole: the route's name, its spec, its Secrets and its Service name, in that
-/// order. Returns the referenced Secrets' `resourceVersion`s by name.
-pub async fn check_route(
-    ctx: &Context,
-    namespace: &str,
-    route: &RealtimeRoute,
-) -> Result<BTreeMap<String, String>> {
+/// Stage 1 as a whole: the route's name, then its spec.
+pub fn check_route(route: &RealtimeRoute) -> Result<()> {
     check_name(&route.name_any())?;
-    check_spec(&route.spec)?;
-    let versions = check_secrets(ctx, namespace, &route.spec).await?;
-    check_service_name_free(ctx, namespace, route).await?;
-    Ok(versions)
+    check_spec(&route.spec)
 }
 
 #[cfg(test)]
@@ -284,7 +218,7 @@ mod tests {
     }
 
     #[test]
-    fn the_redis_secret_is_checked_only_when_named() {
+    fn the_redis_secret_is_referenced_only_when_named() {
         assert_eq!(secret_refs(&fixtures::minimal_spec()).len(), 2);
         assert_eq!(secret_refs(&fixtures::full_spec()).len(), 3);
     }

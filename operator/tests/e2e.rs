@@ -303,3 +303,587 @@ async fn a_route_on_a_real_cluster_gets_its_children_status_pool_resizes_and_cle
         .await
         .expect("delete namespace");
 }
+
+// --- the issue-12 properties on a real API server -------------------------------------------
+
+/// The kubeconfig, or `None` after saying why the test skips.
+fn kubeconfig_or_skip(test: &str) -> Option<String> {
+    match std::env::var(ENV) {
+        Ok(path) => Some(path),
+        Err(_) => {
+            eprintln!("skipping {test}: set {ENV} to a kubeconfig of a throwaway cluster (see docs/operator.md)");
+            None
+        }
+    }
+}
+
+/// A fresh namespace named after `prefix`, with its `default` ServiceAccount (which the
+/// ServiceAccount admission plugin wants before any pod, and which a cluster without a
+/// controller manager would never create).
+async fn fresh_namespace(client: &Client, prefix: &str) -> String {
+    let namespace = format!(
+        "{prefix}-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            % 100_000_000
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), &namespace);
+    let sa = serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}})).unwrap();
+    match accounts.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.is_already_exists() => {}
+        Err(e) => panic!("create the default ServiceAccount: {e}"),
+    }
+    namespace
+}
+
+async fn delete_namespace(client: &Client, namespace: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let _ = namespaces.delete(namespace, &DeleteParams::default()).await;
+}
+
+/// Run the controller against `namespace` until the returned token is cancelled.
+fn run_controller(
+    client: &Client,
+    namespace: &str,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let shutdown = CancellationToken::new();
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Metrics::default(),
+        "patchbay/gateway:0.1.0".into(),
+        Some("e2e".into()),
+    ));
+    let stop = shutdown.clone();
+    let task = tokio::spawn(controller::run(
+        ctx,
+        Some(namespace.to_string()),
+        async move { stop.cancelled().await },
+    ));
+    (shutdown, task)
+}
+
+fn template_hash(d: &Deployment) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get("patchbay.dev/config-hash")
+        .cloned()
+}
+
+#[tokio::test]
+async fn a_price_or_flush_edit_never_touches_the_pod_template_and_an_upstream_url_edit_does() {
+    let Some(kubeconfig) = kubeconfig_or_skip("the live/restart split test") else {
+        return;
+    };
+    let client = client_from(&kubeconfig).await;
+    install_crds(&client).await;
+    let namespace = fresh_namespace(&client, "patchbay-e2e-live").await;
+    let route = apply_example(&client, &namespace).await;
+    let name = route.name_any();
+    let (shutdown, controller) = run_controller(&client, &namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let routes: Api<RealtimeRoute> = Api::namespaced(client.clone(), &namespace);
+    let gateway = format!("{name}-gateway");
+
+    let first = eventually("the Deployment", || async {
+        deployments.get_opt(&gateway).await.ok().flatten()
+    })
+    .await;
+    let template_before = first.spec.clone().unwrap().template;
+    // No Secret reaches the pod except as a mounted file.
+    let pod = template_before.spec.clone().unwrap();
+    assert!(pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .all(|e| e.value_from.is_none()));
+    let mounted: Vec<String> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+        .collect();
+    assert!(
+        mounted.contains(&route.spec.upstream.api_key_secret_ref.name),
+        "{mounted:?}"
+    );
+
+    // Live edit: prices and flushSeconds.
+    let mut prices = serde_json::to_value(&route.spec.metering.prices).unwrap();
+    if let Some(first) = prices.as_array_mut().and_then(|p| p.first_mut()) {
+        first["audioOutput"] = serde_json::json!(99.0);
+    }
+    routes
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"metering": {"flushSeconds": 7, "prices": prices}}}),
+            ),
+        )
+        .await
+        .expect("edit prices and flushSeconds");
+    eventually("the ConfigMap to carry the edit", || async {
+        let cm = config_maps.get(&gateway).await.ok()?;
+        cm.data?
+            .get("gateway.toml")?
+            .contains("flush_secs = 7")
+            .then_some(())
+    })
+    .await;
+    eventually("the route's status to see the edit", || async {
+        let r = routes.get(&name).await.ok()?;
+        (r.status?.observed_generation == r.metadata.generation).then_some(())
+    })
+    .await;
+    let after_live = deployments.get(&gateway).await.unwrap();
+    assert_eq!(
+        after_live.spec.unwrap().template,
+        template_before,
+        "a live edit never touches the pod template"
+    );
+
+    // Restart edit: the upstream URL.
+    routes
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"upstream": {"url": "wss://eu.api.openai.com/v1/realtime"}}})),
+        )
+        .await
+        .expect("edit the upstream URL");
+    let before_hash = template_hash(&first);
+    eventually("the pod template to change", || async {
+        let d = deployments.get(&gateway).await.ok()?;
+        (template_hash(&d) != before_hash).then_some(())
+    })
+    .await;
+
+    shutdown.cancel();
+    controller.await.expect("controller stops");
+    delete_namespace(&client, &namespace).await;
+}
+
+#[tokio::test]
+async fn a_child_name_held_by_someone_else_is_refused_and_left_untouched() {
+    let Some(kubeconfig) = kubeconfig_or_skip("the name-taken test") else {
+        return;
+    };
+    let client = client_from(&kubeconfig).await;
+    install_crds(&client).await;
+    let namespace = fresh_namespace(&client, "patchbay-e2e-taken").await;
+    // Someone else's ConfigMap with the pool ConfigMap's name, made before the route.
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let foreign: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "voice-pool"}, "data": {"mine": "yes"}
+    }))
+    .unwrap();
+    config_maps
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("create the foreign ConfigMap");
+    let route = apply_example(&client, &namespace).await;
+    assert_eq!(route.name_any(), "voice", "the example route's name");
+    let (shutdown, controller) = run_controller(&client, &namespace);
+    let routes: Api<RealtimeRoute> = Api::namespaced(client.clone(), &namespace);
+
+    let degraded = eventually("Degraded=True/NameTaken", || async {
+        let status = routes.get("voice").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "NameTaken")
+    })
+    .await;
+    assert!(
+        degraded
+            .message
+            .contains(&format!("ConfigMap {namespace}/voice-pool exists")),
+        "{}",
+        degraded.message
+    );
+    let cm = config_maps.get("voice-pool").await.unwrap();
+    assert!(cm.owner_references().is_empty(), "never taken over");
+    assert_eq!(
+        cm.data.unwrap().get("mine").map(String::as_str),
+        Some("yes")
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    assert!(
+        deployments
+            .get_opt("voice-gateway")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing applied"
+    );
+
+    shutdown.cancel();
+    controller.await.expect("controller stops");
+    delete_namespace(&client, &namespace).await;
+}
+
+// --- RBAC and the admission policy of the chart, as the operator's ServiceAccount ------------
+
+const CHART_ENV: &str = "PATCHBAY_E2E_CHART";
+const OPERATOR_USER: &str = "system:serviceaccount:patchbay-system:patchbay-operator";
+
+/// Apply the chart's cluster-wide objects (ClusterRole and binding, ServiceAccount, admission
+/// policy and binding) from a `helm template` rendering in release namespace `patchbay-system`.
+async fn install_chart_rbac(client: &Client, rendered: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "patchbay-system"}}))
+            .unwrap();
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.is_already_exists() => {}
+        Err(e) => panic!("create patchbay-system: {e}"),
+    }
+    let wanted = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    let discovery = kube::Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("API discovery");
+    for doc in yaml_docs(&PathBuf::from(rendered)) {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        if !wanted.contains(&kind.as_str()) {
+            continue;
+        }
+        let object: kube::api::DynamicObject = serde_yaml::from_value(doc).expect("object");
+        let gvk = kube::api::GroupVersionKind::try_from(object.types.as_ref().unwrap()).unwrap();
+        let (resource, caps) = discovery.resolve_gvk(&gvk).expect("known kind");
+        let api: Api<kube::api::DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced
+        {
+            Api::namespaced_with(client.clone(), "patchbay-system", &resource)
+        } else {
+            Api::all_with(client.clone(), &resource)
+        };
+        api.patch(
+            &object.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {kind}: {e}"));
+    }
+}
+
+/// A client that acts as the operator's ServiceAccount (impersonation by the admin).
+async fn operator_client(kubeconfig: &str) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("readable kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("usable kubeconfig");
+    config.auth_info.impersonate = Some(OPERATOR_USER.into());
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        "system:serviceaccounts:patchbay-system".into(),
+        "system:authenticated".into(),
+    ]);
+    Client::try_from(config).expect("client")
+}
+
+fn gateway_pod(name: &str, metrics_port: u16) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {
+            "app.kubernetes.io/name": "patchbay-gateway",
+            "app.kubernetes.io/instance": "voice",
+            "app.kubernetes.io/managed-by": "patchbay-operator"
+        }},
+        "spec": {"automountServiceAccountToken": false, "containers": [{
+            "name": "gateway", "image": "patchbay/gateway:0.1.0",
+            "ports": [{"name": "metrics", "containerPort": metrics_port}]
+        }]}
+    }))
+    .unwrap()
+}
+
+fn cost_patch(cost: &str) -> Patch<serde_json::Value> {
+    Patch::Merge(serde_json::json!({
+        "metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": cost}}
+    }))
+}
+
+#[tokio::test]
+async fn the_operator_account_reconciles_without_secrets_and_may_only_set_gateway_pod_costs() {
+    let Some(kubeconfig) = kubeconfig_or_skip("the RBAC and admission-policy test") else {
+        return;
+    };
+    let Ok(rendered) = std::env::var(CHART_ENV) else {
+        eprintln!(
+            "skipping the RBAC and admission-policy test: set {CHART_ENV} to the output of \
+             `helm template patchbay charts/patchbay -n patchbay-system`"
+        );
+        return;
+    };
+    let admin = client_from(&kubeconfig).await;
+    install_crds(&admin).await;
+    install_chart_rbac(&admin, &rendered).await;
+    let namespace = fresh_namespace(&admin, "patchbay-e2e-rbac").await;
+    let route = apply_example(&admin, &namespace).await;
+    let operator = operator_client(&kubeconfig).await;
+
+    // Secrets are out of reach.
+    let secrets: Api<Secret> = Api::namespaced(operator.clone(), &namespace);
+    let denied = secrets
+        .get(&route.spec.upstream.api_key_secret_ref.name)
+        .await
+        .expect_err("no Secret access");
+    assert!(
+        matches!(denied, kube::Error::Api(ref e) if e.code == 403),
+        "{denied}"
+    );
+
+    // The controller, as the ServiceAccount, reconciles the route fully.
+    let (shutdown, controller) = run_controller(&operator, &namespace);
+    let routes: Api<RealtimeRoute> = Api::namespaced(admin.clone(), &namespace);
+    eventually("the route reconciled by the operator's account", || async {
+        let r = routes.get(&route.name_any()).await.ok()?;
+        let status = r.status?;
+        let healthy = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "False");
+        (status.observed_generation == r.metadata.generation && healthy).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    controller.await.expect("controller stops");
+
+    // Pods: a gateway pod and someone else's.
+    let admin_pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(admin.clone(), &namespace);
+    admin_pods
+        .create(&PostParams::default(), &gateway_pod("gw", 9090))
+        .await
+        .expect("create gateway pod");
+    let mut other = gateway_pod("other", 9090);
+    other.metadata.labels = Some([("app".to_string(), "other".to_string())].into());
+    admin_pods
+        .create(&PostParams::default(), &other)
+        .await
+        .expect("create other pod");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(operator.clone(), &namespace);
+
+    // The policy is enforced once the API server has loaded it: wait for the first denial.
+    let label = Patch::Merge(serde_json::json!({"metadata": {"labels": {"steer": "me"}}}));
+    let denial = eventually("the admission policy to deny a label patch", || async {
+        match pods.patch("gw", &PatchParams::default(), &label).await {
+            Err(kube::Error::Api(e)) => Some(e),
+            Ok(_) => {
+                // Loaded late: undo and try again.
+                let undo =
+                    Patch::Merge(serde_json::json!({"metadata": {"labels": {"steer": null}}}));
+                let _ = admin_pods.patch("gw", &PatchParams::default(), &undo).await;
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await;
+    assert!(
+        denial.message.contains("may not change a pod's labels"),
+        "{}",
+        denial.message
+    );
+    pods.patch("gw", &PatchParams::default(), &cost_patch("3"))
+        .await
+        .expect("the deletion-cost annotation is allowed");
+    let other_annotation =
+        Patch::Merge(serde_json::json!({"metadata": {"annotations": {"x": "1"}}}));
+    assert!(pods
+        .patch("gw", &PatchParams::default(), &other_annotation)
+        .await
+        .is_err());
+    assert!(
+        pods.patch("other", &PatchParams::default(), &cost_patch("3"))
+            .await
+            .is_err(),
+        "only gateway pods"
+    );
+    let gw = admin_pods.get("gw").await.unwrap();
+    assert_eq!(
+        gw.annotations()
+            .get("controller.kubernetes.io/pod-deletion-cost")
+            .map(String::as_str),
+        Some("3")
+    );
+    assert!(!gw.labels().contains_key("steer"));
+    delete_namespace(&admin, &namespace).await;
+}
+
+// --- scale-down spares busy pods: the deletion cost follows real gateways' sessions ----------
+
+/// A gateway serving `sim` whose admin listener is `admin` (a loopback address of its own).
+async fn gateway_at(
+    sim: &patchbay_gateway::sim::SimHandle,
+    admin: std::net::SocketAddr,
+) -> patchbay_gateway::gateway::Running {
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"{admin}\"\n\
+         [[routes]]\nmodel = \"gpt-realtime\"\nupstream_url = \"{}\"\napi_key_env = \"E2E_UPSTREAM_KEY\"\n\
+         [pool]\nsize = 0\n",
+        sim.url(false)
+    );
+    let env = |k: &str| match k {
+        "E2E_UPSTREAM_KEY" => Some("sk-e2e".to_string()),
+        "PATCHBAY_MASTER_KEY" => Some("pb-e2e".to_string()),
+        _ => None,
+    };
+    let config =
+        patchbay_gateway::config::Config::from_toml_with_env(&toml, &env).expect("gateway config");
+    patchbay_gateway::gateway::start(config)
+        .await
+        .expect("gateway starts")
+}
+
+type Session = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// A client session through `gateway`, open once `session.created` arrived.
+async fn session(gateway: std::net::SocketAddr) -> Session {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = format!("ws://{gateway}/v1/realtime?model=gpt-realtime")
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer pb-e2e".parse().unwrap());
+    let stream = tokio::net::TcpStream::connect(gateway).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("session opens");
+    let first = tokio::time::timeout(WAIT, ws.next())
+        .await
+        .expect("session.created in time")
+        .expect("a frame")
+        .expect("a frame");
+    assert!(first.to_text().unwrap().contains("session.created"));
+    ws
+}
+
+#[tokio::test]
+async fn the_deletion_cost_of_each_ready_gateway_pod_follows_its_live_sessions() {
+    let Some(kubeconfig) = kubeconfig_or_skip("the deletion-cost test") else {
+        return;
+    };
+    let admin = client_from(&kubeconfig).await;
+    // As the operator's account when the chart's RBAC and policy are installed by the test above
+    // (or by hand); as the admin otherwise.
+    let keeper_client = match std::env::var(CHART_ENV) {
+        Ok(rendered) => {
+            install_chart_rbac(&admin, &rendered).await;
+            operator_client(&kubeconfig).await
+        }
+        Err(_) => admin.clone(),
+    };
+    let namespace = fresh_namespace(&admin, "patchbay-e2e-cost").await;
+
+    // Two real gateways with admin listeners on 127.0.0.2 and 127.0.0.3, one port.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.2:0").expect("127.0.0.2 is local");
+        l.local_addr().unwrap().port()
+    };
+    let sim = patchbay_gateway::sim::start(
+        "127.0.0.1:0".parse().unwrap(),
+        patchbay_gateway::sim::SimConfig::default(),
+    )
+    .await
+    .expect("simulator");
+    let busy = gateway_at(&sim, format!("127.0.0.2:{port}").parse().unwrap()).await;
+    let idle = gateway_at(&sim, format!("127.0.0.3:{port}").parse().unwrap()).await;
+
+    // Their Pod objects, made ready at those IPs through the status subresource.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), &namespace);
+    for (name, ip) in [("gw-busy", "127.0.0.2"), ("gw-idle", "127.0.0.3")] {
+        pods.create(&PostParams::default(), &gateway_pod(name, port))
+            .await
+            .expect("create pod");
+        let status = serde_json::json!({"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True"}]
+        }});
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("set the pod status");
+    }
+
+    let cost = |pod: k8s_openapi::api::core::v1::Pod| {
+        pod.annotations()
+            .get("controller.kubernetes.io/pod-deletion-cost")
+            .cloned()
+    };
+    // Three live sessions on one gateway, none on the other, before the keeper's first round
+    // (a later step of 1 or 2 would sit within the hysteresis).
+    let mut live = Vec::new();
+    for _ in 0..3 {
+        live.push(session(busy.addr).await);
+    }
+    let busy_admin = format!("127.0.0.2:{port}").parse().unwrap();
+    eventually("the busy gateway to count 3 live sessions", || async {
+        let n = patchbay_operator::deletion_cost::scrape::scrape(busy_admin)
+            .await
+            .ok()?;
+        (n == 3).then_some(())
+    })
+    .await;
+    let stop = CancellationToken::new();
+    let ctx = Arc::new(Context::new(
+        keeper_client,
+        Metrics::default(),
+        "patchbay/gateway:0.1.0".into(),
+        Some("e2e".into()),
+    ));
+    let keeper = tokio::spawn(patchbay_operator::deletion_cost::run(
+        ctx,
+        Some(namespace.clone()),
+        stop.clone(),
+    ));
+
+    eventually("the busy pod's cost to be 3", || async {
+        (cost(pods.get("gw-busy").await.ok()?) == Some("3".into())).then_some(())
+    })
+    .await;
+    let idle_cost = cost(pods.get("gw-idle").await.unwrap());
+    assert!(
+        idle_cost.is_none() || idle_cost == Some("0".into()),
+        "the idle pod stays the cheapest: {idle_cost:?}"
+    );
+
+    // The calls end: the cost returns to 0 (always patched when it reaches 0).
+    for ws in live.drain(..) {
+        drop(ws);
+    }
+    eventually("the busy pod's cost to return to 0", || async {
+        (cost(pods.get("gw-busy").await.ok()?) == Some("0".into())).then_some(())
+    })
+    .await;
+
+    stop.cancel();
+    keeper.await.expect("keeper stops");
+    let _ = (busy, idle);
+    delete_namespace(&admin, &namespace).await;
+}

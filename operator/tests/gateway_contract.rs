@@ -1,10 +1,12 @@
 //! The operator ⇄ gateway contract: the `gateway.toml` the operator renders for a route loads
 //! with the gateway's own config loader, for every example and for the extremes of the spec.
 //!
-//! The loader checks that `[keys] file` exists. Inside a pod that is the mounted Secret; here
-//! the test writes the example's key file to a temporary directory and points the gateway at it
-//! with its own env override (`PATCHBAY_KEYS_FILE`), after asserting the rendered path is the
-//! mount path.
+//! The loader checks that `[keys] file` exists and reads `api_key_file` and `[store]
+//! redis_url_file`. Inside a pod those are the mounted Secrets; here the test asserts the rendered
+//! paths are the mount paths, then writes stand-in files to a temporary directory and points the
+//! gateway at them (the keys file with the gateway's own env override `PATCHBAY_KEYS_FILE`, the
+//! Secret directories by rewriting their prefix in the rendered text). No env var is set: the
+//! rendered config must need none.
 
 use std::path::{Path, PathBuf};
 
@@ -63,10 +65,39 @@ fn assert_loads(what: &str, route: &RealtimeRoute, keys_file: &Path) {
         ),
         "{what}: keys.file is the Secret's mount path"
     );
+    let upstream = &route.spec.upstream.api_key_secret_ref.key;
+    assert_eq!(
+        doc["routes"][0]["api_key_file"].as_str(),
+        Some(format!("/etc/patchbay/upstream/{upstream}").as_str()),
+        "{what}: api_key_file is the upstream key Secret's mount path"
+    );
+    let dir = keys_file
+        .parent()
+        .expect("temp dir")
+        .join(what.replace('/', "-"));
+    std::fs::create_dir_all(dir.join("upstream")).expect("temp dir");
+    std::fs::create_dir_all(dir.join("redis")).expect("temp dir");
+    std::fs::write(dir.join("upstream").join(upstream), "sk-test-upstream\n").expect("key file");
+    if let Some(redis) = &route.spec.metering.redis_url_secret_ref {
+        assert_eq!(
+            doc["store"]["redis_url_file"].as_str(),
+            Some(format!("/etc/patchbay/redis/{}", redis.key).as_str()),
+            "{what}: redis_url_file is the Redis Secret's mount path"
+        );
+        std::fs::write(
+            dir.join("redis").join(&redis.key),
+            "redis://127.0.0.1:6379\n",
+        )
+        .expect("url file");
+    }
+    let text = text
+        .replace(
+            "/etc/patchbay/upstream/",
+            &format!("{}/upstream/", dir.display()),
+        )
+        .replace("/etc/patchbay/redis/", &format!("{}/redis/", dir.display()));
     let keys_file = keys_file.display().to_string();
     let env = |name: &str| match name {
-        "PATCHBAY_UPSTREAM_API_KEY" => Some("sk-test-upstream".to_string()),
-        "PATCHBAY_REDIS_URL" => Some("redis://127.0.0.1:6379".to_string()),
         "PATCHBAY_KEYS_FILE" => Some(keys_file.clone()),
         _ => None,
     };

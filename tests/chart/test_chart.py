@@ -28,20 +28,30 @@ RELEASE = "patchbay"
 NAMESPACE = "patchbay-system"
 OPERATOR = "patchbay-operator"
 
-CRUD = {"get", "list", "watch", "create", "patch", "delete"}
+# Read, watch and server-side apply (an apply that creates is authorised as a create).
+APPLIED = {"get", "list", "watch", "create", "patch"}
 
-# (apiGroup, resource) -> verbs: the operator's contract, and nothing more.
+# (apiGroup, resource) -> verbs: exactly what the operator's code calls, and nothing more.
 OPERATOR_RULES = {
-    ("patchbay.dev", "realtimeroutes"): {"get", "list", "watch"},
-    ("patchbay.dev", "realtimeroutes/status"): {"get", "patch"},
-    ("", "configmaps"): CRUD,
-    ("", "services"): CRUD,
-    ("apps", "deployments"): CRUD,
-    ("autoscaling", "horizontalpodautoscalers"): CRUD,
-    ("policy", "poddisruptionbudgets"): CRUD,
-    ("", "secrets"): {"get"},
-    ("", "events"): {"create", "patch"},
+    ("patchbay.dev", "realtimeroutes"): {"list", "watch"},
+    ("patchbay.dev", "realtimeroutes/status"): {"patch"},
+    ("", "configmaps"): APPLIED,
+    ("", "services"): APPLIED,
+    ("apps", "deployments"): APPLIED,
+    # Deleted when a route stops autoscaling; every other child goes with its route.
+    ("autoscaling", "horizontalpodautoscalers"): APPLIED | {"delete"},
+    ("policy", "poddisruptionbudgets"): APPLIED,
+    # Find a route's gateway pods; set their deletion cost (narrowed by the admission policy).
+    ("", "pods"): {"list", "patch"},
+    # The gateway pods' FailedMount/Failed events, read for Degraded=PodsNotStarting.
+    ("", "events"): {"list"},
     ("events.k8s.io", "events"): {"create", "patch"},
+}
+
+POLICY = f"{OPERATOR}-pod-deletion-cost"
+CLUSTER_SCOPED = {
+    "ClusterRole", "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }
 
 MANAGED_ENV = {
@@ -129,12 +139,14 @@ def test_default_install_renders_the_operator_its_identity_rbac_and_metrics_serv
         ("RoleBinding", f"{OPERATOR}-leader-election"),
         ("Service", f"{OPERATOR}-metrics"),
         ("ServiceAccount", OPERATOR),
+        ("ValidatingAdmissionPolicy", POLICY),
+        ("ValidatingAdmissionPolicyBinding", POLICY),
     ]
 
 
 def test_namespaced_objects_land_in_the_release_namespace(chart):
     for obj in render(chart):
-        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
         else:
             assert "namespace" not in obj["metadata"]
@@ -193,9 +205,51 @@ def test_no_rule_anywhere_uses_a_wildcard(chart):
                     assert "*" not in rule.get(field, []), (obj["kind"], rule)
 
 
-def test_secrets_can_be_read_one_by_one_but_never_listed_or_watched(chart):
-    granted = grants(only(render(chart), "ClusterRole", OPERATOR))
-    assert granted[("", "secrets")] == {"get"}
+def test_no_role_grants_anything_on_secrets(chart):
+    for values in (None, {"watchNamespace": "voice"}):
+        for obj in render(chart, values):
+            if "rules" in obj and obj["kind"] in ("ClusterRole", "Role"):
+                assert not [r for r in obj["rules"] if "secrets" in r["resources"]], obj["metadata"]
+
+
+def test_delete_is_granted_only_on_the_hpa(chart):
+    deletable = {res for res, verbs in grants(only(render(chart), "ClusterRole", OPERATOR)).items()
+                 if "delete" in verbs}
+    assert deletable == {("autoscaling", "horizontalpodautoscalers")}
+
+
+# --- the pod admission policy ---------------------------------------------------------
+
+
+def test_pod_policy_matches_only_pod_updates_by_the_operator_service_account(chart):
+    policy = only(render(chart), "ValidatingAdmissionPolicy", POLICY)["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    assert policy["matchConstraints"] == {"resourceRules": [{
+        "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"],
+    }]}
+    assert policy["matchConditions"] == [{
+        "name": "operator-service-account",
+        "expression": f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{OPERATOR}"',
+    }]
+    expressions = " ".join(v["expression"] for v in policy["validations"])
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert variables["cost"] == "'controller.kubernetes.io/pod-deletion-cost'"
+    for needle in (
+        "variables.oldLabels['app.kubernetes.io/name'] == 'patchbay-gateway'",
+        "variables.oldLabels['app.kubernetes.io/managed-by'] == 'patchbay-operator'",
+        "variables.newLabels == variables.oldLabels",
+        "object.spec == oldObject.spec",
+        "k == variables.cost",
+    ):
+        assert needle in expressions, needle
+
+
+def test_pod_policy_binding_denies_and_follows_the_service_account_name(chart):
+    objects = render(chart, {"serviceAccount": {"name": "pb-sa"}})
+    binding = only(objects, "ValidatingAdmissionPolicyBinding", POLICY)["spec"]
+    assert binding == {"policyName": POLICY, "validationActions": ["Deny"]}
+    policy = only(objects, "ValidatingAdmissionPolicy", POLICY)["spec"]
+    assert policy["matchConditions"][0]["expression"].endswith(f':{NAMESPACE}:pb-sa"')
 
 
 def test_leases_are_granted_only_in_the_release_namespace_and_only_for_the_operators_lease(chart):
@@ -251,7 +305,7 @@ def test_without_watch_namespace_the_operator_is_not_told_one(chart):
 
 def test_rbac_create_false_renders_no_roles_or_bindings(chart):
     objects = render(chart, {"rbac": {"create": False}})
-    assert not [o for o in objects if "Role" in o["kind"]]
+    assert not [o for o in objects if "Role" in o["kind"] or "Admission" in o["kind"]]
 
 
 # --- the operator Deployment ----------------------------------------------------

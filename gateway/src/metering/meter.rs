@@ -124,11 +124,13 @@ impl MeterTask {
     /// has been written.
     pub async fn run(mut self) {
         self.check_key();
-        let every_turn = self.shared.config.flush_secs == 0;
+        // The interval in force when the session starts is kept for its life.
+        let flush_secs = self.shared.config().flush_secs;
+        let every_turn = flush_secs == 0;
         let period = if every_turn {
             BUDGET_TICK
         } else {
-            Duration::from_secs(self.shared.config.flush_secs)
+            Duration::from_secs(flush_secs)
         };
         let start = Instant::now();
         let mut flush_tick = interval_at(start + period, period);
@@ -241,7 +243,7 @@ impl MeterTask {
             tpm: (self.key.tpm.is_some() && tokens > 0)
                 .then(|| (self.key.id.clone(), tokens.min(MAX_TPM_INCREMENT))),
             rows,
-            stream_maxlen: self.shared.config.stream_maxlen,
+            stream_maxlen: self.shared.config().stream_maxlen,
         };
         if batch.is_empty() {
             return;

@@ -86,7 +86,8 @@ pub struct Metering {
 
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) config: MeteringConfig,
+    /// Replaced live when the config file's `[metering]` changes ([`Metering::set_config`]).
+    config: RwLock<MeteringConfig>,
     prices: RwLock<Arc<Vec<PriceRow>>>,
     pub(crate) store: Arc<dyn Store>,
     /// Store writes that could not be made yet, replayed in order.
@@ -107,6 +108,14 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         warned.insert(model.to_string())
+    }
+
+    /// The `[metering]` settings as they are now.
+    pub(crate) fn config(&self) -> MeteringConfig {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub(crate) fn prices(&self) -> Arc<Vec<PriceRow>> {
@@ -246,7 +255,7 @@ impl Metering {
         let outbox = Outbox::start(store.clone(), Bounds::default(), &metrics);
         Self {
             shared: Arc::new(Shared {
-                config,
+                config: RwLock::new(config),
                 prices: RwLock::new(Arc::new(prices)),
                 store,
                 outbox,
@@ -269,6 +278,21 @@ impl Metering {
 
     pub fn prices(&self) -> Arc<Vec<PriceRow>> {
         self.shared.prices()
+    }
+
+    /// Replaces the `[metering]` settings: the unpriced policy applies to the next admission,
+    /// the flush interval to sessions that start from now on.
+    pub fn set_config(&self, config: MeteringConfig) {
+        *self
+            .shared
+            .config
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
+    /// The `[metering]` settings as they are now.
+    pub fn config(&self) -> MeteringConfig {
+        self.shared.config()
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -308,7 +332,7 @@ impl Metering {
             route.budget_usd.map(|b| (b, route.budget_period)),
         );
         let unpriced =
-            s.config.unpriced == Unpriced::Block && !pricing::route_priced(&s.prices(), route);
+            s.config().unpriced == Unpriced::Block && !pricing::route_priced(&s.prices(), route);
         let counts = if key.rpm.is_some() || key.tpm.is_some() || !budgets.is_empty() {
             let q = AdmitQuery {
                 key_id: key.id.clone(),

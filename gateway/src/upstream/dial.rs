@@ -32,6 +32,8 @@ use url::Url;
 
 use crate::config::{Protocol, Provider, RouteConfig, UpstreamConfig};
 use crate::event::event_type;
+use crate::secret::Secret;
+use crate::upstream::key::UpstreamKey;
 use crate::upstream::tls;
 
 pub type UpstreamIo = Either<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
@@ -152,6 +154,9 @@ impl DialError {
 pub struct Upstream {
     url: Url,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// Read at every dial, so a rotated key file applies to the next one.
+    key: UpstreamKey,
+    provider: Provider,
     tls: Option<(TlsConnector, rustls_pki_types::ServerName<'static>)>,
     host: String,
     port: u16,
@@ -211,6 +216,8 @@ impl Upstream {
         Ok(Self {
             url,
             headers,
+            key: up.api_key.clone(),
+            provider: up.provider,
             tls,
             host,
             port,
@@ -282,6 +289,10 @@ impl Upstream {
         for (name, value) in &self.headers {
             request.headers_mut().insert(name.clone(), value.clone());
         }
+        // The key as it is now (it may have been rotated since start).
+        let (name, value) = auth_header(self.provider, &self.key.current())
+            .map_err(|message| DialError::Handshake { message })?;
+        request.headers_mut().insert(name, value);
         Ok(request)
     }
 }
@@ -393,20 +404,26 @@ pub fn upstream_url(up: &UpstreamConfig, upstream_model: &str) -> Result<Url, St
     Ok(url)
 }
 
-/// Authentication and protocol headers for the upstream request.
-pub fn upstream_headers(
-    up: &UpstreamConfig,
-    protocol: Protocol,
-) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
-    let key = up.api_key.expose();
-    let (name, value) = match up.provider {
+/// The credential header carrying `key` for `provider` (marked sensitive).
+pub fn auth_header(provider: Provider, key: &Secret) -> Result<(HeaderName, HeaderValue), String> {
+    let key = key.expose();
+    let (name, value) = match provider {
         Provider::Openai => (http::header::AUTHORIZATION, format!("Bearer {key}")),
         Provider::Azure => (HeaderName::from_static("api-key"), key.to_string()),
     };
     let mut value = HeaderValue::from_str(&value)
         .map_err(|_| "the upstream key holds characters not allowed in a header".to_string())?;
     value.set_sensitive(true);
-    let mut headers = vec![(name, value)];
+    Ok((name, value))
+}
+
+/// Authentication and protocol headers for a dial of `up` (its key as it
+/// is now: a rotated key file applies from the next dial).
+pub fn upstream_headers(
+    up: &UpstreamConfig,
+    protocol: Protocol,
+) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    let mut headers = vec![auth_header(up.provider, &up.api_key.current())?];
     if protocol == Protocol::Beta {
         headers.push((
             HeaderName::from_static("openai-beta"),
@@ -423,7 +440,6 @@ pub fn upstream_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secret::Secret;
 
     fn url_of(r: &RouteConfig) -> Url {
         let up = &r.upstream_list()[0];
@@ -441,7 +457,7 @@ mod tests {
             upstream_url: url.into(),
             upstream_model: Some("dep-1".into()),
             protocol,
-            api_key: Secret::new("sk-up"),
+            api_key: crate::upstream::key::UpstreamKey::new(Secret::new("sk-up")),
             ..RouteConfig::default()
         }
     }

@@ -492,7 +492,7 @@ mod tests {
             .unwrap();
         let route = RouteConfig {
             upstream_url: sim.url(false),
-            api_key: Secret::new("sk-test"),
+            api_key: crate::upstream::key::UpstreamKey::new(Secret::new("sk-test")),
             ..RouteConfig::default()
         };
         let upstream = Upstream::new(&route, Duration::from_secs(5), 1 << 20).unwrap();

@@ -1,5 +1,5 @@
-//! The two ConfigMaps: `<name>-gateway` (the gateway config, hashed into the pod template) and
-//! `<name>-pool` (the live pool size, deliberately not hashed).
+//! The two ConfigMaps: `<name>-gateway` (the gateway config, whose restart part is hashed into the
+//! pod template) and `<name>-pool` (the live pool size, deliberately not hashed).
 
 use std::collections::BTreeMap;
 
@@ -38,10 +38,17 @@ pub fn pool_config_map(route: &RealtimeRoute, observed_replicas: Option<i32>) ->
     (cm, size)
 }
 
-/// SHA-256 over the ConfigMap's data, keys and values in order, hex-encoded.
+/// SHA-256 of the part of the gateway ConfigMap's `gateway.toml` that needs a restart
+/// ([`gateway_config::restart_part`]), hex-encoded: the pod-template annotation. Edits of the
+/// live part (prices, metering) change the ConfigMap, which the gateway re-reads, and not this.
 pub fn config_hash(cm: &ConfigMap) -> String {
     let mut hasher = Sha256::new();
     for (key, value) in cm.data.iter().flatten() {
+        let value = if key == CONFIG_FILE_NAME {
+            gateway_config::restart_part(value)
+        } else {
+            value.clone()
+        };
         hasher.update(key.as_bytes());
         hasher.update([0]);
         hasher.update(value.as_bytes());

@@ -1,9 +1,11 @@
 //! Deployment `<name>-gateway`.
 //!
 //! The pod runs `patchbay-gateway serve --config /etc/patchbay/config/gateway.toml` with the two
-//! ConfigMaps and the client keys Secret mounted as directories (never `subPath`: a `subPath`
-//! mount is never updated, and the pool size file must change live). The upstream key and Redis
-//! URL come from their Secrets as `secretKeyRef` env vars; the operator never reads them.
+//! ConfigMaps and the referenced Secrets (upstream key, Redis URL, client keys) mounted as
+//! directories (never `subPath`: a `subPath` mount is never updated, and these files change live).
+//! The gateway re-reads each file when it changes, so rotating a Secret restarts nothing; the
+//! operator never reads a Secret. A missing Secret keeps the pod in `ContainerCreating` with a
+//! `FailedMount` event, which the route's status reports (`Degraded=True/PodsNotStarting`).
 //!
 //! Shutdown is budgeted: the kubelet runs `preStop: sleep` while endpoints controllers take the
 //! pod out of the Service, then sends SIGTERM and the gateway drains for `waitSeconds` (plus
@@ -19,10 +21,10 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecretVolumeSource, SecurityContext, SleepAction, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, SleepAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -31,8 +33,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::{child_meta, gateway_name, labels, pool_name, selector_labels};
 use crate::crd::{DrainMode, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
 use crate::gateway_config::{
-    config_path, ADMIN_PORT, CONFIG_DIR, HTTP_PORT, KEYS_DIR, POOL_DIR, REDIS_URL_ENV,
-    UPSTREAM_API_KEY_ENV,
+    config_path, ADMIN_PORT, CONFIG_DIR, HTTP_PORT, KEYS_DIR, POOL_DIR, REDIS_URL_DIR,
+    UPSTREAM_KEY_DIR,
 };
 
 /// Pod-template annotation carrying the gateway config hash.
@@ -65,41 +67,10 @@ pub fn termination_grace_period_seconds(spec: &RealtimeRouteSpec) -> i64 {
         + GRACE_MARGIN_SECONDS
 }
 
-/// The pod-template annotation naming the `resourceVersion` of each Secret the gateway reads
-/// into its environment (upstream key, Redis URL): those are read once, at start, so a rotated
-/// Secret must roll the pods. The client keys file is mounted and re-read live; it is not here.
-pub const SECRET_VERSIONS_ANNOTATION: &str = "patchbay.dev/env-secret-versions";
-
-/// `name=version,…` over the env Secrets, sorted; `None` when no version is known.
-fn env_secret_versions(
-    spec: &RealtimeRouteSpec,
-    versions: &BTreeMap<String, String>,
-) -> Option<String> {
-    let mut names = vec![spec.upstream.api_key_secret_ref.name.as_str()];
-    if let Some(redis) = &spec.metering.redis_url_secret_ref {
-        names.push(redis.name.as_str());
-    }
-    names.sort_unstable();
-    names.dedup();
-    let pairs: Vec<String> = names
-        .into_iter()
-        .filter_map(|n| versions.get(n).map(|v| format!("{n}={v}")))
-        .collect();
-    (!pairs.is_empty()).then(|| pairs.join(","))
-}
-
-pub fn deployment(
-    route: &RealtimeRoute,
-    default_image: &str,
-    config_hash: &str,
-    secret_versions: &BTreeMap<String, String>,
-) -> Deployment {
+pub fn deployment(route: &RealtimeRoute, default_image: &str, config_hash: &str) -> Deployment {
     let spec = &route.spec;
-    let mut annotations =
+    let annotations =
         BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string())]);
-    if let Some(v) = env_secret_versions(spec, secret_versions) {
-        annotations.insert(SECRET_VERSIONS_ANNOTATION.to_string(), v);
-    }
     Deployment {
         metadata: child_meta(route, gateway_name(route)),
         spec: Some(DeploymentSpec {
@@ -131,7 +102,23 @@ pub fn deployment(
 
 fn pod_spec(route: &RealtimeRoute, default_image: &str) -> PodSpec {
     let spec = &route.spec;
-    let keys = &spec.client_keys_secret_ref;
+    let mut volumes = vec![
+        config_map_volume("config", gateway_name(route)),
+        config_map_volume("pool", pool_name(route)),
+        secret_volume("keys", &spec.client_keys_secret_ref),
+        secret_volume("upstream-key", &spec.upstream.api_key_secret_ref),
+    ];
+    if let Some(redis) = &spec.metering.redis_url_secret_ref {
+        volumes.push(secret_volume("redis-url", redis));
+    }
+    volumes.push(Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(TMP_SIZE_LIMIT.into())),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
     PodSpec {
         containers: vec![container(spec, default_image)],
         termination_grace_period_seconds: Some(termination_grace_period_seconds(spec)),
@@ -145,31 +132,7 @@ fn pod_spec(route: &RealtimeRoute, default_image: &str) -> PodSpec {
             seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
-        volumes: Some(vec![
-            config_map_volume("config", gateway_name(route)),
-            config_map_volume("pool", pool_name(route)),
-            Volume {
-                name: "keys".into(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(keys.name.clone()),
-                    items: Some(vec![KeyToPath {
-                        key: keys.key.clone(),
-                        path: keys.key.clone(),
-                        ..KeyToPath::default()
-                    }]),
-                    ..SecretVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
-            Volume {
-                name: "tmp".into(),
-                empty_dir: Some(EmptyDirVolumeSource {
-                    size_limit: Some(Quantity(TMP_SIZE_LIMIT.into())),
-                    ..EmptyDirVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
-        ]),
+        volumes: Some(volumes),
         node_selector: spec.gateway.node_selector.clone(),
         // Checked by `validate::check_spec` before anything is built.
         tolerations: spec.gateway.tolerations.as_ref().and_then(|t| t.get().ok()),
@@ -179,13 +142,20 @@ fn pod_spec(route: &RealtimeRoute, default_image: &str) -> PodSpec {
 }
 
 fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
-    let mut env = vec![secret_env(
-        UPSTREAM_API_KEY_ENV,
-        &spec.upstream.api_key_secret_ref,
-    )];
-    if let Some(redis) = &spec.metering.redis_url_secret_ref {
-        env.push(secret_env(REDIS_URL_ENV, redis));
+    let mut mounts = vec![
+        read_only_mount("config", CONFIG_DIR),
+        read_only_mount("pool", POOL_DIR),
+        read_only_mount("keys", KEYS_DIR),
+        read_only_mount("upstream-key", UPSTREAM_KEY_DIR),
+    ];
+    if spec.metering.redis_url_secret_ref.is_some() {
+        mounts.push(read_only_mount("redis-url", REDIS_URL_DIR));
     }
+    mounts.push(VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..VolumeMount::default()
+    });
     Container {
         name: CONTAINER_NAME.into(),
         image: Some(
@@ -199,17 +169,7 @@ fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
             container_port("http", HTTP_PORT),
             container_port("metrics", ADMIN_PORT),
         ]),
-        env: Some(env),
-        volume_mounts: Some(vec![
-            read_only_mount("config", CONFIG_DIR),
-            read_only_mount("pool", POOL_DIR),
-            read_only_mount("keys", KEYS_DIR),
-            VolumeMount {
-                name: "tmp".into(),
-                mount_path: "/tmp".into(),
-                ..VolumeMount::default()
-            },
-        ]),
+        volume_mounts: Some(mounts),
         readiness_probe: Some(Probe {
             http_get: Some(admin_get("/readyz")),
             period_seconds: Some(5),
@@ -281,18 +241,23 @@ fn runtime_default_seccomp() -> SeccompProfile {
     }
 }
 
-fn secret_env(name: &str, secret: &SecretKeyRef) -> EnvVar {
-    EnvVar {
+/// A Secret volume holding one key of `secret` as a file of the same name. Not optional: a
+/// missing Secret or key keeps the pod from starting (`FailedMount`) rather than starting a
+/// gateway without its credentials.
+fn secret_volume(name: &str, secret: &SecretKeyRef) -> Volume {
+    Volume {
         name: name.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: secret.name.clone(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.name.clone()),
+            items: Some(vec![KeyToPath {
                 key: secret.key.clone(),
-                optional: Some(false),
-            }),
-            ..EnvVarSource::default()
+                path: secret.key.clone(),
+                ..KeyToPath::default()
+            }]),
+            optional: Some(false),
+            ..SecretVolumeSource::default()
         }),
-        ..EnvVar::default()
+        ..Volume::default()
     }
 }
 
@@ -339,12 +304,7 @@ mod tests {
     use crate::fixtures;
 
     fn build(spec: RealtimeRouteSpec) -> Deployment {
-        deployment(
-            &fixtures::route(spec),
-            "patchbay/gateway:test",
-            "abc",
-            &BTreeMap::new(),
-        )
+        deployment(&fixtures::route(spec), "patchbay/gateway:test", "abc")
     }
 
     fn pod(d: &Deployment) -> &PodSpec {
@@ -383,35 +343,51 @@ mod tests {
     }
 
     #[test]
-    fn rotating_an_env_secret_rolls_the_pods_and_rotating_client_keys_does_not() {
-        let spec = fixtures::full_spec();
-        let upstream = spec.upstream.api_key_secret_ref.name.clone();
-        let redis = spec.metering.redis_url_secret_ref.clone().unwrap().name;
-        let keys = spec.client_keys_secret_ref.name.clone();
-        let route = fixtures::route(spec);
-        let template = |versions: &[(&str, &str)]| {
-            let versions: BTreeMap<String, String> = versions
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            deployment(&route, "img", "abc", &versions)
-                .spec
-                .unwrap()
-                .template
-                .metadata
-                .unwrap()
+    fn secrets_reach_the_pod_only_as_mounted_files_and_never_touch_the_template_metadata() {
+        let d = build(fixtures::full_spec());
+        let c = gateway(&d);
+        assert!(
+            c.env
+                .as_ref()
+                .is_none_or(|env| env.iter().all(|e| e.value_from.is_none())),
+            "no env var from a Secret"
+        );
+        let secrets: Vec<(&str, &str, &str)> = pod(&d)
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter_map(|v| {
+                let s = v.secret.as_ref()?;
+                assert_eq!(s.optional, Some(false), "{}", v.name);
+                let item = &s.items.as_ref().unwrap()[0];
+                assert_eq!(item.key, item.path);
+                Some((
+                    v.name.as_str(),
+                    s.secret_name.as_deref().unwrap(),
+                    item.key.as_str(),
+                ))
+            })
+            .collect();
+        assert_eq!(
+            secrets,
+            [
+                ("keys", "voice-keys", "keys.toml"),
+                ("upstream-key", "openai", "api-key"),
+                ("redis-url", "redis", "url"),
+            ]
+        );
+        let annotations = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
+        assert_eq!(
+            annotations
                 .annotations
+                .as_ref()
                 .unwrap()
-        };
-        let before = template(&[(&upstream, "1"), (&redis, "7"), (&keys, "3")]);
-        let mut expected = [format!("{upstream}=1"), format!("{redis}=7")];
-        expected.sort();
-        assert_eq!(before[SECRET_VERSIONS_ANNOTATION], expected.join(","));
-        let keys_rotated = template(&[(&upstream, "1"), (&redis, "7"), (&keys, "4")]);
-        assert_eq!(before, keys_rotated, "the keys file is re-read live");
-        let key_rotated = template(&[(&upstream, "2"), (&redis, "7"), (&keys, "3")]);
-        assert_ne!(before, key_rotated, "the upstream key is read at start");
-        assert!(!template(&[]).contains_key(SECRET_VERSIONS_ANNOTATION));
+                .keys()
+                .collect::<Vec<_>>(),
+            [CONFIG_HASH_ANNOTATION],
+            "nothing about Secrets on the template: rotating one rolls nothing"
+        );
     }
 
     #[test]
@@ -517,18 +493,6 @@ mod tests {
             .map(|p| (p.name.as_deref().unwrap(), p.container_port))
             .collect();
         assert_eq!(ports, [("http", 8080), ("metrics", 9090)]);
-        let env = c.env.as_ref().unwrap();
-        let key = env[0]
-            .value_from
-            .as_ref()
-            .unwrap()
-            .secret_key_ref
-            .as_ref()
-            .unwrap();
-        assert_eq!(env[0].name, "PATCHBAY_UPSTREAM_API_KEY");
-        assert_eq!((key.name.as_str(), key.key.as_str()), ("openai", "api-key"));
-        assert_eq!(env[1].name, "PATCHBAY_REDIS_URL");
-        assert!(env.iter().all(|e| e.value.is_none()), "no literal secrets");
         let mounts: Vec<(&str, &str)> = c
             .volume_mounts
             .as_ref()
@@ -542,6 +506,8 @@ mod tests {
                 ("config", "/etc/patchbay/config"),
                 ("pool", "/etc/patchbay/pool"),
                 ("keys", "/etc/patchbay/keys"),
+                ("upstream-key", "/etc/patchbay/upstream"),
+                ("redis-url", "/etc/patchbay/redis"),
                 ("tmp", "/tmp"),
             ]
         );
@@ -591,8 +557,13 @@ mod tests {
         let d = build(fixtures::minimal_spec());
         assert_eq!(gateway(&d).image.as_deref(), Some("patchbay/gateway:test"));
         assert!(
-            gateway(&d).env.as_ref().unwrap().len() == 1,
-            "no Redis env without a Redis secret"
+            pod(&d)
+                .volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|v| v.name != "redis-url"),
+            "no Redis volume without a Redis secret"
         );
     }
 

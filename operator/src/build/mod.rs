@@ -25,10 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 pub use configmap::{config_hash, gateway_config_map, pool_config_map};
-pub use deployment::{
-    deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION,
-    SECRET_VERSIONS_ANNOTATION,
-};
+pub use deployment::{deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION};
 pub use hpa::{hpa, SESSIONS_ACTIVE_METRIC};
 pub use pdb::pdb;
 pub use service::service;
@@ -50,8 +47,6 @@ pub struct BuildInput<'a> {
     pub default_image: &'a str,
     /// The replica count to size pools for, once the Deployment exists.
     pub observed_replicas: Option<i32>,
-    /// `resourceVersion` of each referenced Secret, by name (empty when unknown).
-    pub secret_versions: &'a BTreeMap<String, String>,
 }
 
 /// Every child object a route should have, in apply order.
@@ -77,12 +72,7 @@ pub fn desired(input: &BuildInput<'_>) -> Desired {
     let config_hash = config_hash(&gateway_config);
     let (pool_config, pool_size) = pool_config_map(input.route, input.observed_replicas);
     Desired {
-        deployment: deployment(
-            input.route,
-            input.default_image,
-            &config_hash,
-            input.secret_versions,
-        ),
+        deployment: deployment(input.route, input.default_image, &config_hash),
         service: service(input.route),
         hpa: hpa(input.route),
         pdb: pdb(input.route),
@@ -176,13 +166,11 @@ mod tests {
         metas
     }
 
-    /// What the route builds to with no Secret versions known.
     fn build(route: &RealtimeRoute, observed_replicas: Option<i32>) -> Desired {
         desired(&BuildInput {
             route,
             default_image: "img",
             observed_replicas,
-            secret_versions: &BTreeMap::new(),
         })
     }
 
@@ -247,20 +235,19 @@ mod tests {
         assert_eq!(before.pdb, after.pdb);
     }
 
+    /// A named edit of a route's spec.
+    type Edit = (&'static str, fn(&mut crate::crd::RealtimeRouteSpec));
+
+    fn template(d: &Desired) -> &k8s_openapi::api::core::v1::PodTemplateSpec {
+        &d.deployment.spec.as_ref().unwrap().template
+    }
+
     #[test]
-    fn a_config_change_changes_the_pod_template_hash() {
+    fn a_restart_setting_change_changes_the_pod_template_hash() {
         let build = |spec| build(&fixtures::route(spec), Some(2));
-        let mut spec = fixtures::autoscaled_spec();
-        let before = build(spec.clone());
-        spec.drain.wait_seconds += 5;
-        let after = build(spec);
-        assert_ne!(before.config_hash, after.config_hash);
+        let before = build(fixtures::full_spec());
         let hash = |d: &Desired| {
-            d.deployment
-                .spec
-                .as_ref()
-                .unwrap()
-                .template
+            template(d)
                 .metadata
                 .as_ref()
                 .unwrap()
@@ -270,6 +257,47 @@ mod tests {
                 .clone()
         };
         assert_eq!(hash(&before), before.config_hash);
-        assert_eq!(hash(&after), after.config_hash);
+        let edits: [Edit; 5] = [
+            ("upstream url", |s| {
+                s.upstream.url = Some("wss://eu.api.openai.com/v1/realtime".into())
+            }),
+            ("upstream model", |s| {
+                s.upstream.model = Some("gpt-realtime-mini".into())
+            }),
+            ("protocol", |s| {
+                s.upstream.protocol = crate::crd::Protocol::Beta
+            }),
+            ("pool idle", |s| s.pool.max_idle_seconds += 1),
+            ("drain wait", |s| s.drain.wait_seconds += 5),
+        ];
+        for (what, edit) in edits {
+            let mut spec = fixtures::full_spec();
+            edit(&mut spec);
+            let after = build(spec);
+            assert_ne!(before.config_hash, after.config_hash, "{what}");
+            assert_eq!(hash(&after), after.config_hash, "{what}");
+            assert_ne!(template(&before), template(&after), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_live_setting_change_changes_the_config_map_and_never_the_pod_template() {
+        let build = |spec| build(&fixtures::route(spec), Some(2));
+        let before = build(fixtures::full_spec());
+        let edits: [Edit; 3] = [
+            ("prices", |s| s.metering.prices[0].audio_output *= 2.0),
+            ("flushSeconds", |s| s.metering.flush_seconds = 3),
+            ("unpriced", |s| {
+                s.metering.unpriced = crate::crd::Unpriced::Allow
+            }),
+        ];
+        for (what, edit) in edits {
+            let mut spec = fixtures::full_spec();
+            edit(&mut spec);
+            let after = build(spec);
+            assert_ne!(before.gateway_config, after.gateway_config, "{what}");
+            assert_eq!(before.config_hash, after.config_hash, "{what}");
+            assert_eq!(before.deployment, after.deployment, "{what}");
+        }
     }
 }
