@@ -1130,6 +1130,85 @@ mod tests {
     const BASE_ENV: &[(&str, &str)] = &[("OPENAI_API_KEY", "sk-up"), (MASTER_KEY_ENV, "pb-master")];
 
     #[test]
+    fn a_route_may_list_upstreams_each_with_its_key_and_one_protocol() {
+        let dir = std::env::temp_dir().join(format!("pb-ups-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key_file = dir.join("azure-key");
+        std::fs::write(&key_file, "az-key\n").unwrap();
+        let toml = format!(
+            "[[routes]]\nmodel = \"gpt-realtime\"\n\
+             [[routes.upstreams]]\nname = \"openai\"\nupstream_url = \"wss://api.openai.com/v1/realtime\"\n\
+             api_key_env = \"OPENAI_API_KEY\"\nweight = 3\n\
+             [[routes.upstreams]]\nname = \"azure\"\nprovider = \"azure\"\n\
+             upstream_url = \"wss://r.openai.azure.com/openai/v1/realtime\"\n\
+             upstream_model = \"dep\"\napi_key_file = \"{}\"\npriority = 1\n",
+            key_file.display()
+        );
+        let c = Config::from_toml_with_env(&toml, &env_of(BASE_ENV)).unwrap();
+        let ups = &c.routes[0].upstreams;
+        assert_eq!(ups.len(), 2);
+        assert_eq!(
+            (ups[0].name.as_str(), ups[0].weight, ups[0].priority),
+            ("openai", 3, 0)
+        );
+        assert_eq!(ups[0].api_key.current().expose(), "sk-up");
+        assert_eq!(
+            (ups[1].name.as_str(), ups[1].weight, ups[1].priority),
+            ("azure", 1, 1)
+        );
+        assert_eq!(ups[1].api_key.current().expose(), "az-key");
+        assert_eq!(ups[1].upstream_model(&c.routes[0]), "dep");
+
+        // The shorthand is a list of one named after the model.
+        let c = Config::from_toml_with_env("", &env_of(BASE_ENV)).unwrap();
+        assert_eq!(c.routes[0].upstreams.len(), 1);
+        assert_eq!(c.routes[0].upstreams[0].name, "gpt-realtime");
+
+        let both = toml.replace(
+            "model = \"gpt-realtime\"\n",
+            "model = \"gpt-realtime\"\nupstream_url = \"wss://x/v1/realtime\"\n",
+        );
+        let e = Config::from_toml_with_env(&both, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "routes[0].upstreams", "{e}");
+        let mixed = toml.replace("priority = 1\n", "priority = 1\nprotocol = \"beta\"\n");
+        let e = Config::from_toml_with_env(&mixed, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "routes[0].upstreams[1].protocol", "{e}");
+        assert!(e.to_string().contains("one protocol"), "{e}");
+        let dup = toml.replace("name = \"azure\"", "name = \"openai\"");
+        let e = Config::from_toml_with_env(&dup, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "routes[0].upstreams[1].name", "{e}");
+        let bad = toml.replace("wss://r.openai", "https://r.openai");
+        let e = Config::from_toml_with_env(&bad, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "routes[0].upstreams[1].upstream_url", "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn balances_are_read_from_the_config_text_for_live_reloads() {
+        let text = "[[routes]]\nmodel = \"m\"\n[[routes.upstreams]]\nname = \"a\"\nweight = 4\n\
+                    [[routes.upstreams]]\nname = \"b\"\npriority = 2\n";
+        assert_eq!(
+            balances_from_toml(text).unwrap(),
+            vec![
+                Balance {
+                    route: "m".into(),
+                    upstream: "a".into(),
+                    priority: 0,
+                    weight: 4
+                },
+                Balance {
+                    route: "m".into(),
+                    upstream: "b".into(),
+                    priority: 2,
+                    weight: 1
+                },
+            ]
+        );
+        let e = balances_from_toml(&text.replace("weight = 4", "weight = -1")).unwrap_err();
+        assert_eq!(e.key, "routes[0].upstreams[0].weight");
+    }
+
+    #[test]
     fn empty_file_gives_the_documented_defaults() {
         let c = Config::from_toml_with_env("", &env_of(BASE_ENV)).unwrap();
         assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
