@@ -697,19 +697,9 @@ impl Config {
         }
         validate_prices(&self.prices)?;
         if let Some((k, raw)) = redis_url_source(&self.store, env)? {
-            let url = raw.trim();
-            if !(url.starts_with("redis://")
-                || url.starts_with("rediss://")
-                || url.starts_with("unix://"))
-            {
-                return Err(ConfigError::new(
-                    k,
-                    "must hold a redis://, rediss:// or unix:// URL",
-                ));
-            }
-            validate_redis_url(url, self.store.ca_file.is_some())
+            let url = checked_redis_url(&raw, self.store.ca_file.is_some())
                 .map_err(|m| ConfigError::new(k, m))?;
-            self.store.redis_url = Some(Secret::new(url));
+            self.store.redis_url = Some(url);
         }
         if let Some(ca) = &self.store.ca_file {
             if self.store.redis_url.is_none() {
@@ -898,6 +888,18 @@ pub fn live_from_toml(
 /// verified (redis-rs's `#insecure` fragment is refused), and a `ca_file`
 /// only makes sense for `rediss://`. Never echoes the URL (it may hold a
 /// password).
+/// The Redis URL in `raw` (an env value or a URL file's text), trimmed and
+/// checked; the error never quotes the URL (it may carry a password).
+pub fn checked_redis_url(raw: &str, has_ca_file: bool) -> Result<Secret, String> {
+    let url = raw.trim();
+    if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("unix://"))
+    {
+        return Err("must hold a redis://, rediss:// or unix:// URL".into());
+    }
+    validate_redis_url(url, has_ca_file)?;
+    Ok(Secret::new(url))
+}
+
 fn validate_redis_url(url: &str, has_ca_file: bool) -> Result<(), String> {
     let parsed = Url::parse(url).map_err(|e| format!("not a valid URL: {e}"))?;
     if parsed.fragment().is_some() {

@@ -20,6 +20,7 @@ use crate::config::{Config, RouteConfig, UpstreamConfig};
 use crate::metering::Metering;
 use crate::metrics::{Metrics, UpstreamLabels};
 use crate::store::leases::{Acquire, Lease, Leases};
+use crate::store::redis::RedisConn;
 use crate::upstream::breaker::Breaker;
 use crate::upstream::dial::Upstream;
 use crate::upstream::pool::{parse_size_file, Pool};
@@ -195,6 +196,9 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     pub metering: Metering,
     pub client_secrets: ClientSecrets,
+    /// The Redis connection shared by the store, the leases and the
+    /// client-secret configs (`[store]` configured).
+    pub redis: Option<RedisConn>,
     pub sessions: Arc<Sessions>,
     /// Fleet-wide session leases for capped keys (Redis configured).
     pub leases: Option<Leases>,
@@ -281,18 +285,21 @@ impl Gateway {
             })
             .collect::<Result<Vec<_>, StartError>>()?;
         let keys = Arc::new(KeyStore::new(load_keys(&config)?));
-        let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
-        let leases = match &config.store.redis_url {
-            Some(url) => Some(Leases::with_ca_file(
+        // One Redis connection for the store, the leases and the
+        // client-secret configs, so a changed URL moves all three.
+        let redis = match &config.store.redis_url {
+            Some(url) => Some(RedisConn::new(
                 url.expose(),
-                crate::store::DEFAULT_PREFIX,
                 config.store.ca_file.as_deref(),
-                metrics.clone(),
             )?),
             None => None,
         };
-        let client_secrets =
-            ClientSecrets::new(&config, metrics.clone()).map_err(StartError::ClientSecrets)?;
+        let metering = Metering::with_redis(&config, metrics.clone(), keys.clone(), redis.clone());
+        let leases = redis
+            .clone()
+            .map(|conn| Leases::with_conn(conn, crate::store::DEFAULT_PREFIX, metrics.clone()));
+        let client_secrets = ClientSecrets::with_redis(&config, metrics.clone(), redis.clone())
+            .map_err(StartError::ClientSecrets)?;
         let ready = routes.iter().all(|r| r.pool_size() == 0);
         Ok(Self {
             config,
@@ -301,6 +308,7 @@ impl Gateway {
             metrics,
             metering,
             client_secrets,
+            redis,
             sessions: Arc::default(),
             leases,
             shutdown: CancellationToken::new(),
@@ -507,6 +515,20 @@ fn apply_live_config(gw: &Gateway, text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Points the shared Redis connection at the URL in a changed URL file; an
+/// invalid URL keeps the current connection (the error never quotes it).
+fn apply_redis_url(conn: &RedisConn, has_ca_file: bool, text: &str) -> Result<(), String> {
+    let url = crate::config::checked_redis_url(text, has_ca_file)
+        .map_err(|m| format!("store.redis_url_file: {m}"))?;
+    // The first read of the file is the URL the process started with.
+    if conn.is_for(url.expose()) {
+        return Ok(());
+    }
+    conn.reconnect(url.expose()).map_err(|e| e.to_string())?;
+    tracing::info!(store = %conn.endpoint(), "Redis URL changed; the store reconnects there");
+    Ok(())
+}
+
 /// `/readyz` turns ready once every pool first reached its target, or when
 /// the warm-up timeout passes, whichever comes first.
 async fn mark_ready_when_warm(gw: Arc<Gateway>) {
@@ -633,6 +655,26 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 move |text| crate::upstream::key::apply_key_file(&model, &key, text),
             ));
         }
+    }
+    // A rotated Redis URL file moves the shared connection (store, leases,
+    // client-secret configs) to the new URL; calls fail open meanwhile.
+    if let (Some(path), Some(conn)) = (
+        gateway.config.store.redis_url_file.clone(),
+        gateway.redis.clone(),
+    ) {
+        let has_ca = gateway.config.store.ca_file.is_some();
+        let reloads = watch::Reloads {
+            file: "redis_url",
+            counters: gateway.metrics.config_reloads.clone(),
+        };
+        tokio::spawn(watch::on_change(
+            path,
+            "Redis URL file",
+            KEYS_FILE_POLL,
+            gateway.draining.clone(),
+            reloads,
+            move |text| apply_redis_url(&conn, has_ca, text),
+        ));
     }
     // Each signing key file is polled; a change to any re-reads them all.
     for path in gateway.client_secrets.signing_key_files() {

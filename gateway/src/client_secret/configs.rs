@@ -16,13 +16,13 @@
 //! and [`MAX_MEMORY_CONFIG_BYTES`] of config text (further mints get 503
 //! until some expire), swept of expired ones every
 //! [`SWEEP_EVERY_PUTS`] puts. The Redis connection is this module's own
-//! (a lazily connecting `ConnectionManager` on the `[store]` URL).
+//! (the process's shared connection on the `[store]` URL: its TLS settings
+//! and reconnects apply here too).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use crate::store::{StoreError, CALL_TIMEOUT};
@@ -37,7 +37,7 @@ pub const SWEEP_EVERY_PUTS: u64 = 256;
 pub enum SessionConfigs {
     Memory(Mutex<MemoryConfigs>),
     Redis {
-        conn: ConnectionManager,
+        conn: crate::store::redis::RedisConn,
         prefix: String,
     },
 }
@@ -98,17 +98,17 @@ impl SessionConfigs {
     /// A Redis-backed map under `prefix`; does not connect until first use.
     /// Must be called inside a Tokio runtime.
     pub fn redis(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::Url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(crate::store::redis::CONNECT_TIMEOUT))
-            .set_response_timeout(Some(CALL_TIMEOUT))
-            .set_number_of_retries(1);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::Url)?;
-        Ok(Self::Redis {
+        let conn = crate::store::redis::RedisConn::new(url, None)?;
+        Ok(Self::on(conn, prefix))
+    }
+
+    /// A Redis-backed map on the process's shared connection (the store's
+    /// URL, TLS settings and reconnects).
+    pub fn on(conn: crate::store::redis::RedisConn, prefix: &str) -> Self {
+        Self::Redis {
             conn,
             prefix: prefix.to_string(),
-        })
+        }
     }
 
     pub fn kind(&self) -> &'static str {
@@ -170,11 +170,11 @@ fn key(prefix: &str, id: &str) -> String {
 }
 
 async fn run(
-    conn: &ConnectionManager,
+    conn: &crate::store::redis::RedisConn,
     op: &'static str,
     pipe: &redis::Pipeline,
 ) -> Result<Vec<redis::Value>, StoreError> {
-    let mut conn = conn.clone();
+    let mut conn = conn.get();
     match tokio::time::timeout(
         CALL_TIMEOUT,
         pipe.query_async::<Vec<redis::Value>>(&mut conn),

@@ -120,6 +120,23 @@ impl ClientSecrets {
     /// From `[client_secrets]` and `[store]`. Must be called inside the
     /// runtime (the Redis connection is lazy but needs it).
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<Self, String> {
+        let redis = match &config.store.redis_url {
+            Some(url) => Some(
+                crate::store::redis::RedisConn::new(url.expose(), config.store.ca_file.as_deref())
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        Self::with_redis(config, metrics, redis)
+    }
+
+    /// Like [`ClientSecrets::new`], on the process's shared Redis connection
+    /// (`None`: configs in memory).
+    pub fn with_redis(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        redis: Option<crate::store::redis::RedisConn>,
+    ) -> Result<Self, String> {
         let files = config.client_secrets.signing_key_files.clone();
         let keys = match load_signing_keys(&files)? {
             Some(k) => k,
@@ -129,10 +146,8 @@ impl ClientSecrets {
                     .ok_or_else(|| "no signing key".to_string())?
             }
         };
-        let configs = match &config.store.redis_url {
-            Some(url) => {
-                SessionConfigs::redis(url.expose(), DEFAULT_PREFIX).map_err(|e| e.to_string())?
-            }
+        let configs = match redis {
+            Some(conn) => SessionConfigs::on(conn, DEFAULT_PREFIX),
             None => SessionConfigs::memory(),
         };
         Ok(Self {

@@ -219,27 +219,41 @@ impl Metering {
         metrics: Arc<Metrics>,
         keys: Arc<KeyStore>,
     ) -> Result<Self, StoreError> {
-        let store: Arc<dyn Store> = match &config.store.redis_url {
-            Some(url) => {
-                let store = Arc::new(RedisStore::with_ca_file(
-                    url.expose(),
-                    DEFAULT_PREFIX,
-                    config.store.ca_file.as_deref(),
-                )?);
+        let redis = match &config.store.redis_url {
+            Some(url) => Some(crate::store::redis::RedisConn::new(
+                url.expose(),
+                config.store.ca_file.as_deref(),
+            )?),
+            None => None,
+        };
+        Ok(Self::with_redis(config, metrics, keys, redis))
+    }
+
+    /// Like [`Metering::new`], on the process's shared Redis connection
+    /// (`None`: the in-memory store).
+    pub fn with_redis(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        keys: Arc<KeyStore>,
+        redis: Option<crate::store::redis::RedisConn>,
+    ) -> Self {
+        let store: Arc<dyn Store> = match redis {
+            Some(conn) => {
+                let store = Arc::new(RedisStore::with_conn(conn, DEFAULT_PREFIX));
                 tokio::spawn(check_store(store.clone()));
                 store
             }
             None => Arc::new(MemoryStore::new()),
         };
         let log = RequestLog::stdout(&metrics);
-        Ok(Self::with_store(
+        Self::with_store(
             config.metering.clone(),
             config.prices.clone(),
             store,
             log,
             metrics,
             keys,
-        ))
+        )
     }
 
     /// With an explicit store and row sink (tests, embedding). Must be

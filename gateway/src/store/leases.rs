@@ -60,7 +60,6 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis::aio::ConnectionManager;
 use redis::{Pipeline, Value};
 use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
@@ -175,7 +174,7 @@ pub struct Leases {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: super::redis::RedisConn,
     prefix: String,
     timeout: Duration,
     state: Mutex<State>,
@@ -220,9 +219,18 @@ impl Leases {
         ca_file: Option<&std::path::Path>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StoreError> {
-        Ok(Self {
+        Ok(Self::with_conn(
+            super::redis::RedisConn::new(url, ca_file)?,
+            prefix,
+            metrics,
+        ))
+    }
+
+    /// Leases on the process's shared Redis connection.
+    pub fn with_conn(conn: super::redis::RedisConn, prefix: &str, metrics: Arc<Metrics>) -> Self {
+        Self {
             inner: Arc::new(Inner {
-                conn: super::redis::managed(url, ca_file)?,
+                conn,
                 prefix: prefix.to_string(),
                 timeout: CALL_TIMEOUT,
                 state: Mutex::default(),
@@ -230,7 +238,7 @@ impl Leases {
                 writes: tokio::sync::Mutex::new(()),
                 metrics,
             }),
-        })
+        }
     }
 
     /// The sorted set holding `key_id`'s leases.
@@ -262,7 +270,7 @@ impl Leases {
             .arg(cap)
             .arg(lease_id)
             .arg(LEASE_TTL.as_millis() as u64);
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn.get();
         let (held, holders): (i64, i64) =
             match tokio::time::timeout(self.inner.timeout, cmd.query_async(&mut conn)).await {
                 Ok(Ok(reply)) => reply,
@@ -424,7 +432,7 @@ impl Leases {
     }
 
     async fn run(&self, op: &'static str, pipe: &Pipeline) -> Result<Vec<Value>, StoreError> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn.get();
         match tokio::time::timeout(
             self.inner.timeout,
             pipe.query_async::<Vec<Value>>(&mut conn),

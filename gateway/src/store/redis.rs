@@ -34,7 +34,8 @@
 //!
 //! Not supported: Redis Cluster (keys of one call span hash slots).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -136,12 +137,10 @@ const TRANSIENT_ERRORS: [&str; 8] = [
 ];
 
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     names: KeyNames,
     timeout: Duration,
     script: Script,
-    /// `redis://host:port` or `rediss://host:port`, for logs.
-    endpoint: String,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -149,8 +148,83 @@ impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("names", &self.names)
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.conn.endpoint())
             .finish_non_exhaustive()
+    }
+}
+
+/// The process's Redis connection, shared by the metering store, the
+/// session leases and the client-secret configs, and swappable: when the
+/// URL changes (`[store] redis_url_file`, a rotated Secret) [`RedisConn::reconnect`]
+/// puts a connection to the new URL in place, and every user's next call
+/// goes there (calls meanwhile fail open as during any outage). Cheap to
+/// clone; clones share the slot.
+#[derive(Clone)]
+pub struct RedisConn {
+    /// The connection and the URL it was made for.
+    slot: Arc<std::sync::RwLock<(ConnectionManager, crate::secret::Secret)>>,
+    ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for RedisConn {
+    // The URL may carry a password: only scheme, host and port.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConn")
+            .field("endpoint", &self.endpoint())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisConn {
+    /// A lazily connecting connection to `url` (see [`managed`]); must be
+    /// called inside a Tokio runtime.
+    pub fn new(url: &str, ca_file: Option<&Path>) -> Result<Self, StoreError> {
+        let conn = managed(url, ca_file)?;
+        Ok(Self {
+            slot: Arc::new(std::sync::RwLock::new((
+                conn,
+                crate::secret::Secret::new(url),
+            ))),
+            ca_file: ca_file.map(Path::to_path_buf),
+        })
+    }
+
+    /// The connection to use for the next call.
+    pub fn get(&self) -> ConnectionManager {
+        self.slot
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone()
+    }
+
+    /// `scheme://host:port` of the current URL.
+    pub fn endpoint(&self) -> String {
+        endpoint(
+            self.slot
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .1
+                .expose(),
+        )
+    }
+
+    /// Whether the connection is the one made for `url`.
+    pub fn is_for(&self, url: &str) -> bool {
+        self.slot
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .expose()
+            == url
+    }
+
+    /// Points every user at `url` from their next call on.
+    pub fn reconnect(&self, url: &str) -> Result<(), StoreError> {
+        let conn = managed(url, self.ca_file.as_deref())?;
+        *self.slot.write().unwrap_or_else(|p| p.into_inner()) =
+            (conn, crate::secret::Secret::new(url));
+        Ok(())
     }
 }
 
@@ -181,18 +255,21 @@ impl RedisStore {
         prefix: &str,
         ca_file: Option<&Path>,
     ) -> Result<Self, StoreError> {
-        let conn = managed(url, ca_file)?;
-        Ok(Self {
+        Ok(Self::with_conn(RedisConn::new(url, ca_file)?, prefix))
+    }
+
+    /// A store on a shared connection.
+    pub fn with_conn(conn: RedisConn, prefix: &str) -> Self {
+        Self {
             conn,
             names: KeyNames::new(prefix),
             timeout: CALL_TIMEOUT,
             script: Script::new(FLUSH_SCRIPT),
-            endpoint: endpoint(url),
-        })
+        }
     }
 
     async fn run(&self, op: &'static str, pipe: &Pipeline) -> Result<Vec<Value>, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         match tokio::time::timeout(self.timeout, pipe.query_async::<Vec<Value>>(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => Err(StoreError::Redis { op, source }),
@@ -302,7 +379,7 @@ impl RedisStore {
         for a in &args {
             inv.arg(a);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let reply =
             match tokio::time::timeout(self.timeout, inv.invoke_async::<Value>(&mut conn)).await {
                 Ok(Ok(v)) => v,
@@ -316,7 +393,7 @@ impl RedisStore {
             };
         let (failed, totals) = script_reply(OP, &reply)?;
         if failed > 0 {
-            tracing::warn!(store = %self.endpoint, failed, "the store refused part of a flush (a metering key holds a value of another type?)");
+            tracing::warn!(store = %self.conn.endpoint(), failed, "the store refused part of a flush (a metering key holds a value of another type?)");
         }
         if totals.len() != batch.charges.len() {
             return Err(StoreError::Reply {
@@ -346,7 +423,7 @@ impl RedisStore {
                 .arg(keys)
                 .arg(args);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let replies =
             match tokio::time::timeout(REPLAY_TIMEOUT, pipe.query_async::<Vec<Value>>(&mut conn))
                 .await
@@ -382,7 +459,7 @@ impl RedisStore {
                 other => {
                     let (failed, _) = script_reply(OP, other)?;
                     if failed > 0 {
-                        tracing::warn!(store = %self.endpoint, failed, "the store refused part of a replayed flush (a metering key holds a value of another type?)");
+                        tracing::warn!(store = %self.conn.endpoint(), failed, "the store refused part of a replayed flush (a metering key holds a value of another type?)");
                     }
                     out.push(Replayed::Applied);
                 }
@@ -507,6 +584,6 @@ impl Store for RedisStore {
     }
 
     fn describe(&self) -> String {
-        format!("redis at {}", self.endpoint)
+        format!("redis at {}", self.conn.endpoint())
     }
 }

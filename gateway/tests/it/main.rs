@@ -15,6 +15,7 @@ mod metering_relay;
 mod metering_store;
 mod pool;
 mod redis_server;
+mod redis_url_file;
 mod relay;
 mod secret_files;
 mod store_outbox;
