@@ -937,21 +937,6 @@ fn validate_prices(prices: &[PriceRow]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Just the `[[prices]]` of a config file's text, validated: what a live
-/// price edit changes (the rest of the config needs a restart).
-pub fn prices_from_toml(text: &str) -> Result<Vec<PriceRow>, ConfigError> {
-    let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
-    let prices = doc
-        .remove("prices")
-        .unwrap_or_else(|| toml::Value::Array(Vec::new()));
-    let prices: Vec<PriceRow> = serde_path_to_error::deserialize(prices).map_err(|e| {
-        let path = format!("prices{}", e.path());
-        ConfigError::new(path, e.into_inner().message().to_string())
-    })?;
-    validate_prices(&prices)?;
-    Ok(prices)
-}
-
 /// One upstream's live balancing settings, from a config file's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Balance {

@@ -69,6 +69,35 @@ enum Hold<T> {
 
 /// Runs `work` while reading (and holding, within [`MAX_PENDING_FRAMES`]
 /// and [`MAX_PENDING_BYTES`]) the client's frames.
+/// Ends a session that never started: the `error` event, the close, and the
+/// client's close reply read (so the close is not lost to a reset), all
+/// within [`relay::CLOSE_GRACE`].
+async fn end_before_session(client: &mut ClientSocket, event: String, code: u16, reason: &str) {
+    let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
+        let _ = client.feed(Message::text(event)).await;
+        let _ = client
+            .send(Message::Close(Some(relay::close(code, reason))))
+            .await;
+        while let Some(Ok(_)) = client.next().await {}
+    })
+    .await;
+}
+
+/// Answers a client that left before its session started (its close, or
+/// nothing if the connection is gone), within [`relay::CLOSE_GRACE`].
+async fn client_left(client: &mut ClientSocket) {
+    let _ = tokio::time::timeout(relay::CLOSE_GRACE, client.close(None)).await;
+}
+
+/// Closes a client 1001 because the gateway is shutting down before its
+/// session started, within [`relay::CLOSE_GRACE`] (a client that stopped
+/// reading must not hold the drain).
+async fn going_away(client: &mut ClientSocket) {
+    let frame = relay::close(relay::code::GOING_AWAY, "server shutting down");
+    let send = client.send(Message::Close(Some(frame)));
+    let _ = tokio::time::timeout(relay::CLOSE_GRACE, send).await;
+}
+
 async fn hold_client_while<F: std::future::Future>(
     client: &mut ClientSocket,
     work: F,
@@ -176,17 +205,12 @@ impl Session {
                         match hold_client_while(&mut client, dial, &mut held, &shutdown).await {
                             Hold::Done(r) => r,
                             Hold::ClientLeft => {
-                                let _ = client.close(None).await;
+                                client_left(&mut client).await;
                                 self.log_end("client_left_before_session", None, None, None);
                                 return;
                             }
                             Hold::Shutdown => {
-                                let _ = client
-                                    .send(Message::Close(Some(relay::close(
-                                        1001,
-                                        "server shutting down",
-                                    ))))
-                                    .await;
+                                going_away(&mut client).await;
                                 self.log_end("shutdown", Some(1001), None, None);
                                 return;
                             }
@@ -244,17 +268,7 @@ impl Session {
             Ok(c) => c,
             Err(e) => {
                 let (event, code) = dial_error_to_client(&e);
-                let _ = client.feed(Message::text(event)).await;
-                let _ = client
-                    .send(Message::Close(Some(relay::close(
-                        code,
-                        "upstream unavailable",
-                    ))))
-                    .await;
-                let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
-                    while let Some(Ok(_)) = client.next().await {}
-                })
-                .await;
+                end_before_session(&mut client, event, code, "upstream unavailable").await;
                 self.log_end("dial_failed", Some(code), None, None);
                 return;
             }
@@ -345,18 +359,13 @@ impl Session {
         let result = match hold_client_while(client, work, held, &gw.shutdown).await {
             Hold::Done(r) => r,
             Hold::ClientLeft => {
-                let _ = client.close(None).await;
+                client_left(client).await;
                 let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
                 self.log_end("client_left_before_session", None, None, Some(setup));
                 return None;
             }
             Hold::Shutdown => {
-                let _ = client
-                    .send(Message::Close(Some(relay::close(
-                        1001,
-                        "server shutting down",
-                    ))))
-                    .await;
+                going_away(client).await;
                 let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
                 self.log_end("shutdown", Some(1001), None, Some(setup));
                 return None;
@@ -374,18 +383,14 @@ impl Session {
                         &format!("the minted session config could not be applied: {other}"),
                     ),
                 };
-                let _ = client.feed(Message::text(event)).await;
-                let _ = client
-                    .send(Message::Close(Some(relay::close(
-                        1011,
-                        "session config refused",
-                    ))))
-                    .await;
-                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
-                let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
-                    while let Some(Ok(_)) = client.next().await {}
-                })
-                .await;
+                let client_leg = end_before_session(
+                    client,
+                    event,
+                    relay::code::INTERNAL,
+                    "session config refused",
+                );
+                let upstream_leg = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None));
+                let _ = tokio::join!(client_leg, upstream_leg);
                 self.log_end("session_config_refused", Some(1011), None, Some(setup));
                 return None;
             }
