@@ -479,7 +479,7 @@ async fn pods_stuck_on_a_missing_secret_make_the_route_degraded_pods_not_startin
 async fn an_invalid_spec_is_degraded_with_a_reason_an_event_and_a_backoff() {
     let (ctx, mut server, registry) = fixtures::mock_context();
     let mut route = fixtures::route(fixtures::minimal_spec());
-    route.spec.upstream.url = Some("https://api.openai.com/v1/realtime".into());
+    fixtures::single(&mut route.spec).url = Some("https://api.openai.com/v1/realtime".into());
     let route = Arc::new(route);
     let task = tokio::spawn(reconcile(route.clone(), ctx.clone()));
 
@@ -797,7 +797,7 @@ async fn a_price_and_flush_interval_edit_changes_the_config_map_and_not_the_pod_
 async fn an_upstream_url_edit_changes_the_pod_template() {
     let original = fixtures::full_spec();
     let mut edited = original.clone();
-    edited.upstream.url = Some("wss://eu.api.openai.com/v1/realtime".into());
+    fixtures::single(&mut edited).url = Some("wss://eu.api.openai.com/v1/realtime".into());
     let (config, deployment, events, before) = reconcile_an_edit(original, edited).await;
     assert!(config["data"]["gateway.toml"]
         .as_str()
