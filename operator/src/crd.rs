@@ -3,7 +3,10 @@
 //! One route is one model served by one gateway Deployment. The spec is what a user writes; every
 //! optional field has a default here, in one place, so the builders never guess. The OpenAPI schema
 //! the API server enforces is derived from these types: minimums and enums come from `schemars`
-//! attributes, `replicas.min <= replicas.max` is a CEL rule (`x-kubernetes-validations`).
+//! attributes; `replicas.min <= replicas.max`, "exactly one of `upstream` and `upstreams`", "all
+//! listed upstreams speak one protocol", "listed names are unique" and "exactly one of the signing
+//! keys' `key` and `keys`" are CEL rules (`x-kubernetes-validations`). `validate.rs` checks the same
+//! for API servers that do not evaluate CEL.
 //!
 //! Pod-level knobs that Kubernetes already validates (`resources`, `tolerations`, `affinity`) are
 //! typed with the `k8s-openapi` structs in Rust but published in the CRD as open objects
