@@ -3,7 +3,10 @@
 //! One route is one model served by one gateway Deployment. The spec is what a user writes; every
 //! optional field has a default here, in one place, so the builders never guess. The OpenAPI schema
 //! the API server enforces is derived from these types: minimums and enums come from `schemars`
-//! attributes, `replicas.min <= replicas.max` is a CEL rule (`x-kubernetes-validations`).
+//! attributes; `replicas.min <= replicas.max`, "exactly one of `upstream` and `upstreams`", "all
+//! listed upstreams speak one protocol", "listed names are unique" and "exactly one of the signing
+//! keys' `key` and `keys`" are CEL rules (`x-kubernetes-validations`). `validate.rs` checks the same
+//! for API servers that do not evaluate CEL.
 //!
 //! Pod-level knobs that Kubernetes already validates (`resources`, `tolerations`, `affinity`) are
 //! typed with the `k8s-openapi` structs in Rust but published in the CRD as open objects
@@ -32,7 +35,7 @@ pub const DEFAULT_PRE_STOP_SLEEP_SECONDS: i32 = 5;
 pub const DEFAULT_TARGET_CPU_UTILIZATION_PERCENT: i32 = 70;
 
 /// A model exposed through a pool of Patchbay gateway pods.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[kube(
     group = "patchbay.dev",
     version = "v1alpha1",
@@ -49,13 +52,24 @@ pub const DEFAULT_TARGET_CPU_UTILIZATION_PERCENT: i32 = 70;
     printcolumn = r#"{"name":"Pool","type":"integer","jsonPath":".status.poolSizePerPod","description":"warm upstream sockets per pod"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = Rule::new(UPSTREAM_XOR_RULE).message("set exactly one of spec.upstream and spec.upstreams"))]
 #[serde(rename_all = "camelCase")]
 pub struct RealtimeRouteSpec {
     /// Model name clients ask for (`GET /v1/realtime?model=...`).
     #[schemars(length(min = 1))]
     pub model: String,
-    /// Where sessions for this model go.
-    pub upstream: Upstream,
+    /// Where sessions for this model go: one upstream. Exclusive with `upstreams`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    /// Several upstreams of one protocol, with failover by `priority` and sharing by `weight`.
+    /// Exclusive with `upstream`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(
+        validation = Rule::new(UPSTREAMS_ONE_PROTOCOL_RULE).message("all upstreams of a route must speak one protocol"),
+        validation = Rule::new(UPSTREAMS_UNIQUE_NAMES_RULE).message("upstream names must be unique within the route")
+    )]
+    pub upstreams: Vec<NamedUpstream>,
     /// Peak concurrent session connects across all replicas; sizes the per-pod warm pool.
     #[serde(default)]
     #[schemars(range(min = 0))]
@@ -80,6 +94,108 @@ pub struct RealtimeRouteSpec {
     /// Pod-level overrides.
     #[serde(default)]
     pub gateway: GatewayPod,
+    /// Signing keys and TTL cap of the ephemeral client secrets minted at
+    /// `POST /v1/realtime/client_secrets`. Without it each pod signs with a random key of its
+    /// own, so a secret minted on one pod is refused by the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secrets: Option<ClientSecrets>,
+}
+
+/// The CEL rule that makes `upstream` and `upstreams` exclusive (and one of them required).
+pub const UPSTREAM_XOR_RULE: &str =
+    "has(self.upstream) != (has(self.upstreams) && size(self.upstreams) > 0)";
+
+/// CEL: every listed upstream speaks the first one's protocol (the schema defaults `protocol`).
+pub const UPSTREAMS_ONE_PROTOCOL_RULE: &str = "self.all(u, u.protocol == self[0].protocol)";
+/// CEL: no two listed upstreams share a name.
+pub const UPSTREAMS_UNIQUE_NAMES_RULE: &str = "self.all(u, self.exists_one(v, v.name == u.name))";
+
+/// The most upstreams one route may list (`spec.upstreams` `maxItems`).
+pub const MAX_UPSTREAMS: usize = 16;
+/// Bounds of `clientSecrets.maxTTLSeconds`, as the gateway's `[client_secrets] max_ttl_secs`.
+pub const MIN_CLIENT_SECRET_TTL_SECONDS: i32 = 10;
+pub const MAX_CLIENT_SECRET_TTL_SECONDS: i32 = 7200;
+/// Default `weight` of a listed upstream, as the gateway's.
+pub const DEFAULT_UPSTREAM_WEIGHT: i32 = 1;
+
+/// One of several upstreams of a route (`spec.upstreams[]`), rendered as a
+/// `[[routes.upstreams]]` entry of the gateway config.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedUpstream {
+    /// Appears in usage rows, logs and metric labels; unique within the route, a DNS label.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    #[serde(default)]
+    pub provider: Provider,
+    /// WebSocket URL. Defaults to OpenAI's for `provider: openai`; required for Azure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Model (OpenAI) or deployment (Azure) sent upstream, when it differs from `spec.model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Every entry of a route must speak the same protocol.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Secret key holding this upstream's API key.
+    pub api_key_secret_ref: SecretKeyRef,
+    /// Secret key holding an extra trust root (PEM) for a `wss://` upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+    /// Lower is preferred; applied live (no pod restart).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub priority: i32,
+    /// Share among upstreams of equal priority; applied live (no pod restart).
+    #[serde(default = "default_upstream_weight")]
+    #[schemars(range(min = 0))]
+    pub weight: i32,
+}
+
+/// Signing keys of client secrets: one Secret, mounted as files the gateway re-reads when they
+/// change. The first key signs, all verify, so a key rotates with no downtime: add the new key
+/// first, wait out `maxTTLSeconds`, then drop the old one.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientSecrets {
+    pub signing_keys_secret_ref: SigningKeysRef,
+    /// Cap on a minted secret's lifetime; defaults to the gateway's (7200).
+    #[serde(
+        default,
+        rename = "maxTTLSeconds",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 10, max = 7200))]
+    pub max_ttl_seconds: Option<i32>,
+}
+
+/// A Secret and the keys of it that hold signing keys (each at least 32 bytes): `key` for one,
+/// or `keys` for several (the first signs).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.key) != (has(self.keys) && size(self.keys) > 0)").message("set exactly one of key and keys"))]
+pub struct SigningKeysRef {
+    #[schemars(length(min = 1))]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub keys: Vec<String>,
+}
+
+impl SigningKeysRef {
+    /// The keys in signing order (the first signs).
+    pub fn key_list(&self) -> Vec<&str> {
+        self.key
+            .iter()
+            .map(String::as_str)
+            .chain(self.keys.iter().map(String::as_str))
+            .collect()
+    }
 }
 
 /// The upstream Realtime API.
@@ -409,6 +525,9 @@ pub fn crd_yaml() -> String {
     serde_yaml::to_string(&RealtimeRoute::crd()).expect("a CRD always serialises")
 }
 
+fn default_upstream_weight() -> i32 {
+    DEFAULT_UPSTREAM_WEIGHT
+}
 fn default_replicas_min() -> i32 {
     DEFAULT_REPLICAS_MIN
 }
@@ -522,8 +641,65 @@ mod tests {
             .map(|v| v.as_str().unwrap())
             .collect();
         assert!(required.contains(&"model"));
-        assert!(required.contains(&"upstream"));
+        assert!(!required.contains(&"upstream"), "upstream or upstreams");
         assert!(required.contains(&"clientKeysSecretRef"));
+    }
+
+    #[test]
+    fn crd_schema_makes_upstream_and_upstreams_exclusive() {
+        let crd = crd_json();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(
+            spec["x-kubernetes-validations"][0]["rule"],
+            UPSTREAM_XOR_RULE
+        );
+        let ups = &spec["properties"]["upstreams"];
+        assert_eq!(ups["maxItems"].as_u64(), Some(MAX_UPSTREAMS as u64));
+        let item = &ups["items"];
+        assert_eq!(
+            item["properties"]["name"]["pattern"],
+            "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+        );
+        assert_eq!(item["properties"]["weight"]["minimum"].as_f64(), Some(0.0));
+        let required: Vec<&str> = item["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(required, ["apiKeySecretRef", "name"]);
+        let cs = &spec["properties"]["clientSecrets"];
+        assert_eq!(
+            cs["properties"]["maxTTLSeconds"]["maximum"].as_f64(),
+            Some(f64::from(MAX_CLIENT_SECRET_TTL_SECONDS))
+        );
+        assert_eq!(
+            cs["properties"]["maxTTLSeconds"]["minimum"].as_f64(),
+            Some(f64::from(MIN_CLIENT_SECRET_TTL_SECONDS))
+        );
+        assert!(
+            cs["properties"]["signingKeysSecretRef"]["x-kubernetes-validations"][0]["rule"]
+                .as_str()
+                .unwrap()
+                .contains("has(self.key)")
+        );
+    }
+
+    #[test]
+    fn a_listed_upstream_gets_weight_one_and_priority_zero() {
+        let spec: RealtimeRouteSpec = serde_json::from_value(serde_json::json!({
+            "model": "gpt-realtime",
+            "upstreams": [{"name": "a", "apiKeySecretRef": {"name": "openai", "key": "api-key"}}],
+            "clientKeysSecretRef": {"name": "keys", "key": "keys.toml"},
+            "clientSecrets": {"signingKeysSecretRef": {"name": "signing", "key": "k"}}
+        }))
+        .unwrap();
+        assert_eq!(spec.upstream, None);
+        assert_eq!(spec.upstreams[0].weight, DEFAULT_UPSTREAM_WEIGHT);
+        assert_eq!(spec.upstreams[0].priority, 0);
+        let cs = spec.client_secrets.unwrap();
+        assert_eq!(cs.signing_keys_secret_ref.key_list(), ["k"]);
+        assert_eq!(cs.max_ttl_seconds, None);
     }
 
     #[test]
@@ -534,8 +710,11 @@ mod tests {
             "clientKeysSecretRef": {"name": "keys", "key": "keys.toml"}
         }))
         .unwrap();
-        assert_eq!(spec.upstream.provider, Provider::Openai);
-        assert_eq!(spec.upstream.protocol, Protocol::Ga);
+        let upstream = spec.upstream.as_ref().unwrap();
+        assert_eq!(upstream.provider, Provider::Openai);
+        assert_eq!(upstream.protocol, Protocol::Ga);
+        assert!(spec.upstreams.is_empty());
+        assert_eq!(spec.client_secrets, None);
         assert_eq!(spec.replicas, Replicas::default());
         assert!(!spec.replicas.autoscaled());
         assert_eq!(spec.pool, Pool::default());

@@ -19,8 +19,9 @@ use tower_test::mock::{self, Handle, SendResponse};
 
 use crate::context::Context;
 use crate::crd::{
-    Autoscaling, Drain, GatewayPod, Metering, Open, Pool, Price, Protocol, Provider, RealtimeRoute,
-    RealtimeRouteSpec, Replicas, SecretKeyRef, Unpriced, Upstream,
+    Autoscaling, ClientSecrets, Drain, GatewayPod, Metering, NamedUpstream, Open, Pool, Price,
+    Protocol, Provider, RealtimeRoute, RealtimeRouteSpec, Replicas, SecretKeyRef, SigningKeysRef,
+    Unpriced, Upstream,
 };
 use crate::metrics::Metrics;
 
@@ -65,13 +66,14 @@ pub fn autoscaled_spec() -> RealtimeRouteSpec {
 pub fn full_spec() -> RealtimeRouteSpec {
     RealtimeRouteSpec {
         model: "gpt-realtime".into(),
-        upstream: Upstream {
+        upstream: Some(Upstream {
             provider: Provider::Openai,
             url: Some("wss://api.openai.com/v1/realtime".into()),
             model: Some("gpt-realtime-2025-08-28".into()),
             protocol: Protocol::Ga,
             api_key_secret_ref: secret("openai", "api-key"),
-        },
+        }),
+        upstreams: Vec::new(),
         peak_concurrency: 500,
         replicas: Replicas {
             min: 2,
@@ -128,7 +130,54 @@ pub fn full_spec() -> RealtimeRouteSpec {
             }))
             .expect("affinity"))),
         },
+        client_secrets: Some(ClientSecrets {
+            signing_keys_secret_ref: SigningKeysRef {
+                name: "signing".into(),
+                key: None,
+                keys: vec!["current".into(), "previous".into()],
+            },
+            max_ttl_seconds: Some(600),
+        }),
     }
+}
+
+/// The full spec with two upstreams instead of one: OpenAI preferred (weight 3), an Azure
+/// deployment behind it with its own Secret and a CA; the OpenAI key and the Azure CA share
+/// one Secret.
+pub fn two_upstream_spec() -> RealtimeRouteSpec {
+    RealtimeRouteSpec {
+        upstream: None,
+        upstreams: vec![
+            NamedUpstream {
+                name: "openai".into(),
+                provider: Provider::Openai,
+                url: None,
+                model: None,
+                protocol: Protocol::Ga,
+                api_key_secret_ref: secret("openai", "api-key"),
+                ca_secret_ref: None,
+                priority: 0,
+                weight: 3,
+            },
+            NamedUpstream {
+                name: "azure-eastus".into(),
+                provider: Provider::Azure,
+                url: Some("wss://eastus.openai.azure.com/openai/v1/realtime".into()),
+                model: Some("my-deployment".into()),
+                protocol: Protocol::Ga,
+                api_key_secret_ref: secret("azure", "key"),
+                ca_secret_ref: Some(secret("openai", "ca.pem")),
+                priority: 1,
+                weight: 1,
+            },
+        ],
+        ..full_spec()
+    }
+}
+
+/// The single upstream of a spec built from [`minimal_spec`] or [`full_spec`].
+pub fn single(spec: &mut RealtimeRouteSpec) -> &mut Upstream {
+    spec.upstream.as_mut().expect("a single-upstream spec")
 }
 
 /// A route as the API server would hand it to the controller: named, namespaced, with a uid.

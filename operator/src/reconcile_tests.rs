@@ -479,7 +479,7 @@ async fn pods_stuck_on_a_missing_secret_make_the_route_degraded_pods_not_startin
 async fn an_invalid_spec_is_degraded_with_a_reason_an_event_and_a_backoff() {
     let (ctx, mut server, registry) = fixtures::mock_context();
     let mut route = fixtures::route(fixtures::minimal_spec());
-    route.spec.upstream.url = Some("https://api.openai.com/v1/realtime".into());
+    fixtures::single(&mut route.spec).url = Some("https://api.openai.com/v1/realtime".into());
     let route = Arc::new(route);
     let task = tokio::spawn(reconcile(route.clone(), ctx.clone()));
 
@@ -797,7 +797,7 @@ async fn a_price_and_flush_interval_edit_changes_the_config_map_and_not_the_pod_
 async fn an_upstream_url_edit_changes_the_pod_template() {
     let original = fixtures::full_spec();
     let mut edited = original.clone();
-    edited.upstream.url = Some("wss://eu.api.openai.com/v1/realtime".into());
+    fixtures::single(&mut edited).url = Some("wss://eu.api.openai.com/v1/realtime".into());
     let (config, deployment, events, before) = reconcile_an_edit(original, edited).await;
     assert!(config["data"]["gateway.toml"]
         .as_str()
@@ -814,4 +814,115 @@ async fn an_upstream_url_edit_changes_the_pod_template() {
         events,
         [("Normal".to_string(), "ConfigChanged".to_string())]
     );
+}
+
+#[tokio::test]
+async fn a_listed_route_applies_its_upstreams_and_signing_keys_as_config_and_mounted_files() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = fixtures::route(fixtures::two_upstream_spec());
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+
+    observe(&mut server, None, &route.spec).await;
+    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
+    let doc: toml::Table =
+        toml::from_str(config["data"]["gateway.toml"].as_str().unwrap()).unwrap();
+    let ups = doc["routes"][0]["upstreams"].as_array().unwrap();
+    let files: Vec<(&str, &str)> = ups
+        .iter()
+        .map(|u| {
+            (
+                u["name"].as_str().unwrap(),
+                u["api_key_file"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        files,
+        [
+            ("openai", "/etc/patchbay/upstreams/openai/api-key"),
+            ("azure-eastus", "/etc/patchbay/upstreams/azure/key")
+        ]
+    );
+    assert_eq!(
+        doc["client_secrets"]["signing_key_files"][0].as_str(),
+        Some("/etc/patchbay/signing-keys/current")
+    );
+    expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    let template = &seen.body["spec"]["template"];
+    let volumes = template["spec"]["volumes"].as_array().unwrap();
+    let secret = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v["name"] == name)
+            .map(|v| v["secret"].clone())
+            .unwrap_or_else(|| panic!("volume {name}"))
+    };
+    assert_eq!(
+        secret("upstreams-0"),
+        json!({"secretName": "openai", "items": [
+            {"key": "api-key", "path": "api-key"}, {"key": "ca.pem", "path": "ca.pem"}
+        ], "optional": false})
+    );
+    assert_eq!(
+        secret("upstreams-1"),
+        json!({"secretName": "azure", "items": [{"key": "key", "path": "key"}], "optional": false})
+    );
+    assert_eq!(
+        secret("signing-keys"),
+        json!({"secretName": "signing", "items": [
+            {"key": "current", "path": "current"}, {"key": "previous", "path": "previous"}
+        ], "optional": false})
+    );
+    assert!(volumes.iter().all(|v| v["name"] != "upstream-key"));
+    reply.ok(&deployment_response(&seen.body, 2, 0));
+
+    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    expect_apply(&mut server, &hpa_path(&gw())).await;
+    expect_apply(&mut server, &pdb_path(&gw())).await;
+    expect_pods(&mut server, &[]).await;
+    assert_eq!(
+        server.expect_event().await,
+        ("Normal".into(), "Created".into())
+    );
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    assert_eq!(
+        condition(&seen.body["status"], "Degraded")["status"],
+        "False"
+    );
+    reply.ok(&patched(&route, &seen.body));
+    task.await.unwrap().expect("reconcile succeeds");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_route_mixing_upstream_protocols_is_degraded_naming_it_and_applies_nothing() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut spec = fixtures::two_upstream_spec();
+    spec.upstreams[1].protocol = crate::crd::Protocol::Beta;
+    let route = Arc::new(fixtures::route(spec));
+    let task = tokio::spawn(reconcile(route.clone(), ctx));
+
+    let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
+    reply.not_found("deployment");
+    assert_eq!(
+        server.expect_event().await,
+        ("Warning".into(), "InvalidSpec".into())
+    );
+    let degraded = expect_degraded(&mut server, &route, &status_path(), "InvalidSpec").await;
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains("\"gpt-realtime\" mixes protocols"),
+        "{message}"
+    );
+    let error = task.await.unwrap().expect_err("an invalid spec fails");
+    assert_eq!(error.reason(), "InvalidSpec");
+    server.expect_silence().await;
 }

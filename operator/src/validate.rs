@@ -7,7 +7,10 @@
 
 use kube::ResourceExt;
 
-use crate::crd::{Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
+use crate::crd::{
+    Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef, MAX_CLIENT_SECRET_TTL_SECONDS,
+    MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS,
+};
 use crate::error::{Error, Result};
 
 /// The route's name becomes its Service's name and a label value: it must be
@@ -16,13 +19,7 @@ use crate::error::{Error, Result};
 /// what is applied after it) would be refused by the API server on every
 /// reconcile, with no condition saying why.
 pub fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    let ok = is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase());
     if ok {
         Ok(())
     } else {
@@ -33,10 +30,30 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// A DNS-1123 label: at most 63 characters of `a-z`, `0-9` and `-`, starting and ending with a
+/// letter or digit.
+fn is_dns_label(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name.chars().all(|c| alnum(c) || c == '-')
+}
+
 /// The rules the gateway's own config loader applies to `upstream_url`, so that a route the
-/// operator accepts never renders a config its pods refuse (and crash-loop on).
-fn check_upstream_url(url: &str, provider: Provider) -> Result<()> {
-    let invalid = |why: String| Err(Error::InvalidSpec(format!("upstream.url {url:?}: {why}")));
+/// operator accepts never renders a config its pods refuse (and crash-loop on). `field` names
+/// the URL's place in the spec (`upstream.url`, `upstreams[1].url`).
+fn check_upstream_url(field: &str, url: Option<&str>, provider: Provider) -> Result<()> {
+    let Some(url) = url else {
+        return match provider {
+            Provider::Azure => Err(Error::InvalidSpec(format!(
+                "{field} is required for provider azure"
+            ))),
+            Provider::Openai => Ok(()),
+        };
+    };
+    let invalid = |why: String| Err(Error::InvalidSpec(format!("{field} {url:?}: {why}")));
     // The same parser as the gateway's loader (`url`), so ports, hosts and escapes are judged
     // the same way.
     let parsed = match url::Url::parse(url) {
@@ -58,15 +75,98 @@ fn check_upstream_url(url: &str, provider: Provider) -> Result<()> {
     Ok(())
 }
 
-/// Problems a schema cannot express.
-pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
-    if let Some(url) = &spec.upstream.url {
-        check_upstream_url(url, spec.upstream.provider)?;
-    } else if spec.upstream.provider == Provider::Azure {
-        return Err(Error::InvalidSpec(
-            "upstream.url is required for provider azure".into(),
+/// `upstream` or `upstreams`, exactly one: the CEL rule on the spec says the same, for API
+/// servers that evaluate it; this check covers the ones that do not.
+fn check_upstreams(spec: &RealtimeRouteSpec) -> Result<()> {
+    let invalid = |why: String| Err(Error::InvalidSpec(why));
+    match (&spec.upstream, spec.upstreams.is_empty()) {
+        (Some(_), false) => {
+            return invalid("set exactly one of spec.upstream and spec.upstreams, not both".into())
+        }
+        (None, true) => {
+            return invalid("set exactly one of spec.upstream and spec.upstreams".into())
+        }
+        (Some(up), true) => {
+            return check_upstream_url("upstream.url", up.url.as_deref(), up.provider)
+        }
+        (None, false) => {}
+    }
+    if spec.upstreams.len() > MAX_UPSTREAMS {
+        return invalid(format!(
+            "spec.upstreams lists {} upstreams; at most {MAX_UPSTREAMS}",
+            spec.upstreams.len()
         ));
     }
+    let first = &spec.upstreams[0];
+    for (i, up) in spec.upstreams.iter().enumerate() {
+        if !is_dns_label(&up.name) {
+            return invalid(format!(
+                "upstreams[{i}].name {:?} must be a DNS label: at most 63 characters of a-z, \
+                 0-9 and '-', starting and ending with a letter or digit",
+                up.name
+            ));
+        }
+        if spec.upstreams[..i].iter().any(|u| u.name == up.name) {
+            return invalid(format!("upstreams[{i}].name {:?} is listed twice", up.name));
+        }
+        if up.protocol != first.protocol {
+            return invalid(format!(
+                "route for model {:?} mixes protocols: upstreams[{i}] ({:?}) speaks {:?}, \
+                 upstreams[0] ({:?}) speaks {:?}; all upstreams of a route speak one protocol",
+                spec.model, up.name, up.protocol, first.name, first.protocol
+            ));
+        }
+        check_upstream_url(
+            &format!("upstreams[{i}].url"),
+            up.url.as_deref(),
+            up.provider,
+        )?;
+        if up.priority < 0 || up.weight < 0 {
+            return invalid(format!("upstreams[{i}]: priority and weight must be >= 0"));
+        }
+    }
+    Ok(())
+}
+
+/// `clientSecrets`: one of `key` and `keys`, no key twice, a TTL cap the gateway accepts.
+fn check_client_secrets(spec: &RealtimeRouteSpec) -> Result<()> {
+    let Some(cs) = &spec.client_secrets else {
+        return Ok(());
+    };
+    let invalid = |why: String| Err(Error::InvalidSpec(why));
+    let r = &cs.signing_keys_secret_ref;
+    let forms = usize::from(r.key.is_some()) + usize::from(!r.keys.is_empty());
+    if forms != 1 {
+        return invalid(
+            "clientSecrets.signingKeysSecretRef: set exactly one of key and keys".into(),
+        );
+    }
+    let keys = r.key_list();
+    for (i, k) in keys.iter().enumerate() {
+        if k.is_empty() {
+            return invalid("clientSecrets.signingKeysSecretRef: a key name is empty".into());
+        }
+        if keys[..i].contains(k) {
+            return invalid(format!(
+                "clientSecrets.signingKeysSecretRef.keys lists {k:?} twice"
+            ));
+        }
+    }
+    if let Some(ttl) = cs.max_ttl_seconds {
+        if !(MIN_CLIENT_SECRET_TTL_SECONDS..=MAX_CLIENT_SECRET_TTL_SECONDS).contains(&ttl) {
+            return invalid(format!(
+                "clientSecrets.maxTTLSeconds {ttl} must be from \
+                 {MIN_CLIENT_SECRET_TTL_SECONDS} to {MAX_CLIENT_SECRET_TTL_SECONDS}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Problems a schema cannot express.
+pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
+    check_upstreams(spec)?;
+    check_client_secrets(spec)?;
     let gw = &spec.gateway;
     let overrides = [
         (
@@ -101,17 +201,42 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
     Ok(())
 }
 
-/// Every Secret the route references, with the spec field that names it.
-pub fn secret_refs(spec: &RealtimeRouteSpec) -> Vec<(&'static str, &SecretKeyRef)> {
-    let mut refs = vec![
-        (
-            "upstream.apiKeySecretRef",
-            &spec.upstream.api_key_secret_ref,
-        ),
-        ("clientKeysSecretRef", &spec.client_keys_secret_ref),
-    ];
+/// Every Secret key the route references, with the spec field that names it.
+pub fn secret_refs(spec: &RealtimeRouteSpec) -> Vec<(String, SecretKeyRef)> {
+    let mut refs = Vec::new();
+    if let Some(up) = &spec.upstream {
+        refs.push((
+            "upstream.apiKeySecretRef".to_string(),
+            up.api_key_secret_ref.clone(),
+        ));
+    }
+    for (i, up) in spec.upstreams.iter().enumerate() {
+        refs.push((
+            format!("upstreams[{i}].apiKeySecretRef"),
+            up.api_key_secret_ref.clone(),
+        ));
+        if let Some(ca) = &up.ca_secret_ref {
+            refs.push((format!("upstreams[{i}].caSecretRef"), ca.clone()));
+        }
+    }
+    refs.push((
+        "clientKeysSecretRef".to_string(),
+        spec.client_keys_secret_ref.clone(),
+    ));
     if let Some(redis) = &spec.metering.redis_url_secret_ref {
-        refs.push(("metering.redisUrlSecretRef", redis));
+        refs.push(("metering.redisUrlSecretRef".to_string(), redis.clone()));
+    }
+    if let Some(cs) = &spec.client_secrets {
+        let r = &cs.signing_keys_secret_ref;
+        for key in r.key_list() {
+            refs.push((
+                "clientSecrets.signingKeysSecretRef".to_string(),
+                SecretKeyRef {
+                    name: r.name.clone(),
+                    key: key.to_string(),
+                },
+            ));
+        }
     }
     refs
 }
@@ -166,17 +291,18 @@ mod tests {
     #[test]
     fn an_azure_route_needs_a_url() {
         let mut spec = fixtures::minimal_spec();
-        spec.upstream.provider = Provider::Azure;
+        fixtures::single(&mut spec).provider = Provider::Azure;
         let err = check_spec(&spec).unwrap_err();
         assert_eq!(err.reason(), "InvalidSpec");
-        spec.upstream.url = Some("wss://res.openai.azure.com/openai/v1/realtime".into());
+        fixtures::single(&mut spec).url =
+            Some("wss://res.openai.azure.com/openai/v1/realtime".into());
         check_spec(&spec).unwrap();
     }
 
     #[test]
     fn an_http_upstream_url_is_refused() {
         let mut spec = fixtures::minimal_spec();
-        spec.upstream.url = Some("https://api.openai.com/v1/realtime".into());
+        fixtures::single(&mut spec).url = Some("https://api.openai.com/v1/realtime".into());
         assert!(check_spec(&spec).unwrap_err().to_string().contains("ws://"));
     }
 
@@ -189,13 +315,14 @@ mod tests {
             "wss://host:99999/v1/realtime",
             "wss://host:abc/v1/realtime",
         ] {
-            spec.upstream.url = Some(url.into());
+            fixtures::single(&mut spec).url = Some(url.into());
             let err = check_spec(&spec).unwrap_err();
             assert_eq!(err.reason(), "InvalidSpec", "{url}");
             assert!(err.to_string().contains("upstream.url"), "{url}: {err}");
         }
-        spec.upstream.provider = Provider::Azure;
-        spec.upstream.url = Some("wss://res.openai.azure.com/openai/realtime?deployment=d".into());
+        fixtures::single(&mut spec).provider = Provider::Azure;
+        fixtures::single(&mut spec).url =
+            Some("wss://res.openai.azure.com/openai/realtime?deployment=d".into());
         assert!(check_spec(&spec)
             .unwrap_err()
             .to_string()
@@ -204,7 +331,7 @@ mod tests {
             "wss://res.openai.azure.com/openai/realtime?api-version=2025-04-01-preview&deployment=d",
             "wss://res.openai.azure.com/openai/v1/realtime",
         ] {
-            spec.upstream.url = Some(ok.into());
+            fixtures::single(&mut spec).url = Some(ok.into());
             check_spec(&spec).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
     }
@@ -218,8 +345,123 @@ mod tests {
     }
 
     #[test]
-    fn the_redis_secret_is_referenced_only_when_named() {
-        assert_eq!(secret_refs(&fixtures::minimal_spec()).len(), 2);
-        assert_eq!(secret_refs(&fixtures::full_spec()).len(), 3);
+    fn every_referenced_secret_key_is_named_with_its_field() {
+        let fields = |spec: &RealtimeRouteSpec| -> Vec<String> {
+            secret_refs(spec)
+                .into_iter()
+                .map(|(f, s)| format!("{f}={}/{}", s.name, s.key))
+                .collect()
+        };
+        assert_eq!(
+            fields(&fixtures::minimal_spec()),
+            [
+                "upstream.apiKeySecretRef=openai/api-key",
+                "clientKeysSecretRef=voice-keys/keys.toml"
+            ]
+        );
+        assert_eq!(
+            fields(&fixtures::two_upstream_spec()),
+            [
+                "upstreams[0].apiKeySecretRef=openai/api-key",
+                "upstreams[1].apiKeySecretRef=azure/key",
+                "upstreams[1].caSecretRef=openai/ca.pem",
+                "clientKeysSecretRef=voice-keys/keys.toml",
+                "metering.redisUrlSecretRef=redis/url",
+                "clientSecrets.signingKeysSecretRef=signing/current",
+                "clientSecrets.signingKeysSecretRef=signing/previous",
+            ]
+        );
+    }
+
+    fn invalid(spec: &RealtimeRouteSpec) -> String {
+        let err = check_spec(spec).unwrap_err();
+        assert_eq!(err.reason(), "InvalidSpec");
+        err.to_string()
+    }
+
+    #[test]
+    fn upstream_and_upstreams_are_exclusive_and_one_is_required() {
+        check_spec(&fixtures::two_upstream_spec()).expect("a listed route is valid");
+        let mut both = fixtures::two_upstream_spec();
+        both.upstream = fixtures::full_spec().upstream;
+        assert!(invalid(&both).contains("not both"));
+        let mut neither = fixtures::two_upstream_spec();
+        neither.upstreams.clear();
+        assert!(invalid(&neither).contains("exactly one of spec.upstream and spec.upstreams"));
+    }
+
+    #[test]
+    fn listed_upstreams_that_mix_protocols_are_refused_naming_the_route() {
+        let mut spec = fixtures::two_upstream_spec();
+        spec.upstreams[1].protocol = crate::crd::Protocol::Beta;
+        let msg = invalid(&spec);
+        assert!(msg.contains("\"gpt-realtime\" mixes protocols"), "{msg}");
+        assert!(msg.contains("azure-eastus"), "{msg}");
+        for u in &mut spec.upstreams {
+            u.protocol = crate::crd::Protocol::Beta;
+        }
+        check_spec(&spec).expect("all beta is one protocol");
+    }
+
+    #[test]
+    fn upstream_names_are_unique_dns_labels() {
+        for bad in ["", "Azure", "azure_east", "-a", "a-", &"a".repeat(64)] {
+            let mut spec = fixtures::two_upstream_spec();
+            spec.upstreams[1].name = bad.to_string();
+            assert!(invalid(&spec).contains("upstreams[1].name"), "{bad:?}");
+        }
+        let mut spec = fixtures::two_upstream_spec();
+        spec.upstreams[1].name = "openai".into();
+        assert!(invalid(&spec).contains("listed twice"));
+        spec.upstreams[1].name = "0-east".into();
+        check_spec(&spec).expect("a label may start with a digit");
+    }
+
+    #[test]
+    fn each_listed_upstream_url_is_checked_with_its_index() {
+        let mut spec = fixtures::two_upstream_spec();
+        spec.upstreams[1].url = None;
+        assert!(invalid(&spec).contains("upstreams[1].url is required for provider azure"));
+        spec.upstreams[1].url = Some("https://eastus.openai.azure.com/openai/v1/realtime".into());
+        assert!(invalid(&spec).contains("upstreams[1].url"));
+        let mut spec = fixtures::two_upstream_spec();
+        spec.upstreams[0].weight = -1;
+        assert!(invalid(&spec).contains("upstreams[0]"));
+        let mut spec = fixtures::two_upstream_spec();
+        let extra = spec.upstreams[1].clone();
+        for i in 0..MAX_UPSTREAMS {
+            let mut u = extra.clone();
+            u.name = format!("extra-{i}");
+            spec.upstreams.push(u);
+        }
+        assert!(invalid(&spec).contains("at most 16"));
+    }
+
+    #[test]
+    fn client_secrets_need_exactly_one_of_key_and_keys_and_a_ttl_the_gateway_accepts() {
+        let mut spec = fixtures::full_spec();
+        check_spec(&spec).unwrap();
+        let cs = spec.client_secrets.as_mut().unwrap();
+        cs.signing_keys_secret_ref.key = Some("single".into());
+        assert!(invalid(&spec).contains("exactly one of key and keys"));
+        let cs = spec.client_secrets.as_mut().unwrap();
+        cs.signing_keys_secret_ref.keys.clear();
+        check_spec(&spec).expect("a single key");
+        let cs = spec.client_secrets.as_mut().unwrap();
+        cs.signing_keys_secret_ref.key = None;
+        assert!(invalid(&spec).contains("exactly one of key and keys"));
+        let cs = spec.client_secrets.as_mut().unwrap();
+        cs.signing_keys_secret_ref.keys = vec!["a".into(), "a".into()];
+        assert!(invalid(&spec).contains("twice"));
+        let cs = spec.client_secrets.as_mut().unwrap();
+        cs.signing_keys_secret_ref.keys = vec!["a".into()];
+        for ttl in [9, 7201, -1] {
+            spec.client_secrets.as_mut().unwrap().max_ttl_seconds = Some(ttl);
+            assert!(invalid(&spec).contains("maxTTLSeconds"), "{ttl}");
+        }
+        for ttl in [10, 7200] {
+            spec.client_secrets.as_mut().unwrap().max_ttl_seconds = Some(ttl);
+            check_spec(&spec).unwrap();
+        }
     }
 }

@@ -373,6 +373,16 @@ fn run_controller(
     (shutdown, task)
 }
 
+/// The Secret of the example route's single upstream key.
+fn upstream_secret(route: &RealtimeRoute) -> String {
+    let up = route
+        .spec
+        .upstream
+        .as_ref()
+        .expect("the example has one upstream");
+    up.api_key_secret_ref.name.clone()
+}
+
 fn template_hash(d: &Deployment) -> Option<String> {
     d.spec
         .as_ref()?
@@ -419,10 +429,7 @@ async fn a_price_or_flush_edit_never_touches_the_pod_template_and_an_upstream_ur
         .flatten()
         .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
         .collect();
-    assert!(
-        mounted.contains(&route.spec.upstream.api_key_secret_ref.name),
-        "{mounted:?}"
-    );
+    assert!(mounted.contains(&upstream_secret(&route)), "{mounted:?}");
 
     // Live edit: prices and flushSeconds.
     let mut prices = serde_json::to_value(&route.spec.metering.prices).unwrap();
@@ -649,7 +656,7 @@ async fn the_operator_account_reconciles_without_secrets_and_may_only_set_gatewa
     // Secrets are out of reach.
     let secrets: Api<Secret> = Api::namespaced(operator.clone(), &namespace);
     let denied = secrets
-        .get(&route.spec.upstream.api_key_secret_ref.name)
+        .get(&upstream_secret(&route))
         .await
         .expect_err("no Secret access");
     assert!(
@@ -886,4 +893,213 @@ async fn the_deletion_cost_of_each_ready_gateway_pod_follows_its_live_sessions()
     keeper.await.expect("keeper stops");
     let _ = (busy, idle);
     delete_namespace(&admin, &namespace).await;
+}
+
+// --- several upstreams and client secrets (issues 16 and 13) ---------------------------------
+
+/// A route manifest with `spec` merged over the example's required fields.
+fn route_json(name: &str, spec: serde_json::Value) -> serde_json::Value {
+    let mut full = serde_json::json!({
+        "model": "gpt-realtime",
+        "clientKeysSecretRef": {"name": "voice-keys", "key": "keys.toml"}
+    });
+    for (k, v) in spec.as_object().expect("a spec object") {
+        full[k] = v.clone();
+    }
+    serde_json::json!({
+        "apiVersion": "patchbay.dev/v1alpha1",
+        "kind": "RealtimeRoute",
+        "metadata": {"name": name},
+        "spec": full
+    })
+}
+
+fn listed(name: &str, secret: &str, protocol: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "protocol": protocol,
+        "apiKeySecretRef": {"name": secret, "key": "api-key"}
+    })
+}
+
+#[tokio::test]
+async fn the_api_server_enforces_the_upstream_rules_and_a_listed_route_renders_live_balances() {
+    let Some(kubeconfig) = kubeconfig_or_skip("the several-upstreams test") else {
+        return;
+    };
+    let client = client_from(&kubeconfig).await;
+    install_crds(&client).await;
+    let namespace = fresh_namespace(&client, "patchbay-e2e-ups").await;
+    let routes: Api<RealtimeRoute> = Api::namespaced(client.clone(), &namespace);
+    let create = |name: &'static str, spec: serde_json::Value| {
+        let routes = routes.clone();
+        async move {
+            let r: RealtimeRoute = serde_json::from_value(route_json(name, spec)).unwrap();
+            routes.create(&PostParams::default(), &r).await
+        }
+    };
+    let one = serde_json::json!({"apiKeySecretRef": {"name": "openai", "key": "api-key"}});
+
+    // The CRD's CEL rules, as the API server evaluates them.
+    for (name, spec, message) in [
+        (
+            "both",
+            serde_json::json!({"upstream": one, "upstreams": [listed("a", "openai", "ga")]}),
+            "set exactly one of spec.upstream and spec.upstreams",
+        ),
+        (
+            "neither",
+            serde_json::json!({}),
+            "set exactly one of spec.upstream and spec.upstreams",
+        ),
+        (
+            "mixed",
+            serde_json::json!({"upstreams": [listed("a", "openai", "ga"), listed("b", "azure", "beta")]}),
+            "all upstreams of a route must speak one protocol",
+        ),
+        (
+            "twice",
+            serde_json::json!({"upstreams": [listed("a", "openai", "ga"), listed("a", "azure", "ga")]}),
+            "upstream names must be unique within the route",
+        ),
+        (
+            "not-a-label",
+            serde_json::json!({"upstreams": [listed("Azure_East", "openai", "ga")]}),
+            "spec.upstreams[0].name",
+        ),
+        (
+            "two-key-forms",
+            serde_json::json!({"upstream": one, "clientSecrets": {"signingKeysSecretRef": {"name": "s", "key": "k", "keys": ["k2"]}}}),
+            "set exactly one of key and keys",
+        ),
+        (
+            "ttl",
+            serde_json::json!({"upstream": one, "clientSecrets": {"signingKeysSecretRef": {"name": "s", "key": "k"}, "maxTTLSeconds": 7201}}),
+            "maxTTLSeconds",
+        ),
+    ] {
+        match create(name, spec).await {
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{name}: {e:?}");
+                assert!(e.message.contains(message), "{name}: {}", e.message);
+            }
+            other => panic!("{name}: the API server accepted it: {other:?}"),
+        }
+    }
+
+    // A valid listed route with client secrets: the controller renders both.
+    let route = create(
+        "multi",
+        serde_json::json!({
+            "upstreams": [
+                {"name": "openai", "apiKeySecretRef": {"name": "openai", "key": "api-key"}, "weight": 3},
+                {"name": "azure-eastus", "provider": "azure",
+                 "url": "wss://eastus.openai.azure.com/openai/v1/realtime", "model": "d",
+                 "apiKeySecretRef": {"name": "azure-openai", "key": "api-key"}, "priority": 1}
+            ],
+            "clientSecrets": {"signingKeysSecretRef": {"name": "voice-signing", "keys": ["current", "previous"]}, "maxTTLSeconds": 600}
+        }),
+    )
+    .await
+    .expect("a valid listed route is admitted");
+    assert_eq!(route.spec.upstreams[1].weight, 1, "the schema default");
+    let (shutdown, controller) = run_controller(&client, &namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let first = eventually("the Deployment", || async {
+        deployments.get_opt("multi-gateway").await.ok().flatten()
+    })
+    .await;
+    let pod = first.spec.clone().unwrap().template.spec.unwrap();
+    let mut mounted: Vec<(String, String)> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| {
+            let s = v.secret.as_ref()?;
+            let keys: Vec<String> = s.items.iter().flatten().map(|i| i.key.clone()).collect();
+            Some((s.secret_name.clone()?, keys.join(",")))
+        })
+        .collect();
+    mounted.sort();
+    assert_eq!(
+        mounted,
+        [
+            ("azure-openai".to_string(), "api-key".to_string()),
+            ("openai".into(), "api-key".into()),
+            ("voice-keys".into(), "keys.toml".into()),
+            ("voice-signing".into(), "current,previous".into()),
+        ]
+    );
+    let rendered = config_maps
+        .get("multi-gateway")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["gateway.toml"]
+        .clone();
+    assert!(rendered.contains("[[routes.upstreams]]"), "{rendered}");
+    assert!(
+        rendered.contains("api_key_file = \"/etc/patchbay/upstreams/azure-openai/api-key\""),
+        "{rendered}"
+    );
+    assert!(rendered.contains("[client_secrets]"), "{rendered}");
+
+    // A weight edit is live: the ConfigMap changes, the pod template does not.
+    routes
+        .patch(
+            "multi",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(serde_json::json!([
+                    {"op": "replace", "path": "/spec/upstreams/0/weight", "value": 5}
+                ]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .expect("edit a weight");
+    eventually("the ConfigMap to carry the weight", || async {
+        let cm = config_maps.get("multi-gateway").await.ok()?;
+        cm.data?
+            .get("gateway.toml")?
+            .contains("weight = 5")
+            .then_some(())
+    })
+    .await;
+    eventually("the route's status to see the edit", || async {
+        let r = routes.get("multi").await.ok()?;
+        (r.status?.observed_generation == r.metadata.generation).then_some(())
+    })
+    .await;
+    let after = deployments.get("multi-gateway").await.unwrap();
+    assert_eq!(
+        template_hash(&after),
+        template_hash(&first),
+        "a weight edit never restarts a pod"
+    );
+
+    // Dropping an upstream needs a restart.
+    routes
+        .patch(
+            "multi",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(serde_json::json!([
+                    {"op": "remove", "path": "/spec/upstreams/1"}
+                ]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .expect("drop an upstream");
+    eventually("the pod template to change", || async {
+        let d = deployments.get("multi-gateway").await.ok()?;
+        (template_hash(&d) != template_hash(&first)).then_some(())
+    })
+    .await;
+
+    shutdown.cancel();
+    controller.await.expect("controller stops");
+    delete_namespace(&client, &namespace).await;
 }

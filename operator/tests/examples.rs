@@ -6,10 +6,11 @@ use patchbay_operator::crd::RealtimeRoute;
 use patchbay_operator::validate;
 use serde::Deserialize;
 
-const EXAMPLES: [&str; 3] = [
+const EXAMPLES: [&str; 4] = [
     "realtimeroute.yaml",
     "realtimeroute-minimal.yaml",
     "realtimeroute-full.yaml",
+    "realtimeroute-upstreams.yaml",
 ];
 
 fn example_routes(file: &str) -> Vec<RealtimeRoute> {

@@ -1,8 +1,8 @@
 //! The operator ⇄ gateway contract: the `gateway.toml` the operator renders for a route loads
 //! with the gateway's own config loader, for every example and for the extremes of the spec.
 //!
-//! The loader checks that `[keys] file` exists and reads `api_key_file` and `[store]
-//! redis_url_file`. Inside a pod those are the mounted Secrets; here the test asserts the rendered
+//! The loader checks that `[keys] file` exists and reads every `api_key_file`, `ca_file`,
+//! `[store] redis_url_file` and `[client_secrets] signing_key_files`. Inside a pod those are the mounted Secrets; here the test asserts the rendered
 //! paths are the mount paths, then writes stand-in files to a temporary directory and points the
 //! gateway at them (the keys file with the gateway's own env override `PATCHBAY_KEYS_FILE`, the
 //! Secret directories by rewriting their prefix in the rendered text). No env var is set: the
@@ -51,7 +51,51 @@ fn example_keys_file() -> PathBuf {
     path
 }
 
-fn assert_loads(what: &str, route: &RealtimeRoute, keys_file: &Path) {
+/// Every file path the rendered config names, with what the file holds.
+fn rendered_files(doc: &toml::Table) -> Vec<(String, &'static str)> {
+    let mut files = Vec::new();
+    let mut push = |v: Option<&toml::Value>, what: &'static str| {
+        if let Some(path) = v.and_then(|v| v.as_str()) {
+            files.push((path.to_string(), what));
+        }
+    };
+    for route in doc["routes"].as_array().expect("routes") {
+        push(route.get("api_key_file"), "upstream key");
+        let ups = route.get("upstreams").and_then(|u| u.as_array());
+        for up in ups.into_iter().flatten() {
+            push(up.get("api_key_file"), "upstream key");
+            push(up.get("ca_file"), "CA");
+        }
+    }
+    push(
+        doc.get("store").and_then(|s| s.get("redis_url_file")),
+        "Redis URL",
+    );
+    let signing = doc
+        .get("client_secrets")
+        .and_then(|c| c.get("signing_key_files"))
+        .and_then(|f| f.as_array());
+    for file in signing.into_iter().flatten() {
+        push(Some(file), "signing key");
+    }
+    files
+}
+
+/// A stand-in for a mounted Secret file. The gateway's loader checks a CA file's PEM framing
+/// and that a signing key has at least 32 bytes.
+fn stand_in(what: &str) -> &'static str {
+    match what {
+        "upstream key" => "sk-test-upstream\n",
+        "CA" => "-----BEGIN CERTIFICATE-----\nMIIBAA==\n-----END CERTIFICATE-----\n",
+        "Redis URL" => "redis://127.0.0.1:6379\n",
+        "signing key" => "0123456789abcdef0123456789abcdef-signing\n",
+        other => panic!("no stand-in for {other}"),
+    }
+}
+
+/// Renders `route`, checks each Secret file is under a mount path of the pod, writes a stand-in
+/// for each under a temporary directory, and loads the result with the gateway's loader.
+fn assert_loads(what: &str, route: &RealtimeRoute, keys_file: &Path) -> Config {
     let text = gateway_config::render(&route.spec);
     let doc: toml::Table = toml::from_str(&text).expect("TOML");
     assert_eq!(
@@ -65,44 +109,41 @@ fn assert_loads(what: &str, route: &RealtimeRoute, keys_file: &Path) {
         ),
         "{what}: keys.file is the Secret's mount path"
     );
-    let upstream = &route.spec.upstream.api_key_secret_ref.key;
-    assert_eq!(
-        doc["routes"][0]["api_key_file"].as_str(),
-        Some(format!("/etc/patchbay/upstream/{upstream}").as_str()),
-        "{what}: api_key_file is the upstream key Secret's mount path"
-    );
-    let dir = keys_file
-        .parent()
-        .expect("temp dir")
-        .join(what.replace('/', "-"));
-    std::fs::create_dir_all(dir.join("upstream")).expect("temp dir");
-    std::fs::create_dir_all(dir.join("redis")).expect("temp dir");
-    std::fs::write(dir.join("upstream").join(upstream), "sk-test-upstream\n").expect("key file");
+    if let Some(up) = &route.spec.upstream {
+        assert_eq!(
+            doc["routes"][0]["api_key_file"].as_str(),
+            Some(format!("/etc/patchbay/upstream/{}", up.api_key_secret_ref.key).as_str()),
+            "{what}: api_key_file is the upstream key Secret's mount path"
+        );
+    }
     if let Some(redis) = &route.spec.metering.redis_url_secret_ref {
         assert_eq!(
             doc["store"]["redis_url_file"].as_str(),
             Some(format!("/etc/patchbay/redis/{}", redis.key).as_str()),
             "{what}: redis_url_file is the Redis Secret's mount path"
         );
-        std::fs::write(
-            dir.join("redis").join(&redis.key),
-            "redis://127.0.0.1:6379\n",
-        )
-        .expect("url file");
     }
-    let text = text
-        .replace(
-            "/etc/patchbay/upstream/",
-            &format!("{}/upstream/", dir.display()),
-        )
-        .replace("/etc/patchbay/redis/", &format!("{}/redis/", dir.display()));
+    let dir = keys_file
+        .parent()
+        .expect("temp dir")
+        .join(what.replace('/', "-"));
+    for (path, kind) in rendered_files(&doc) {
+        let rest = path
+            .strip_prefix("/etc/patchbay/")
+            .unwrap_or_else(|| panic!("{what}: {path} is not under a mount path"));
+        let local = dir.join(rest);
+        std::fs::create_dir_all(local.parent().expect("parent")).expect("temp dir");
+        std::fs::write(&local, stand_in(kind)).expect("stand-in file");
+    }
+    let text = text.replace("/etc/patchbay/", &format!("{}/", dir.display()));
     let keys_file = keys_file.display().to_string();
     let env = |name: &str| match name {
         "PATCHBAY_KEYS_FILE" => Some(keys_file.clone()),
         _ => None,
     };
-    if let Err(e) = Config::from_toml_with_env(&text, &env) {
-        panic!("{what}: the gateway rejects the rendered config: {e}\n---\n{text}");
+    match Config::from_toml_with_env(&text, &env) {
+        Ok(config) => config,
+        Err(e) => panic!("{what}: the gateway rejects the rendered config: {e}\n---\n{text}"),
     }
 }
 
@@ -113,6 +154,7 @@ fn the_gateway_loads_the_config_rendered_for_every_example() {
         "realtimeroute.yaml",
         "realtimeroute-minimal.yaml",
         "realtimeroute-full.yaml",
+        "realtimeroute-upstreams.yaml",
     ] {
         assert_loads(file, &example_route(file), &keys);
     }
@@ -122,8 +164,9 @@ fn the_gateway_loads_the_config_rendered_for_every_example() {
 fn the_gateway_loads_the_config_of_a_beta_close_mode_route_with_a_pool_override() {
     let keys = example_keys_file();
     let mut route = example_route("realtimeroute-full.yaml");
-    route.spec.upstream.protocol = Protocol::Beta;
-    route.spec.upstream.model = None;
+    let upstream = route.spec.upstream.as_mut().expect("one upstream");
+    upstream.protocol = Protocol::Beta;
+    upstream.model = None;
     route.spec.drain.mode = DrainMode::Close;
     route.spec.drain.linger_seconds = 0;
     route.spec.drain.wait_seconds = 1;
@@ -155,6 +198,122 @@ fn the_gateway_loads_the_config_at_the_schema_maxima() {
     route.spec.pool.max_idle_seconds = MAX_SECONDS;
     route.spec.metering.flush_seconds = MAX_SECONDS;
     assert_loads("maxima", &route, &keys);
+}
+
+#[test]
+fn the_gateway_loads_two_listed_upstreams_with_their_key_files_balances_and_protocol() {
+    let keys = example_keys_file();
+    let route = example_route("realtimeroute-upstreams.yaml");
+    assert_eq!(route.spec.upstreams.len(), 2);
+    let config = assert_loads("two-upstreams", &route, &keys);
+    let loaded = &config.routes[0];
+    assert_eq!(loaded.model, route.spec.model);
+    assert_eq!(loaded.upstreams.len(), 2);
+    for (spec, got) in route.spec.upstreams.iter().zip(&loaded.upstreams) {
+        assert_eq!(got.name, spec.name);
+        assert_eq!(
+            i64::from(got.priority),
+            i64::from(spec.priority),
+            "{}",
+            spec.name
+        );
+        assert_eq!(
+            i64::from(got.weight),
+            i64::from(spec.weight),
+            "{}",
+            spec.name
+        );
+        assert!(
+            got.api_key_file
+                .as_ref()
+                .is_some_and(|f| f.ends_with(format!(
+                    "upstreams/{}/{}",
+                    spec.api_key_secret_ref.name, spec.api_key_secret_ref.key
+                ))),
+            "{}: {:?}",
+            spec.name,
+            got.api_key_file
+        );
+        assert_eq!(
+            got.ca_file.is_some(),
+            spec.ca_secret_ref.is_some(),
+            "{}",
+            spec.name
+        );
+    }
+    // The live part the gateway re-reads names the same upstreams with their balances.
+    let text = gateway_config::render(&route.spec);
+    let balances = patchbay_gateway::config::balances_from_toml(&text).expect("balances");
+    assert_eq!(balances.len(), 2);
+    assert_eq!(balances[0].upstream, route.spec.upstreams[0].name);
+    assert_eq!(
+        i64::from(balances[0].weight),
+        i64::from(route.spec.upstreams[0].weight)
+    );
+}
+
+#[test]
+fn the_gateway_refuses_what_the_operator_refuses_for_listed_upstreams() {
+    // A route mixing protocols never reaches a pod (validation refuses it); were it rendered,
+    // the gateway's loader would refuse it too, naming the route's upstream.
+    let keys = example_keys_file();
+    let mut route = example_route("realtimeroute-upstreams.yaml");
+    route.spec.upstreams[1].protocol = Protocol::Beta;
+    assert!(patchbay_operator::validate::check_spec(&route.spec).is_err());
+    let rendered = gateway_config::render(&route.spec);
+    let mut doc: toml::Table = toml::from_str(&rendered).unwrap();
+    let up = doc["routes"][0]["upstreams"][1].as_table_mut().unwrap();
+    up.insert("protocol".into(), "beta".into());
+    let text = toml::to_string(&doc).unwrap();
+    let dir = keys.parent().unwrap().join("mixed");
+    for (path, kind) in rendered_files(&doc) {
+        let local = dir.join(path.strip_prefix("/etc/patchbay/").unwrap());
+        std::fs::create_dir_all(local.parent().unwrap()).unwrap();
+        std::fs::write(&local, stand_in(kind)).unwrap();
+    }
+    let text = text.replace("/etc/patchbay/", &format!("{}/", dir.display()));
+    let keys_file = keys.display().to_string();
+    let env = |name: &str| (name == "PATCHBAY_KEYS_FILE").then(|| keys_file.clone());
+    let err = Config::from_toml_with_env(&text, &env).unwrap_err();
+    assert_eq!(err.key, "routes[0].upstreams[1].protocol");
+}
+
+#[test]
+fn the_gateway_loads_client_secrets_with_every_signing_key_file() {
+    let keys = example_keys_file();
+    let route = example_route("realtimeroute-full.yaml");
+    let cs = route
+        .spec
+        .client_secrets
+        .as_ref()
+        .expect("the full example mints secrets");
+    let config = assert_loads("client-secrets", &route, &keys);
+    let files: Vec<String> = config
+        .client_secrets
+        .signing_key_files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let expected: Vec<String> = cs
+        .signing_keys_secret_ref
+        .key_list()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(files, expected, "the first listed key signs");
+    assert_eq!(
+        config.client_secrets.max_ttl_secs,
+        u64::try_from(cs.max_ttl_seconds.expect("a cap")).unwrap()
+    );
+    assert_eq!(
+        i64::from(patchbay_operator::crd::MAX_CLIENT_SECRET_TTL_SECONDS),
+        i64::try_from(patchbay_gateway::client_secret::request::MAX_TTL_SECS).unwrap(),
+        "the CRD's cap is the gateway's"
+    );
+    assert_eq!(
+        i64::from(patchbay_operator::crd::MIN_CLIENT_SECRET_TTL_SECONDS),
+        i64::try_from(patchbay_gateway::client_secret::request::MIN_TTL_SECS).unwrap()
+    );
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Deployment `<name>-gateway`.
 //!
 //! The pod runs `patchbay-gateway serve --config /etc/patchbay/config/gateway.toml` with the two
-//! ConfigMaps and the referenced Secrets (upstream key, Redis URL, client keys) mounted as
+//! ConfigMaps and the referenced Secrets (upstream key, or one volume per distinct Secret of
+//! `spec.upstreams`; Redis URL; client keys; client-secret signing keys) mounted as
 //! directories (never `subPath`: a `subPath` mount is never updated, and these files change live).
 //! The gateway re-reads each file when it changes, so rotating a Secret restarts nothing; the
 //! operator never reads a Secret. A missing Secret keeps the pod in `ContainerCreating` with a
@@ -33,8 +34,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::{child_meta, gateway_name, labels, pool_name, selector_labels};
 use crate::crd::{DrainMode, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
 use crate::gateway_config::{
-    config_path, ADMIN_PORT, CONFIG_DIR, HTTP_PORT, KEYS_DIR, POOL_DIR, REDIS_URL_DIR,
-    UPSTREAM_KEY_DIR,
+    config_path, signing_keys_mount, upstream_secret_mounts, SecretMount, ADMIN_PORT, CONFIG_DIR,
+    HTTP_PORT, KEYS_DIR, POOL_DIR, REDIS_URL_DIR, UPSTREAM_KEY_DIR,
 };
 
 /// Pod-template annotation carrying the gateway config hash.
@@ -106,11 +107,14 @@ fn pod_spec(route: &RealtimeRoute, default_image: &str) -> PodSpec {
         config_map_volume("config", gateway_name(route)),
         config_map_volume("pool", pool_name(route)),
         secret_volume("keys", &spec.client_keys_secret_ref),
-        secret_volume("upstream-key", &spec.upstream.api_key_secret_ref),
     ];
+    if let Some(up) = &spec.upstream {
+        volumes.push(secret_volume("upstream-key", &up.api_key_secret_ref));
+    }
     if let Some(redis) = &spec.metering.redis_url_secret_ref {
         volumes.push(secret_volume("redis-url", redis));
     }
+    volumes.extend(secret_mounts(spec).iter().map(secret_mount_volume));
     volumes.push(Volume {
         name: "tmp".into(),
         empty_dir: Some(EmptyDirVolumeSource {
@@ -146,11 +150,18 @@ fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
         read_only_mount("config", CONFIG_DIR),
         read_only_mount("pool", POOL_DIR),
         read_only_mount("keys", KEYS_DIR),
-        read_only_mount("upstream-key", UPSTREAM_KEY_DIR),
     ];
+    if spec.upstream.is_some() {
+        mounts.push(read_only_mount("upstream-key", UPSTREAM_KEY_DIR));
+    }
     if spec.metering.redis_url_secret_ref.is_some() {
         mounts.push(read_only_mount("redis-url", REDIS_URL_DIR));
     }
+    mounts.extend(
+        secret_mounts(spec)
+            .iter()
+            .map(|m| read_only_mount(&m.volume, &m.dir)),
+    );
     mounts.push(VolumeMount {
         name: "tmp".into(),
         mount_path: "/tmp".into(),
@@ -261,6 +272,39 @@ fn secret_volume(name: &str, secret: &SecretKeyRef) -> Volume {
     }
 }
 
+/// The Secrets mounted whole-directory with several keys: those of `spec.upstreams` and the
+/// client-secret signing keys.
+fn secret_mounts(spec: &RealtimeRouteSpec) -> Vec<SecretMount> {
+    let mut mounts = upstream_secret_mounts(spec);
+    mounts.extend(signing_keys_mount(spec));
+    mounts
+}
+
+/// A Secret volume projecting exactly `mount.keys`, each as a file of the same name; not
+/// optional, as [`secret_volume`].
+fn secret_mount_volume(mount: &SecretMount) -> Volume {
+    Volume {
+        name: mount.volume.clone(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(mount.secret.clone()),
+            items: Some(
+                mount
+                    .keys
+                    .iter()
+                    .map(|k| KeyToPath {
+                        key: k.clone(),
+                        path: k.clone(),
+                        ..KeyToPath::default()
+                    })
+                    .collect(),
+            ),
+            optional: Some(false),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
 fn container_port(name: &str, port: u16) -> ContainerPort {
     ContainerPort {
         name: Some(name.into()),
@@ -315,6 +359,73 @@ mod tests {
         &pod(d).containers[0]
     }
 
+    /// Every Secret volume: its name, its Secret and the keys it projects (comma-separated),
+    /// checking that each is required and each key is its own file name.
+    fn secret_volumes(d: &Deployment) -> Vec<(&str, &str, String)> {
+        pod(d)
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter_map(|v| {
+                let s = v.secret.as_ref()?;
+                assert_eq!(s.optional, Some(false), "{}", v.name);
+                let items = s.items.as_ref().unwrap();
+                assert!(items.iter().all(|i| i.key == i.path), "{}", v.name);
+                let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+                Some((
+                    v.name.as_str(),
+                    s.secret_name.as_deref().unwrap(),
+                    keys.join(","),
+                ))
+            })
+            .collect()
+    }
+
+    fn mounts(d: &Deployment) -> Vec<(&str, &str)> {
+        gateway(d)
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn each_distinct_secret_of_the_upstreams_is_one_volume_with_the_keys_the_route_uses() {
+        let d = build(fixtures::two_upstream_spec());
+        assert_eq!(
+            secret_volumes(&d),
+            [
+                ("keys", "voice-keys", "keys.toml".into()),
+                ("redis-url", "redis", "url".into()),
+                ("upstreams-0", "openai", "api-key,ca.pem".into()),
+                ("upstreams-1", "azure", "key".into()),
+                ("signing-keys", "signing", "current,previous".into()),
+            ]
+        );
+        let m = mounts(&d);
+        assert!(m.contains(&("upstreams-0", "/etc/patchbay/upstreams/openai")));
+        assert!(m.contains(&("upstreams-1", "/etc/patchbay/upstreams/azure")));
+        assert!(m.contains(&("signing-keys", "/etc/patchbay/signing-keys")));
+        assert!(
+            !m.iter().any(|(name, _)| *name == "upstream-key"),
+            "no single-upstream volume for a listed route"
+        );
+        for (name, _) in &m {
+            assert!(
+                pod(&d)
+                    .volumes
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v.name == *name),
+                "{name} is mounted and declared"
+            );
+        }
+    }
+
     #[test]
     fn grace_period_in_close_mode_is_pre_stop_plus_wait_plus_margin() {
         let mut spec = fixtures::minimal_spec();
@@ -352,29 +463,13 @@ mod tests {
                 .is_none_or(|env| env.iter().all(|e| e.value_from.is_none())),
             "no env var from a Secret"
         );
-        let secrets: Vec<(&str, &str, &str)> = pod(&d)
-            .volumes
-            .as_ref()
-            .unwrap()
-            .iter()
-            .filter_map(|v| {
-                let s = v.secret.as_ref()?;
-                assert_eq!(s.optional, Some(false), "{}", v.name);
-                let item = &s.items.as_ref().unwrap()[0];
-                assert_eq!(item.key, item.path);
-                Some((
-                    v.name.as_str(),
-                    s.secret_name.as_deref().unwrap(),
-                    item.key.as_str(),
-                ))
-            })
-            .collect();
         assert_eq!(
-            secrets,
+            secret_volumes(&d),
             [
-                ("keys", "voice-keys", "keys.toml"),
-                ("upstream-key", "openai", "api-key"),
-                ("redis-url", "redis", "url"),
+                ("keys", "voice-keys", "keys.toml".into()),
+                ("upstream-key", "openai", "api-key".into()),
+                ("redis-url", "redis", "url".into()),
+                ("signing-keys", "signing", "current,previous".into()),
             ]
         );
         let annotations = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
@@ -508,6 +603,7 @@ mod tests {
                 ("keys", "/etc/patchbay/keys"),
                 ("upstream-key", "/etc/patchbay/upstream"),
                 ("redis-url", "/etc/patchbay/redis"),
+                ("signing-keys", "/etc/patchbay/signing-keys"),
                 ("tmp", "/tmp"),
             ]
         );

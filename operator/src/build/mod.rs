@@ -259,13 +259,13 @@ mod tests {
         assert_eq!(hash(&before), before.config_hash);
         let edits: [Edit; 5] = [
             ("upstream url", |s| {
-                s.upstream.url = Some("wss://eu.api.openai.com/v1/realtime".into())
+                fixtures::single(s).url = Some("wss://eu.api.openai.com/v1/realtime".into())
             }),
             ("upstream model", |s| {
-                s.upstream.model = Some("gpt-realtime-mini".into())
+                fixtures::single(s).model = Some("gpt-realtime-mini".into())
             }),
             ("protocol", |s| {
-                s.upstream.protocol = crate::crd::Protocol::Beta
+                fixtures::single(s).protocol = crate::crd::Protocol::Beta
             }),
             ("pool idle", |s| s.pool.max_idle_seconds += 1),
             ("drain wait", |s| s.drain.wait_seconds += 5),
