@@ -112,6 +112,9 @@ pub struct ServerConfig {
     pub upgrade_timeout_secs: u64,
     /// Runtime worker threads; 0 = one per core.
     pub worker_threads: usize,
+    /// Origins allowed to call the HTTP API from a browser (CORS); empty
+    /// allows any origin (credentials are explicit headers, never cookies).
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -121,6 +124,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             upgrade_timeout_secs: 10,
             worker_threads: 0,
+            cors_origins: Vec::new(),
         }
     }
 }
