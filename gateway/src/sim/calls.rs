@@ -189,7 +189,7 @@ async fn route(
             &format!("simulated refusal for key {}", mask_key(&key)),
         );
     }
-    let known = config.keys.is_empty() || config.keys.iter().any(|k| *k == key);
+    let known = config.keys.is_empty() || config.keys.contains(&key);
     if key.is_empty() || !known || stats.refusing.load(Ordering::Relaxed) {
         let message = format!("Incorrect API key provided: {}.", mask_key(&key));
         return error(StatusCode::UNAUTHORIZED, "invalid_api_key", &message);
