@@ -666,3 +666,46 @@ async fn a_draining_gateway_lets_its_calls_go_without_hanging_them_up() {
     );
     assert_eq!(gw.gateway.sessions.active(), 0);
 }
+
+#[tokio::test]
+async fn a_browser_with_an_ephemeral_secret_creates_a_call_configured_by_the_secret() {
+    let (sim, gw) = sim_and_gateway(callers(1), PRICES).await;
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let mint = json!({"session": {"type": "realtime", "model": MODEL, "instructions": "Speak like a pirate."}});
+    let minted = request(
+        gw.addr,
+        "POST",
+        "/v1/realtime/client_secrets",
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/json"),
+        ],
+        mint.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(minted.status, 200, "{}", minted.body);
+    let secret = minted.json()["value"].as_str().unwrap().to_string();
+    // The page sends only the SDP: the model and config come from the secret.
+    let a = create(gw.addr, &secret, "application/sdp", OFFER.as_bytes()).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let session = sim.stats.calls.created()[0].session.clone().unwrap();
+    assert_eq!(session["instructions"], "Speak like a pirate.");
+    assert_eq!(session["model"], MODEL);
+    assert!(
+        eventually(|| turns(&gw, "200") == 1).await,
+        "the call's turn is metered"
+    );
+    // A secret cannot control calls (that needs the key), and cannot pick another model.
+    let h = act(gw.addr, &secret, &call_id_of(&a), "hangup", "").await;
+    assert_eq!(h.status, 401, "{}", h.body);
+    let other = json!({"sdp": OFFER, "session": {"model": "gpt-other"}});
+    let o = create(
+        gw.addr,
+        &secret,
+        "application/json",
+        other.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(o.status, 403, "{}", o.body);
+    assert_eq!(sim.stats.calls.created().len(), 1);
+}
