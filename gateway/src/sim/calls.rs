@@ -10,7 +10,10 @@
 //!   (its sidebands are closed with 1000); an unknown id → 404;
 //! - [`SimCalls::incoming_sip_call`] stands for a phone call arriving (its
 //!   id is what OpenAI's webhook would carry); it must be accepted before a
-//!   sideband can attach.
+//!   sideband can attach. Out of process, `POST /v1/sim/sip_calls` does the
+//!   same (`{"call_id": …}`), and `POST /v1/sim/call_actions` lists what was
+//!   asked of calls (`[{"call_id","action","body"}]`): test hooks, not
+//!   OpenAI API.
 //!
 //! The sideband itself is a normal simulated session opened with
 //! `?call_id=` (a live call, else 404); the simulated caller speaks
@@ -202,6 +205,22 @@ async fn route(
         );
     }
     let path = req.uri().path().to_string();
+    match path.as_str() {
+        "/v1/sim/sip_calls" => {
+            let id = stats.calls.incoming_sip_call();
+            return answer(StatusCode::OK, json!({"call_id": id}));
+        }
+        "/v1/sim/call_actions" => {
+            let actions: Vec<Value> = stats
+                .calls
+                .actions()
+                .into_iter()
+                .map(|a| json!({"call_id": a.call_id, "action": a.action, "body": a.body}))
+                .collect();
+            return answer(StatusCode::OK, Value::Array(actions));
+        }
+        _ => {}
+    }
     let rest = path
         .strip_prefix("/v1/realtime/calls")
         .or_else(|| path.strip_prefix("/openai/v1/realtime/calls"));
