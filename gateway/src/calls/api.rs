@@ -40,6 +40,7 @@ use crate::auth::{presented_key, KeyEntry};
 use crate::client_secret::{is_client_secret, Grant};
 use crate::gateway::{Gateway, Route};
 
+use super::fleet::{unix_ms, CallFleet, CallRecord, ADOPT_POLL};
 use super::offer::{self, OfferError};
 use super::ownership::{may_act, Owner, Owners};
 use super::sideband::{self, Call};
@@ -54,14 +55,30 @@ pub const CALLS_PATHS: [&str; 2] = ["/v1/realtime/calls", "/openai/v1/realtime/c
 pub struct CallsState {
     pub gw: Arc<Gateway>,
     pub owners: Arc<Owners>,
+    /// Call records and sideband hand-over in Redis, when configured.
+    pub fleet: Option<CallFleet>,
 }
 
-/// The calls routes.
+/// The calls routes. With Redis, also starts the task that adopts calls
+/// other replicas let go (it stops when draining starts).
 pub fn router(gw: Arc<Gateway>) -> Router {
+    let fleet = gw.config.store.redis_url.as_ref().and_then(|url| {
+        match crate::store::redis::managed(url.expose(), gw.config.store.ca_file.as_deref()) {
+            Ok(conn) => Some(CallFleet::new(conn, crate::store::DEFAULT_PREFIX, gw.metrics.clone())),
+            Err(e) => {
+                tracing::error!(error = %e, "calls: cannot use the store; call records stay in this process");
+                None
+            }
+        }
+    });
     let state = CallsState {
         gw,
         owners: Arc::default(),
+        fleet,
     };
+    if state.fleet.is_some() {
+        tokio::spawn(adopt_loop(state.clone()));
+    }
     let mut r = Router::new();
     for base in CALLS_PATHS {
         r = r
@@ -350,13 +367,30 @@ async fn create(
             permit,
             started,
         },
-    );
+    )
+    .await;
     let location = format!("{}/{call_id}", CALLS_PATHS[0]);
     relay_answer(answer, Some(&location))
 }
 
-/// Records the call's owner and attaches its sideband.
-fn start_call(st: &CallsState, call: Call) {
+/// Records the call's owner (in Redis too, when configured) and attaches
+/// its sideband.
+async fn start_call(st: &CallsState, call: Call) {
+    if let Some(f) = &st.fleet {
+        let rec = CallRecord {
+            call_id: call.id.clone(),
+            key_id: call.key.id.clone(),
+            team: call.key.team.clone(),
+            model: call.route.config.model.clone(),
+            transport: call.transport.as_str().into(),
+            client_secret_id: call.client_secret_id.clone(),
+            lease_id: call.permit.lease().map(|l| l.id().to_string()),
+            started_unix_ms: unix_ms(SystemTime::now())
+                .saturating_sub(call.started.elapsed().as_millis() as u64),
+        };
+        let max = Duration::from_secs(st.gw.config.relay.max_session_secs);
+        f.register(&call.route.config, &rec, max).await;
+    }
     st.owners.claim(
         &call.id,
         Owner {
@@ -367,9 +401,12 @@ fn start_call(st: &CallsState, call: Call) {
         },
     );
     tracing::info!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, transport = call.transport.as_str(), model = %call.route.config.model, "call started");
-    st.gw
-        .tasks
-        .spawn(sideband::run(st.gw.clone(), call, st.owners.clone()));
+    st.gw.tasks.spawn(sideband::run(
+        st.gw.clone(),
+        call,
+        st.owners.clone(),
+        st.fleet.clone(),
+    ));
 }
 
 /// The upstream's successful answer: status, body and Content-Type, and the
@@ -413,7 +450,11 @@ async fn act(
         Ok(b) => b,
         Err(r) => return refuse(gw, "", r),
     };
-    let owner = st.owners.get(&call_id);
+    let owner = match (st.owners.get(&call_id), &st.fleet) {
+        (Some(o), _) => Some(o),
+        (None, Some(f)) => f.record(&call_id).await.map(|r| r.owner()),
+        (None, None) => None,
+    };
     if let Some(o) = &owner {
         if !may_act(o, &key) {
             return refuse(gw, "", call_not_found(&call_id));
@@ -550,8 +591,79 @@ async fn accept(
             permit,
             started,
         },
-    );
+    )
+    .await;
     relay_answer(answer, None)
+}
+
+/// Adopts, every [`ADOPT_POLL`], the calls of this gateway's routes that no
+/// replica holds (let go by a draining replica, or held by one that died),
+/// until this gateway drains.
+async fn adopt_loop(st: CallsState) {
+    let Some(fleet) = st.fleet.clone() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(ADOPT_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = st.gw.draining.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for route in st.gw.routes.clone() {
+            if upstream::calls_url(&route.config).is_err() {
+                continue;
+            }
+            for rec in fleet.claim_orphans(&route.config).await {
+                adopt(&st, &fleet, &route, rec).await;
+            }
+        }
+    }
+}
+
+/// Takes one call over: a session slot (no cap check: the call was admitted
+/// once), the key's fleet lease, a new sideband.
+async fn adopt(st: &CallsState, fleet: &CallFleet, route: &Arc<Route>, rec: CallRecord) {
+    let gw = &st.gw;
+    let Some(key) = gw.keys.get().by_id(&rec.key_id).cloned() else {
+        // The key is gone: the call is no longer anyone's to meter.
+        tracing::warn!(call_id = %rec.call_id, key_id = %rec.key_id, "adopting a call of a removed key: forgotten");
+        fleet.forget(&route.config, &rec.call_id).await;
+        return;
+    };
+    let gauge = gw
+        .metrics
+        .sessions_active
+        .get_or_create(&crate::metrics::model(&route.config.model))
+        .clone();
+    let Ok(mut permit) = gw.sessions.admit(usize::MAX, &key.id, None, gauge) else {
+        fleet.release(&rec.call_id).await;
+        return;
+    };
+    if let (Some(leases), Some(id)) = (&gw.leases, &rec.lease_id) {
+        permit.hold_lease(leases.adopt(&key.id, id, SystemTime::now()).await);
+    }
+    let age = Duration::from_millis(unix_ms(SystemTime::now()).saturating_sub(rec.started_unix_ms));
+    let now = Instant::now();
+    let started = now.checked_sub(age).unwrap_or(now);
+    let call = Call {
+        id: rec.call_id.clone(),
+        session_id: crate::ids::short_id(),
+        transport: rec.transport(),
+        key,
+        client_secret_id: rec.client_secret_id.clone(),
+        route: route.clone(),
+        permit,
+        started,
+    };
+    tracing::info!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, "call adopted from another replica");
+    st.owners.claim(&call.id, rec.owner());
+    gw.tasks.spawn(sideband::run(
+        gw.clone(),
+        call,
+        st.owners.clone(),
+        st.fleet.clone(),
+    ));
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 //! - [`offer`]: reading the offer bodies (multipart, JSON, raw SDP);
 //! - [`upstream`]: the upstream calls API and sideband URLs and requests;
 //! - [`ownership`]: which key (or team) may act on a call;
+//! - [`fleet`]: with Redis, call records any replica can read, and the
+//!   hand-over of sidebands between replicas;
 //! - [`sideband`]: the metered sideband of one call, and how it ends.
 //!
 //! Caveat: turns that happen while no sideband is attached (between the
@@ -17,6 +19,7 @@
 //! and therefore not metered.
 
 pub mod api;
+pub mod fleet;
 pub mod offer;
 pub mod ownership;
 pub mod sideband;

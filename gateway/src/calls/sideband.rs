@@ -37,6 +37,7 @@ use crate::metering::{EndReason, SessionMeta};
 use crate::metrics::OutcomeLabels;
 use crate::relay::{self, End, Kill, Tap};
 
+use super::fleet::{CallFleet, HOLD_RENEW};
 use super::ownership::Owners;
 use super::{upstream, Transport};
 
@@ -99,8 +100,11 @@ impl SidebandEnd {
     }
 }
 
-/// Attaches, meters and ends one call. Runs as a tracked task.
-pub async fn run(gw: Arc<Gateway>, call: Call, owners: Arc<Owners>) {
+/// Attaches, meters and ends one call. Runs as a tracked task. With a
+/// `fleet` (Redis), the call is held there while this sideband meters it,
+/// and a drain hands it over at once instead of keeping it until
+/// `wait_secs`.
+pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: Option<CallFleet>) {
     let route = call.route.config.clone();
     let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
     let meta = SessionMeta::new(call.session_id.clone(), &call.key, &route)
@@ -116,7 +120,14 @@ pub async fn run(gw: Arc<Gateway>, call: Call, owners: Arc<Owners>) {
         Ok(ws) => {
             let (mut tx, mut rx) = ws.split();
             let draining = gw.draining.clone();
-            let wait = Duration::from_secs(gw.config.drain.wait_secs).saturating_sub(LET_GO_MARGIN);
+            let wait = if fleet.is_some() {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(gw.config.drain.wait_secs).saturating_sub(LET_GO_MARGIN)
+            };
+            let mut renew = tokio::time::interval(HOLD_RENEW);
+            renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            renew.reset();
             let let_go = async move {
                 draining.cancelled().await;
                 tokio::time::sleep(wait).await;
@@ -134,6 +145,11 @@ pub async fn run(gw: Arc<Gateway>, call: Call, owners: Arc<Owners>) {
                     k = &mut kill => break SidebandEnd::Killed(k),
                     _ = tokio::time::sleep_until(deadline) => break SidebandEnd::MaxDuration,
                     _ = &mut let_go => break SidebandEnd::LetGo,
+                    _ = renew.tick(), if fleet.is_some() => {
+                        if let Some(f) = &fleet {
+                            f.renew(&call.id).await;
+                        }
+                    }
                 }
             };
             if end.hangs_up() {
@@ -162,8 +178,18 @@ pub async fn run(gw: Arc<Gateway>, call: Call, owners: Arc<Owners>) {
         }
     };
     tracker.finish(end.end_reason());
-    if end != SidebandEnd::LetGo {
-        owners.remove(&call.id);
+    owners.remove(&call.id);
+    match (&fleet, &end) {
+        (Some(f), SidebandEnd::LetGo) => {
+            // Another replica re-attaches; the key's fleet slot goes with
+            // the call.
+            if let Some(lease) = call.permit.take_lease() {
+                lease.hand_off();
+            }
+            f.release(&call.id).await;
+        }
+        (Some(f), _) => f.forget(&route, &call.id).await,
+        (None, _) => {}
     }
     gw.metrics
         .sessions_total
@@ -177,7 +203,9 @@ pub async fn run(gw: Arc<Gateway>, call: Call, owners: Arc<Owners>) {
         SidebandEnd::Killed(k) => Some(k.reason.as_str()),
         _ => None,
     };
-    if end == SidebandEnd::LetGo {
+    if end == SidebandEnd::LetGo && fleet.is_some() {
+        tracing::info!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, "draining: call handed over to another replica");
+    } else if end == SidebandEnd::LetGo {
         tracing::warn!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, "draining: stopped metering this call; it goes on without a sideband");
     } else {
         tracing::info!(

@@ -656,7 +656,11 @@ async fn a_draining_gateway_lets_its_calls_go_without_hanging_them_up() {
         "no new calls while draining"
     );
     assert!(
-        sim.stats.calls.actions().is_empty(),
+        sim.stats
+            .calls
+            .actions()
+            .iter()
+            .all(|a| a.action != "hangup"),
         "no call was hung up by the drain"
     );
     assert!(!sim.stats.calls.ended(&call_id) && !sim.stats.calls.ended(&second));
@@ -708,4 +712,90 @@ async fn a_browser_with_an_ephemeral_secret_creates_a_call_configured_by_the_sec
     .await;
     assert_eq!(o.status, 403, "{}", o.body);
     assert_eq!(sim.stats.calls.created().len(), 1);
+}
+
+/// Two gateways sharing the test Redis in front of one simulator.
+async fn two_gateways(
+    sim: &patchbay_gateway::sim::SimHandle,
+    keys: &TempFile,
+) -> (
+    patchbay_gateway::gateway::Running,
+    patchbay_gateway::gateway::Running,
+) {
+    let toml = gateway_toml(
+        &sim.url(false),
+        &format!(
+            "{PRICES}[store]\nredis_url_env = \"{REDIS_ENV}\"\n[keys]\nfile = \"{}\"\n[drain]\nwait_secs = 5\n",
+            keys.0.display()
+        ),
+    );
+    (gateway(&toml).await, gateway(&toml).await)
+}
+
+#[tokio::test]
+async fn with_redis_another_replica_answers_for_a_call_and_takes_its_sideband_over_on_drain() {
+    if redis_url("calls hand-over").is_none() {
+        return;
+    }
+    // Six caller turns, one every 300 ms: some before the drain, some after.
+    let sim = sim(SimConfig {
+        caller_turns: 6,
+        caller_turn_interval: Duration::from_millis(300),
+        ..SimConfig::default()
+    })
+    .await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &format!(
+            "{}{}",
+            key_entry(&unique("owner"), "pb-owner", ""),
+            key_entry(&unique("other"), "pb-other", "")
+        ),
+    );
+    let (first, second) = two_gateways(&sim, &keys).await;
+    let call_id = call_id_of(&create_raw(first.addr, "pb-owner").await);
+    assert!(
+        eventually(|| turns(&first, "200") >= 1).await,
+        "the first replica meters"
+    );
+
+    // The second replica knows the call's owner from the Redis record.
+    let r = act(second.addr, "pb-other", &call_id, "refer", "{}").await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    let r = act(
+        second.addr,
+        "pb-owner",
+        &call_id,
+        "refer",
+        r#"{"target_uri":"tel:+1"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        patchbay_gateway::drain::drain(&first.gateway),
+    )
+    .await
+    .expect("the drain ends");
+    assert!(
+        eventually(|| sidebands(&sim, &call_id) == 2).await,
+        "the second replica re-attached a sideband"
+    );
+    assert!(
+        eventually(|| turns(&second, "200") >= 1).await,
+        "turns after the hand-over are metered by the second replica"
+    );
+    assert!(
+        sim.stats
+            .calls
+            .actions()
+            .iter()
+            .all(|a| a.action != "hangup"),
+        "no call was hung up by the drain"
+    );
+    let h = act(second.addr, "pb-owner", &call_id, "hangup", "").await;
+    assert_eq!(h.status, 200, "{}", h.body);
+    assert!(eventually(|| second.gateway.sessions.active() == 0).await);
+    assert!(turns(&first, "200") + turns(&second, "200") <= 6);
 }
