@@ -15,6 +15,9 @@
 //!   and their `response.done` metered ([`crate::relay::cancel_in_flight`],
 //!   the billing-integrity rule of the relay), then the call is ended with
 //!   `POST …/calls/{id}/hangup`, and the reason is logged.
+//! - A sideband that cannot be opened ([`ATTACH_ATTEMPTS`] tries) ends the
+//!   call with a hangup: a call the gateway cannot see would run unmetered
+//!   and outside every budget.
 //! - A draining gateway never ends a call (its audio does not pass through
 //!   the pod): the sideband stays attached until `[drain] wait_secs` has
 //!   nearly passed, then is closed without a hangup and the call is logged
@@ -44,6 +47,11 @@ use super::{upstream, Transport};
 /// What is left of `[drain] wait_secs` when a draining gateway lets its
 /// sidebands go (time for the meters' final flush).
 pub const LET_GO_MARGIN: Duration = Duration::from_secs(1);
+/// Attempts at opening a sideband before the call is hung up (a call the
+/// gateway cannot see would run unmetered).
+pub const ATTACH_ATTEMPTS: u32 = 3;
+/// Time between two attempts.
+pub const ATTACH_BACKOFF: Duration = Duration::from_millis(500);
 
 /// A call admitted and answered by the upstream.
 pub struct Call {
@@ -113,10 +121,13 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     let (mut tracker, meter, kill) = gw.metering.start_session(meta);
     gw.tasks.spawn(meter.run());
     let deadline = call.started + Duration::from_secs(gw.config.relay.max_session_secs);
-    let end = match upstream::sideband(&route, &call.id, timeout, gw.config.relay.max_message_bytes)
-        .await
-    {
-        Err(e) => SidebandEnd::AttachFailed(e.to_string()),
+    let end = match attach(&gw, &route, &call.id, timeout).await {
+        Err(e) => {
+            // A call the gateway cannot see cannot be governed: end it.
+            let end = SidebandEnd::AttachFailed(e.to_string());
+            hang_up(&gw, &call, &end).await;
+            end
+        }
         Ok(ws) => {
             let (mut tx, mut rx) = ws.split();
             let draining = gw.draining.clone();
@@ -221,6 +232,28 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
         );
     }
     drop(call.permit);
+}
+
+/// Opens the sideband, [`ATTACH_ATTEMPTS`] times at most,
+/// [`ATTACH_BACKOFF`] apart; the last error.
+async fn attach(
+    gw: &Gateway,
+    route: &crate::config::RouteConfig,
+    call_id: &str,
+    timeout: Duration,
+) -> Result<crate::upstream::dial::UpstreamSocket, upstream::UpstreamCallError> {
+    let mut attempt = 1;
+    loop {
+        match upstream::sideband(route, call_id, timeout, gw.config.relay.max_message_bytes).await {
+            Ok(ws) => return Ok(ws),
+            Err(e) if attempt >= ATTACH_ATTEMPTS => return Err(e),
+            Err(e) => {
+                tracing::warn!(call_id, attempt, error = %e, "sideband not attached; retrying");
+                attempt += 1;
+                tokio::time::sleep(ATTACH_BACKOFF).await;
+            }
+        }
+    }
 }
 
 /// Ends the call upstream; a failure is logged (the call then runs on until

@@ -78,6 +78,8 @@ pub struct SimCalls {
     calls: Mutex<HashMap<String, SimCall>>,
     actions: Mutex<Vec<CallAction>>,
     created: Mutex<Vec<CreatedCall>>,
+    /// While set, sideband upgrades are refused with 404 (tests).
+    pub refuse_sidebands: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -120,6 +122,9 @@ impl SimCalls {
     /// The token a sideband for `call_id` watches, when the call is live
     /// (created over WebRTC, or a SIP call that was accepted).
     pub(super) fn attach(&self, call_id: &str) -> Option<CancellationToken> {
+        if self.refuse_sidebands.load(Ordering::Relaxed) {
+            return None;
+        }
         let calls = lock(&self.calls);
         let c = calls.get(call_id)?;
         let live = !c.ended.is_cancelled() && (c.kind == CallKind::Webrtc || c.accepted);

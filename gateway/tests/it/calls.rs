@@ -799,3 +799,46 @@ async fn with_redis_another_replica_answers_for_a_call_and_takes_its_sideband_ov
     assert!(eventually(|| second.gateway.sessions.active() == 0).await);
     assert!(turns(&first, "200") + turns(&second, "200") <= 6);
 }
+
+#[tokio::test]
+async fn a_call_whose_sideband_cannot_be_opened_is_hung_up_rather_than_left_unmetered() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), PRICES).await;
+    sim.stats
+        .calls
+        .refuse_sidebands
+        .store(true, Ordering::Relaxed);
+    let a = create_raw(gw.addr, CLIENT_KEY).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let call_id = call_id_of(&a);
+    assert!(
+        eventually(|| sim.stats.calls.ended(&call_id)).await,
+        "the gateway hung up the call it could not see"
+    );
+    assert!(eventually(|| gw.gateway.sessions.active() == 0).await);
+    assert_eq!(
+        act(gw.addr, CLIENT_KEY, &call_id, "hangup", "")
+            .await
+            .status,
+        404,
+        "nothing is left of the call"
+    );
+}
+
+#[tokio::test]
+async fn removing_the_key_hangs_up_its_live_call() {
+    let sim = sim(SimConfig::default()).await;
+    let keys = TempFile::new("keys.toml", &key_entry("leaving", "pb-leaving", ""));
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("{PRICES}[keys]\nfile = \"{}\"\n", keys.0.display()),
+    ))
+    .await;
+    let call_id = call_id_of(&create_raw(gw.addr, "pb-leaving").await);
+    assert!(eventually(|| sidebands(&sim, &call_id) == 1).await);
+    std::fs::write(&keys.0, key_entry("someone-else", "pb-else", "")).unwrap();
+    assert!(
+        eventually(|| sim.stats.calls.ended(&call_id)).await,
+        "the revoked key's call was hung up"
+    );
+    assert!(eventually(|| gw.gateway.sessions.active() == 0).await);
+}
