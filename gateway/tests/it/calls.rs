@@ -842,3 +842,93 @@ async fn removing_the_key_hangs_up_its_live_call() {
     );
     assert!(eventually(|| gw.gateway.sessions.active() == 0).await);
 }
+
+/// Polls `f` until it is true or `limit` passes.
+async fn within(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f().await
+}
+
+async fn metered(admin: SocketAddr) -> f64 {
+    metric(admin, "patchbay_turns_total", "status=\"200\"").await
+}
+
+/// Two gateway processes sharing Redis; a call created on the first.
+async fn two_processes(sim: &patchbay_gateway::sim::SimHandle) -> (Child, Child, String) {
+    let url = redis_url("calls hand-over between processes").unwrap();
+    let extra =
+        format!("{PRICES}[store]\nredis_url_env = \"{REDIS_ENV}\"\n[drain]\nwait_secs = 5\n");
+    let env = [(REDIS_ENV, url.as_str())];
+    let first = Child::start(&sim.url(false), &extra, &env).await;
+    let second = Child::start(&sim.url(false), &extra, &env).await;
+    let call_id = call_id_of(&create_raw(first.addr, CLIENT_KEY).await);
+    (first, second, call_id)
+}
+
+fn slow_caller() -> SimConfig {
+    // Turns every 300 ms for a while: some before the hand-over, some after.
+    SimConfig {
+        caller_turns: 40,
+        caller_turn_interval: Duration::from_millis(300),
+        ..SimConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn on_sigterm_another_gateway_process_takes_the_calls_over_and_none_is_hung_up() {
+    if redis_url("calls hand-over between processes").is_none() {
+        return;
+    }
+    let sim = sim(slow_caller()).await;
+    let (mut first, second, call_id) = two_processes(&sim).await;
+    assert!(within(WAIT, async || metered(first.admin_addr).await >= 1.0).await);
+    first.sigterm();
+    let (code, _) = first.wait_exit(Duration::from_secs(15)).await;
+    assert_eq!(code, Some(0));
+    assert!(
+        within(WAIT, async || metered(second.admin_addr).await >= 2.0).await,
+        "turns after the hand-over are metered by the second process"
+    );
+    assert_eq!(sidebands(&sim, &call_id), 2);
+    assert!(
+        !sim.stats.calls.ended(&call_id),
+        "no call was hung up by the drain"
+    );
+    assert_eq!(
+        act(second.addr, CLIENT_KEY, &call_id, "hangup", "")
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn when_a_gateway_process_dies_its_calls_are_adopted_after_their_leases_expire() {
+    if redis_url("calls failover between processes").is_none() {
+        return;
+    }
+    let sim = sim(slow_caller()).await;
+    let (mut first, second, call_id) = two_processes(&sim).await;
+    assert!(within(WAIT, async || metered(first.admin_addr).await >= 1.0).await);
+    first.process.kill().unwrap();
+    let _ = first.process.wait();
+    let limit = patchbay_gateway::calls::fleet::HOLD_TTL + WAIT;
+    assert!(
+        within(limit, async || metered(second.admin_addr).await >= 1.0).await,
+        "the second process re-attached and meters"
+    );
+    assert!(sidebands(&sim, &call_id) >= 2);
+    assert!(!sim.stats.calls.ended(&call_id));
+    assert_eq!(
+        act(second.addr, CLIENT_KEY, &call_id, "hangup", "")
+            .await
+            .status,
+        200
+    );
+}
