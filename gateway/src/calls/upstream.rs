@@ -16,13 +16,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::{header, HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_util::either::Either;
 use url::Url;
 
@@ -260,19 +258,6 @@ pub async fn sideband(
     tokio::time::timeout(timeout, open)
         .await
         .map_err(|_| UpstreamCallError::Timeout(timeout))?
-}
-
-/// Reads the next text frame of a sideband (pings answered by tungstenite).
-pub async fn next_text(
-    ws: &mut UpstreamSocket,
-) -> Option<tokio_tungstenite::tungstenite::Utf8Bytes> {
-    loop {
-        match ws.next().await? {
-            Ok(Message::Text(t)) => return Some(t),
-            Ok(Message::Close(_)) | Err(_) => return None,
-            Ok(_) => {}
-        }
-    }
 }
 
 #[cfg(test)]
