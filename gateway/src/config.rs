@@ -566,6 +566,12 @@ impl Config {
         if self.drain.wait_secs == 0 {
             return Err(ConfigError::new("drain.wait_secs", "must be at least 1"));
         }
+        if let Some(bad) = self.server.cors_origins.iter().find(|o| !valid_origin(o)) {
+            return Err(ConfigError::new(
+                "server.cors_origins",
+                format!("'{bad}' is not an origin (scheme://host[:port], no path)"),
+            ));
+        }
         {
             use crate::client_secret::request::{MAX_TTL_SECS, MIN_TTL_SECS};
             let ttl = self.client_secrets.max_ttl_secs;
@@ -786,6 +792,21 @@ fn unknown_field(msg: &str) -> Option<&str> {
 
 /// Upper bound of every `*_secs` setting: one year.
 pub const MAX_SECS: u64 = 366 * 24 * 3600;
+
+/// `scheme://host[:port]` with an http(s) scheme and nothing after: what a
+/// browser sends in `Origin`.
+pub fn valid_origin(o: &str) -> bool {
+    let Some(rest) = o
+        .strip_prefix("https://")
+        .or_else(|| o.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+}
 
 #[cfg(test)]
 mod tests {
@@ -1025,5 +1046,22 @@ mod tests {
         let e = Config::from_toml_with_env("[store]\nredis_url_env = \"REDIS\"\n", &env_of(&env))
             .unwrap_err();
         assert_eq!(e.key, "store.ca_file", "the env override reaches ca_file");
+    }
+
+    #[test]
+    fn cors_origins_must_be_origins() {
+        for (o, ok) in [
+            ("https://app.example", true),
+            ("http://localhost:3000", true),
+            ("https://app.example/", false),
+            ("app.example", false),
+            ("https://", false),
+            ("https://a b", false),
+        ] {
+            assert_eq!(valid_origin(o), ok, "{o}");
+        }
+        let toml = "[server]\ncors_origins = [\"app.example\"]\n";
+        let e = Config::from_toml_with_env(toml, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "server.cors_origins", "{e}");
     }
 }
