@@ -91,15 +91,13 @@ impl IntoResponse for ApiError {
 #[derive(Debug, Clone)]
 pub struct ParentKey(pub KeyEntry);
 
-impl<S> FromRequestParts<S> for ParentKey
-where
-    Arc<Gateway>: axum::extract::FromRef<S>,
-    S: Send + Sync,
-{
+impl FromRequestParts<Arc<Gateway>> for ParentKey {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let gw: Arc<Gateway> = axum::extract::FromRef::from_ref(state);
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gw: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
         let presented = presented_key(&parts.headers);
         let refusal = match presented.key {
             None => (
@@ -124,7 +122,7 @@ where
             },
         };
         gw.client_secrets.count_refusal("mint", refusal.0);
-        crate::server::count_refusal(&gw, "", &refusal.1);
+        crate::server::count_refusal(gw, "", &refusal.1);
         Err(ApiError(refusal.1))
     }
 }

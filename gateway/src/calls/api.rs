@@ -35,7 +35,7 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::admission::Refusal;
-use crate::api::{ApiError, ParentKey};
+use crate::api::ApiError;
 use crate::auth::{presented_key, KeyEntry};
 use crate::client_secret::{is_client_secret, Grant};
 use crate::gateway::{Gateway, Route};
@@ -86,12 +86,6 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             .route(&format!("{base}/{{call_id}}/{{action}}"), post(act));
     }
     r.with_state(state)
-}
-
-impl axum::extract::FromRef<CallsState> for Arc<Gateway> {
-    fn from_ref(s: &CallsState) -> Self {
-        s.gw.clone()
-    }
 }
 
 fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
@@ -424,16 +418,38 @@ fn relay_answer(answer: Answer, location: Option<&str>) -> Response {
     r
 }
 
+/// The Patchbay key a call action is authenticated with; never a client
+/// secret (a browser's secret creates its call, the server controls it).
+fn control_key(gw: &Gateway, headers: &HeaderMap) -> Result<KeyEntry, Refusal> {
+    let presented = presented_key(headers);
+    match presented.key.as_ref() {
+        None => Err(Refusal::unauthorized(
+            "missing API key: send Authorization: Bearer <key>",
+        )),
+        Some(k) if is_client_secret(k.expose()) => Err(Refusal::unauthorized(
+            "a client secret cannot control calls; use a Patchbay API key",
+        )),
+        Some(k) => match gw.keys.get().lookup(k) {
+            None => Err(Refusal::unauthorized("incorrect API key provided")),
+            Some(k) if k.disabled => Err(Refusal::unauthorized("this API key is disabled")),
+            Some(k) => Ok(k.clone()),
+        },
+    }
+}
+
 /// `POST /v1/realtime/calls/{call_id}/{action}`.
 async fn act(
     State(st): State<CallsState>,
-    ParentKey(key): ParentKey,
     Path((call_id, action)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let gw = &st.gw;
     let started = Instant::now();
+    let key = match control_key(gw, &headers) {
+        Ok(k) => k,
+        Err(r) => return refuse(gw, "", r),
+    };
     if !["accept", "hangup", "reject", "refer"].contains(&action.as_str()) {
         let r = Refusal::new(
             StatusCode::NOT_FOUND,

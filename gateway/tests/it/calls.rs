@@ -702,6 +702,10 @@ async fn a_browser_with_an_ephemeral_secret_creates_a_call_configured_by_the_sec
     // A secret cannot control calls (that needs the key), and cannot pick another model.
     let h = act(gw.addr, &secret, &call_id_of(&a), "hangup", "").await;
     assert_eq!(h.status, 401, "{}", h.body);
+    assert!(h.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("cannot control calls"));
     let other = json!({"sdp": OFFER, "session": {"model": "gpt-other"}});
     let o = create(
         gw.addr,
