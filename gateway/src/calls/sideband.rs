@@ -45,8 +45,9 @@ use super::ownership::Owners;
 use super::{upstream, Transport};
 
 /// What is left of `[drain] wait_secs` when a draining gateway lets its
-/// sidebands go (time for the meters' final flush).
-pub const LET_GO_MARGIN: Duration = Duration::from_secs(1);
+/// sidebands go: the sideband's close (at most [`relay::CLOSE_GRACE`]) and
+/// a second for the meter's final flush.
+pub const LET_GO_MARGIN: Duration = Duration::from_secs(relay::CLOSE_GRACE.as_secs() + 1);
 /// Attempts at opening a sideband before the call is hung up (a call the
 /// gateway cannot see would run unmetered).
 pub const ATTACH_ATTEMPTS: u32 = 3;

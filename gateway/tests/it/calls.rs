@@ -631,36 +631,39 @@ async fn the_maximum_duration_cancels_the_response_in_flight_meters_it_then_hang
 
 #[tokio::test]
 async fn a_draining_gateway_lets_its_calls_go_without_hanging_them_up() {
-    let (sim, gw) = sim_and_gateway(
-        SimConfig::default(),
-        &format!("{PRICES}[drain]\nwait_secs = 2\n"),
-    )
-    .await;
+    // Without Redis the sidebands stay (and meter) until wait_secs minus
+    // the let-go margin: 1 s here, in which the caller speaks ~10 turns.
+    let caller = SimConfig {
+        caller_turns: 200,
+        caller_turn_interval: Duration::from_millis(100),
+        ..SimConfig::default()
+    };
+    let (sim, gw) = sim_and_gateway(caller, &format!("{PRICES}[drain]\nwait_secs = 4\n")).await;
     let call_id = call_id_of(&create_raw(gw.addr, CLIENT_KEY).await);
+    let second = call_id_of(&create_raw(gw.addr, CLIENT_KEY).await);
     assert!(
-        eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 1).await,
-        "sideband attached"
+        eventually(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 2).await,
+        "sidebands attached"
     );
-    let before = create_raw(gw.addr, CLIENT_KEY).await;
-    assert_eq!(before.status, 201, "not draining yet");
-    let second = call_id_of(&before);
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        patchbay_gateway::drain::drain(&gw.gateway),
-    )
-    .await
-    .expect("the drain ends within wait_secs");
+    let draining = gw.gateway.clone();
+    let drain = tokio::spawn(async move { patchbay_gateway::drain::drain(&draining).await });
+    assert!(eventually(|| gw.gateway.sessions.is_draining()).await);
     assert_eq!(
         create_raw(gw.addr, CLIENT_KEY).await.status,
         503,
         "no new calls while draining"
     );
+    let at_drain = turns(&gw, "200");
     assert!(
-        sim.stats
-            .calls
-            .actions()
-            .iter()
-            .all(|a| a.action != "hangup"),
+        eventually(|| turns(&gw, "200") > at_drain).await,
+        "calls are still metered while the gateway drains"
+    );
+    tokio::time::timeout(Duration::from_secs(8), drain)
+        .await
+        .expect("the drain ends within wait_secs")
+        .unwrap();
+    assert!(
+        sim.stats.calls.actions().is_empty(),
         "no call was hung up by the drain"
     );
     assert!(!sim.stats.calls.ended(&call_id) && !sim.stats.calls.ended(&second));
