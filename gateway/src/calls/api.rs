@@ -619,7 +619,9 @@ async fn adopt_loop(st: CallsState) {
     let Some(fleet) = st.fleet.clone() else {
         return;
     };
-    let mut tick = tokio::time::interval(ADOPT_POLL);
+    // The first look is one period after start: a starting replica has
+    // nothing to hand over, and the fleet's calls wait at most a period.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + ADOPT_POLL, ADOPT_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {

@@ -45,7 +45,7 @@ pub const HOLD_TTL: Duration = Duration::from_secs(10);
 /// How often the holder of a call renews its key.
 pub const HOLD_RENEW: Duration = Duration::from_secs(3);
 /// How often a replica looks for calls without a holder.
-pub const ADOPT_POLL: Duration = Duration::from_secs(1);
+pub const ADOPT_POLL: Duration = Duration::from_secs(2);
 /// How long a call record outlives `max_session_secs`.
 pub const RECORD_GRACE: Duration = Duration::from_secs(300);
 
