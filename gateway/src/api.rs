@@ -41,8 +41,34 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     for path in crate::server::REALTIME_PATHS {
         r = r.route(path, any(websocket_required));
     }
-    r.fallback(not_found).with_state(gw)
+    let cors = cors_layer(&gw.config.server.cors_origins);
+    r.fallback(not_found)
+        .with_state(gw.clone())
+        .merge(crate::calls::api::router(gw))
+        .layer(cors)
 }
+
+/// CORS for browsers calling from another origin (WebRTC offers): any
+/// origin by default, like OpenAI's API (credentials are explicit headers,
+/// never cookies), else only `[server] cors_origins`; `Location` exposed so
+/// a page can read the call id.
+pub fn cors_layer(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
+    let allow = if origins.is_empty() {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([http::Method::GET, http::Method::POST, http::Method::OPTIONS])
+        .allow_headers(AllowHeaders::mirror_request())
+        .expose_headers([header::LOCATION])
+        .max_age(CORS_MAX_AGE)
+}
+
+/// How long a browser may cache a preflight answer.
+pub const CORS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// An OpenAI-style error answer.
 #[derive(Debug)]

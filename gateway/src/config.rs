@@ -124,6 +124,9 @@ pub struct ServerConfig {
     /// The longest a breaker stays open (doubling while probes fail); at
     /// least `breaker_open_secs`.
     pub breaker_max_open_secs: u64,
+    /// Origins allowed to call the HTTP API from a browser (CORS); empty
+    /// allows any origin (credentials are explicit headers, never cookies).
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -133,6 +136,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             upgrade_timeout_secs: 10,
             worker_threads: 0,
+            cors_origins: Vec::new(),
             max_failovers: 2,
             breaker_failures: crate::upstream::breaker::DEFAULT_FAILURES_TO_OPEN,
             breaker_open_secs: crate::upstream::breaker::DEFAULT_OPEN.as_secs(),
@@ -730,6 +734,12 @@ impl Config {
         if self.drain.wait_secs == 0 {
             return Err(ConfigError::new("drain.wait_secs", "must be at least 1"));
         }
+        if let Some(bad) = self.server.cors_origins.iter().find(|o| !valid_origin(o)) {
+            return Err(ConfigError::new(
+                "server.cors_origins",
+                format!("'{bad}' is not an origin (scheme://host[:port], no path)"),
+            ));
+        }
         {
             use crate::client_secret::request::{MAX_TTL_SECS, MIN_TTL_SECS};
             let ttl = self.client_secrets.max_ttl_secs;
@@ -1100,6 +1110,21 @@ fn unknown_field(msg: &str) -> Option<&str> {
 
 /// Upper bound of every `*_secs` setting: one year.
 pub const MAX_SECS: u64 = 366 * 24 * 3600;
+
+/// `scheme://host[:port]` with an http(s) scheme and nothing after: what a
+/// browser sends in `Origin`.
+pub fn valid_origin(o: &str) -> bool {
+    let Some(rest) = o
+        .strip_prefix("https://")
+        .or_else(|| o.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+}
 
 #[cfg(test)]
 mod tests {
@@ -1533,5 +1558,22 @@ mod tests {
         let e = Config::from_toml_with_env("[store]\nredis_url_env = \"REDIS\"\n", &env_of(&env))
             .unwrap_err();
         assert_eq!(e.key, "store.ca_file", "the env override reaches ca_file");
+    }
+
+    #[test]
+    fn cors_origins_must_be_origins() {
+        for (o, ok) in [
+            ("https://app.example", true),
+            ("http://localhost:3000", true),
+            ("https://app.example/", false),
+            ("app.example", false),
+            ("https://", false),
+            ("https://a b", false),
+        ] {
+            assert_eq!(valid_origin(o), ok, "{o}");
+        }
+        let toml = "[server]\ncors_origins = [\"app.example\"]\n";
+        let e = Config::from_toml_with_env(toml, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "server.cors_origins", "{e}");
     }
 }

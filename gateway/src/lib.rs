@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod calls;
 pub mod client_secret;
 pub mod config;
 pub mod demo;

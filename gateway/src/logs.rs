@@ -7,7 +7,7 @@
 //!   stderr, so stdout carries nothing else);
 //! - the Redis stream `{prefix}request_logs`, when Redis is configured: one
 //!   flat stream field per row field, every value a string (`ttft_ms`,
-//!   `team` and `client_secret_id` are empty when absent, `usage_unknown` is `true`/`false`). The
+//!   `team`, `client_secret_id` and `call_id` are empty when absent, `usage_unknown` is `true`/`false`). The
 //!   stream write rides in the meter's flush round trip
 //!   ([`crate::store::Store::flush`]), and waits in the outbox
 //!   ([`crate::metering::outbox`]) while the store fails.
@@ -36,11 +36,13 @@ use crate::metering::outbox::{Bounds, Lane, SETTLE_POLL};
 use crate::metrics::{sink, Metrics};
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 26] = [
+pub const FIELDS: [&str; 28] = [
     "request_id",
     "session_id",
     "key_id",
     "client_secret_id",
+    "transport",
+    "call_id",
     "team",
     "model",
     "upstream_model",
@@ -75,6 +77,10 @@ pub struct RequestLogRow {
     /// The client secret the session was opened with (its parent is
     /// `key_id`); `None` for a session opened with the key itself.
     pub client_secret_id: Option<String>,
+    /// How the client reached the model: `websocket`, `webrtc` or `sip`.
+    pub transport: String,
+    /// The call a WebRTC or SIP row belongs to (metered over its sideband).
+    pub call_id: Option<String>,
     pub team: Option<String>,
     pub model: String,
     pub upstream_model: String,
@@ -114,6 +120,7 @@ impl RequestLogRow {
             + self.session_id.len()
             + self.key_id.len()
             + self.team.as_ref().map_or(0, String::len)
+            + self.call_id.as_ref().map_or(0, String::len)
             + self.model.len()
             + self.upstream_model.len()
             + self.provider.len()
@@ -133,6 +140,8 @@ impl RequestLogRow {
                 "client_secret_id",
                 self.client_secret_id.clone().unwrap_or_default(),
             ),
+            ("transport", self.transport.clone()),
+            ("call_id", self.call_id.clone().unwrap_or_default()),
             ("team", self.team.clone().unwrap_or_default()),
             ("model", self.model.clone()),
             ("upstream_model", self.upstream_model.clone()),
@@ -389,6 +398,8 @@ mod tests {
             session_id: "abc".into(),
             key_id: "k1".into(),
             client_secret_id: None,
+            transport: "websocket".into(),
+            call_id: None,
             team: Some("support".into()),
             model: "gpt-realtime".into(),
             upstream_model: "gpt-realtime-2025-08-28".into(),

@@ -63,6 +63,13 @@ enum Command {
         /// `refuse:STATUS`, `error-first`, `drop:N` (after N deltas) or `close:CODE`.
         #[arg(long)]
         fault: Option<String>,
+        /// Response turns the simulated caller speaks per call (WebRTC or
+        /// SIP), on the call's sideband.
+        #[arg(long, default_value_t = 0)]
+        caller_turns: usize,
+        /// Time before each of the caller's turns.
+        #[arg(long, default_value_t = 200)]
+        caller_turn_interval_ms: u64,
     },
 }
 
@@ -150,6 +157,8 @@ fn run(cli: Cli) -> ExitCode {
             audio_delta_bytes,
             delta_interval_ms,
             fault,
+            caller_turns,
+            caller_turn_interval_ms,
         } => {
             let fault = match fault.as_deref().map(parse_fault).transpose() {
                 Ok(f) => f,
@@ -167,6 +176,8 @@ fn run(cli: Cli) -> ExitCode {
                 audio_delta_bytes,
                 delta_interval: Duration::from_millis(delta_interval_ms),
                 fault,
+                caller_turns,
+                caller_turn_interval: Duration::from_millis(caller_turn_interval_ms),
                 ..SimConfig::default()
             };
             match runtime(0) {

@@ -507,7 +507,7 @@ pub fn cancel_event(response_id: Option<&str>) -> String {
 /// [`CLOSE_GRACE`]. Without the `response.done` that answers a cancel, the
 /// turn would be logged with unknown usage, and a client could end its
 /// session just before every `response.done` to spend without being charged.
-async fn cancel_in_flight<U, T>(
+pub async fn cancel_in_flight<U, T>(
     tx: &mut SplitSink<WebSocketStream<U>, Message>,
     rx: &mut SplitStream<WebSocketStream<U>>,
     tap: &mut T,

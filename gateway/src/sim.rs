@@ -32,6 +32,9 @@
 //! (the close is answered, nothing more is sent), a cancel as above, and
 //! other events wait until the response is done, in order.
 //!
+//! Calls (WebRTC and SIP, `POST /v1/realtime/calls…` and the `?call_id=`
+//! sideband) are in [`calls`].
+//!
 //! Faults ([`SimFault`]): refuse the upgrade with a status, send an `error`
 //! as the first event, drop the TCP connection mid-response, or close with a
 //! given code after a response. [`SimHandle`] exposes counters and commands
@@ -59,6 +62,9 @@ use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 use crate::event::event_type;
+
+mod calls;
+pub use calls::{answer_for, CallAction, CallKind, CreatedCall, SimCalls};
 
 /// Tokens the simulator reports per audio delta it sent.
 pub const AUDIO_TOKENS_PER_DELTA: u64 = 10;
@@ -99,6 +105,11 @@ pub struct SimConfig {
     /// Keep a copy of every text frame sent and received, in
     /// [`SimStats::sent`] and [`SimStats::received`].
     pub record: bool,
+    /// Response turns the simulated caller speaks per call, on the call's
+    /// sideband (none: turns only on the sideband's `response.create`).
+    pub caller_turns: usize,
+    /// Time before each of the caller's turns.
+    pub caller_turn_interval: Duration,
 }
 
 impl Default for SimConfig {
@@ -115,6 +126,8 @@ impl Default for SimConfig {
             tls: None,
             max_message_bytes: 64 << 20,
             record: false,
+            caller_turns: 0,
+            caller_turn_interval: Duration::from_millis(50),
         }
     }
 }
@@ -145,6 +158,8 @@ pub struct SimStats {
     pub cancels: Mutex<Vec<Option<String>>>,
     /// While set, every upgrade is refused with 401 (see [`SimHandle::set_refusing`]).
     pub refusing: std::sync::atomic::AtomicBool,
+    /// Calls and what was asked of them.
+    pub calls: SimCalls,
 }
 
 #[derive(Debug, Clone)]
@@ -228,6 +243,15 @@ async fn accept_loop(listener: TcpListener, config: Arc<SimConfig>, handle: SimH
 type SimIo = Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>;
 
 async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
+    if config.tls.is_none() {
+        // A WebSocket upgrade is a GET; the calls API is POST (or OPTIONS).
+        let mut first = [0u8; 4];
+        let peeked = tokio::time::timeout(Duration::from_secs(10), tcp.peek(&mut first)).await;
+        if matches!(peeked, Ok(Ok(4))) && (&first == b"POST" || &first == b"OPTI") {
+            calls::serve(tcp, config, handle).await;
+            return;
+        }
+    }
     let io: SimIo = match &config.tls {
         Some(tls) => match tokio_rustls::TlsAcceptor::from(tls.clone())
             .accept(tcp)
@@ -243,11 +267,13 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     }
     let mut beta = false;
     let mut transcription = false;
+    let mut call = None;
     let check = UpgradeCheck {
         config: &config,
         stats: &handle.stats,
         beta: &mut beta,
         transcription: &mut transcription,
+        call: &mut call,
     };
     let ws_config = WebSocketConfig::default()
         .max_message_size(Some(config.max_message_bytes))
@@ -264,6 +290,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
     let mut session = Session::new(config, handle.clone(), beta);
     session.transcription = transcription;
+    session.call = call;
     session.run(ws).await;
     handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
 }
@@ -275,6 +302,8 @@ struct UpgradeCheck<'a> {
     stats: &'a SimStats,
     beta: &'a mut bool,
     transcription: &'a mut bool,
+    /// The call a sideband (`?call_id=`) attached to.
+    call: &'a mut Option<(String, CancellationToken)>,
 }
 
 impl Callback for UpgradeCheck<'_> {
@@ -291,6 +320,9 @@ impl Callback for UpgradeCheck<'_> {
         let query = req.uri().query().unwrap_or("").to_string();
         *self.transcription = url::form_urlencoded::parse(query.as_bytes())
             .any(|(k, v)| k == "intent" && v == "transcription");
+        let call_id = url::form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == "call_id")
+            .map(|(_, v)| v.into_owned());
         if let Ok(mut seen) = self.stats.queries.lock() {
             seen.push(query);
         }
@@ -308,6 +340,12 @@ impl Callback for UpgradeCheck<'_> {
                 mask_key(key)
             );
             return Err(refusal(401, &message));
+        }
+        if let Some(id) = call_id {
+            match self.stats.calls.attach(&id) {
+                Some(ended) => *self.call = Some((id, ended)),
+                None => return Err(refusal(404, "call not found")),
+            }
         }
         Ok(resp)
     }
@@ -327,6 +365,7 @@ pub fn mask_key(key: &str) -> String {
 fn refusal(status: u16, message: &str) -> ErrorResponse {
     let code = match status {
         401 => "invalid_api_key",
+        404 => "call_not_found",
         429 => "rate_limit_exceeded",
         _ => "server_error",
     };
@@ -384,6 +423,8 @@ struct Session {
     instructions: String,
     /// Events that arrived while a response was in flight, to handle next.
     deferred: std::collections::VecDeque<String>,
+    /// Set on a call's sideband: the call id and its end.
+    call: Option<(String, CancellationToken)>,
 }
 
 type Ws = WebSocketStream<SimIo>;
@@ -413,6 +454,7 @@ impl Session {
             items: 0,
             instructions: "You are a helpful assistant.".into(),
             deferred: std::collections::VecDeque::new(),
+            call: None,
         }
     }
 
@@ -576,6 +618,12 @@ impl Session {
         if !self.send(&mut ws, created).await {
             return;
         }
+        let call_ended = self
+            .call
+            .as_ref()
+            .map(|(_, t)| t.clone())
+            .unwrap_or_default();
+        let mut next_turn = tokio::time::Instant::now() + self.config.caller_turn_interval;
         loop {
             if let Some(text) = self.deferred.pop_front() {
                 if let Flow::Stop = self.on_event(&mut ws, &text).await {
@@ -589,6 +637,17 @@ impl Session {
                     Ok(Command::Close(code)) => { close(&mut ws, code, "simulator closed the session").await; return; }
                     Err(_) => {}
                 },
+                _ = call_ended.cancelled(), if self.call.is_some() => {
+                    close(&mut ws, 1000, "call ended").await;
+                    return;
+                }
+                _ = tokio::time::sleep_until(next_turn), if self.call.is_some() && self.config.caller_turns > 0 => {
+                    next_turn = tokio::time::Instant::now() + self.config.caller_turn_interval;
+                    let id = self.call.as_ref().map(|(id, _)| id.clone()).unwrap_or_default();
+                    if self.handle.stats.calls.take_turn(&id, self.config.caller_turns) {
+                        if let Flow::Stop = self.respond(&mut ws).await { return; }
+                    }
+                }
                 msg = ws.next() => match msg {
                     Some(Ok(Message::Text(text))) => {
                         self.record_received(&text);

@@ -1,6 +1,12 @@
 """Third-party client check: the official `openai` Python SDK completes a
 Realtime turn through the gateway, and mints a client secret with which a
 second client (SDK by Bearer, browser-style by subprotocol) completes a turn.
+Calls: `client.realtime.calls.create(sdp=…)` with a client key and with a
+client secret returns the SDP answer and a call id, the simulated caller's
+turns become request-log rows (read from the gateway's stdout) attributed to
+the right key; a spent budget makes the gateway hang up (the simulator saw
+it) and refuse the next call with 402; another key's `calls.hangup` is 404;
+a SIP call accepted with `calls.accept` is metered the same way.
 
 Starts `patchbay-gateway sim` and `patchbay-gateway serve` (the binary given
 as argv[1]) on free 127.0.0.1 ports, waits for /readyz, then drives one
@@ -17,6 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
+import hashlib
 import json
 import urllib.request
 
@@ -28,6 +35,30 @@ CLIENT_KEY = "pb-sdk-check"
 UPSTREAM_KEY = "sk-sim-sdk-check"
 MODEL = "gpt-realtime"
 DEADLINE_S = 20
+CALLER_TURNS = 3
+# What a browser's RTCPeerConnection offers: audio and a data channel.
+OFFER = (
+    "v=0\r\no=- 4611731400430051336 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=ice-ufrag:abcd\r\n"
+    "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\na=setup:actpass\r\na=mid:0\r\na=sendrecv\r\n"
+    "a=rtpmap:111 opus/48000/2\r\n"
+    "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\nc=IN IP4 0.0.0.0\r\na=mid:1\r\n"
+)
+CALLS_KEY, OTHER_KEY, BUDGET_KEY = "pb-calls-a", "pb-calls-b", "pb-calls-budget"
+# One simulator turn costs $0.006692 at these prices; the budget key can
+# afford less than one.
+KEYS_TOML = "".join(
+    f'[[keys]]\nid = "{kid}"\nsha256 = "{hashlib.sha256(k.encode()).hexdigest()}"\n{extra}\n'
+    for kid, k, extra in [
+        ("calls-a", CALLS_KEY, ""),
+        ("calls-b", OTHER_KEY, ""),
+        ("calls-budget", BUDGET_KEY, "budget_usd = 0.005"),
+    ]
+)
+PRICES_TOML = (
+    '[[prices]]\nmodel = "gpt-realtime"\ntext_input = 4.0\ncached_text_input = 0.4\n'
+    "audio_input = 32.0\ncached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n"
+)
 
 
 def free_port() -> int:
@@ -146,29 +177,132 @@ def check_client_secret_flow(http_base: str, ws_base: str) -> None:
     raise AssertionError("a client secret minted a client secret")
 
 
+def rows_of(rows_file: str, call_id: str) -> list:
+    out = []
+    with open(rows_file) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("call_id") == call_id:
+                out.append(row)
+    return out
+
+
+def wait_for(what: str, f):
+    deadline = time.time() + DEADLINE_S
+    while time.time() < deadline:
+        v = f()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sim_post(sim_base: str, path: str):
+    req = urllib.request.Request(
+        sim_base + path, data=b"", method="POST", headers={"Authorization": f"Bearer {UPSTREAM_KEY}"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def create_call(client: OpenAI, **kw) -> tuple:
+    raw = client.realtime.calls.with_raw_response.create(sdp=OFFER, **kw)
+    assert raw.status_code == 201, raw.status_code
+    location = raw.headers["location"]
+    assert location.startswith("/v1/realtime/calls/rtc_"), location
+    answer = raw.parse().text
+    assert answer.startswith("v=0") and "a=mid:0" in answer and "a=mid:1" in answer, answer
+    assert "a=setup:active" in answer, answer
+    return location.rsplit("/", 1)[1], answer
+
+
+def check_calls_with_key(http_base: str, rows_file: str) -> None:
+    client = OpenAI(api_key=CALLS_KEY, base_url=http_base, max_retries=0)
+    call_id, _ = create_call(client, session={"type": "realtime", "model": MODEL, "instructions": "Be brief."})
+    rows = wait_for("three rows", lambda: (r := rows_of(rows_file, call_id)) and len(r) >= CALLER_TURNS and r)
+    for row in rows:
+        assert row["key_id"] == "calls-a", row
+        assert row["transport"] == "webrtc", row
+        assert row["status"] == 200 and not row["usage_unknown"], row
+        assert row["total_tokens"] > 0 and row["cost_usd"] > 0, row
+    try:
+        OpenAI(api_key=OTHER_KEY, base_url=http_base, max_retries=0).realtime.calls.hangup(call_id)
+        raise AssertionError("another key hung up the call")
+    except openai.NotFoundError:
+        pass
+    client.realtime.calls.hangup(call_id)
+
+
+def check_calls_with_client_secret(http_base: str, rows_file: str) -> None:
+    parent = OpenAI(api_key=CALLS_KEY, base_url=http_base, max_retries=0)
+    secret = parent.realtime.client_secrets.create(session={"type": "realtime", "model": MODEL})
+    browser = OpenAI(api_key=secret.value, base_url=http_base, max_retries=0)
+    call_id, _ = create_call(browser)
+    rows = wait_for("three rows", lambda: (r := rows_of(rows_file, call_id)) and len(r) >= CALLER_TURNS and r)
+    assert all(r["key_id"] == "calls-a" and r["client_secret_id"] for r in rows), rows
+    parent.realtime.calls.hangup(call_id)
+
+
+def check_budget_hangs_up(http_base: str, sim_base: str) -> None:
+    client = OpenAI(api_key=BUDGET_KEY, base_url=http_base, max_retries=0)
+    call_id, _ = create_call(client, session={"type": "realtime", "model": MODEL})
+    wait_for(
+        "the gateway's hangup",
+        lambda: any(a["call_id"] == call_id and a["action"] == "hangup" for a in sim_post(sim_base, "/v1/sim/call_actions")),
+    )
+    try:
+        create_call(client, session={"type": "realtime", "model": MODEL})
+        raise AssertionError("a call was created over a spent budget")
+    except openai.APIStatusError as e:
+        assert e.status_code == 402, e.status_code
+
+
+def check_sip_accept(http_base: str, sim_base: str, rows_file: str) -> None:
+    call_id = sim_post(sim_base, "/v1/sim/sip_calls")["call_id"]
+    client = OpenAI(api_key=CALLS_KEY, base_url=http_base, max_retries=0)
+    client.realtime.calls.accept(call_id, type="realtime", model=MODEL, instructions="Answer the phone.")
+    rows = wait_for("two rows", lambda: (r := rows_of(rows_file, call_id)) and len(r) >= 2 and r)
+    assert all(r["transport"] == "sip" and r["key_id"] == "calls-a" for r in rows), rows
+    client.realtime.calls.hangup(call_id)
+
+
 def main() -> int:
     binary = sys.argv[1]
     sim_port, gw_port, admin_port = free_port(), free_port(), free_port()
     tmp = tempfile.mkdtemp(prefix="patchbay-sdk-")
     config = os.path.join(tmp, "gateway.toml")
+    keys = os.path.join(tmp, "keys.toml")
+    rows_file = os.path.join(tmp, "rows.jsonl")
+    with open(keys, "w") as f:
+        f.write(KEYS_TOML)
     with open(config, "w") as f:
         f.write(
             f'[server]\nlisten = "127.0.0.1:{gw_port}"\nadmin_listen = "127.0.0.1:{admin_port}"\n'
             f'[[routes]]\nmodel = "{MODEL}"\nupstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime"\n'
             f'api_key_env = "SDK_UPSTREAM_KEY"\n'
+            f'[keys]\nfile = "{keys}"\n[metering]\nflush_secs = 0\n{PRICES_TOML}'
         )
+    rows_out = open(rows_file, "w")
     env = dict(os.environ, SDK_UPSTREAM_KEY=UPSTREAM_KEY, PATCHBAY_MASTER_KEY=CLIENT_KEY)
     procs = [
         subprocess.Popen(
-            [binary, "sim", "--listen", f"127.0.0.1:{sim_port}", "--keys", UPSTREAM_KEY],
+            [
+                binary, "sim", "--listen", f"127.0.0.1:{sim_port}", "--keys", UPSTREAM_KEY,
+                "--caller-turns", str(CALLER_TURNS), "--caller-turn-interval-ms", "100",
+            ],
             stdout=subprocess.DEVNULL,
         ),
-        subprocess.Popen([binary, "serve", "--config", config], env=env, stdout=subprocess.DEVNULL),
+        subprocess.Popen([binary, "serve", "--config", config], env=env, stdout=rows_out),
     ]
     passed = failed = 0
     try:
         wait_ready(f"http://127.0.0.1:{admin_port}/readyz")
         base = f"ws://127.0.0.1:{gw_port}/v1"
+        http_base = f"http://127.0.0.1:{gw_port}/v1"
+        sim_base = f"http://127.0.0.1:{sim_port}"
         checks = [
             ("sync client completes a turn", lambda: check_sync(base)),
             ("async client completes a turn", lambda: asyncio.run(asyncio.wait_for(check_async(base), DEADLINE_S))),
@@ -177,6 +311,10 @@ def main() -> int:
                 "a minted client secret opens a session (Bearer and subprotocol)",
                 lambda: check_client_secret_flow(f"http://127.0.0.1:{gw_port}/v1", base),
             ),
+            ("calls.create with a key: answer, metered turns, owner-only hangup", lambda: check_calls_with_key(http_base, rows_file)),
+            ("calls.create with a client secret is metered to its key", lambda: check_calls_with_client_secret(http_base, rows_file)),
+            ("a spent budget hangs the call up and refuses the next with 402", lambda: check_budget_hangs_up(http_base, sim_base)),
+            ("calls.accept (SIP) then metered turns", lambda: check_sip_accept(http_base, sim_base, rows_file)),
         ]
         for name, check in checks:
             try:

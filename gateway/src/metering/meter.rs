@@ -426,6 +426,8 @@ pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> P
         session_id: meta.session_id.clone(),
         key_id: meta.key.id.clone(),
         client_secret_id: meta.client_secret_id.clone(),
+        transport: meta.transport.to_string(),
+        call_id: meta.call_id.clone(),
         team: meta.team.clone(),
         model: row_model.to_string(),
         upstream_model: upstream_model.to_string(),

@@ -140,6 +140,10 @@ pub struct SessionMeta {
     pub key: KeyEntry,
     /// The client secret the session was opened with (`key` is its parent).
     pub client_secret_id: Option<String>,
+    /// `websocket`, `webrtc` or `sip` ([`crate::calls::Transport`]).
+    pub transport: &'static str,
+    /// The call metered over a sideband.
+    pub call_id: Option<String>,
     pub team: Option<String>,
     /// The route's client-facing model.
     pub model: String,
@@ -156,6 +160,8 @@ impl SessionMeta {
             session_id: session_id.into(),
             key: key.clone(),
             client_secret_id: None,
+            transport: "websocket",
+            call_id: None,
             team: key.team.clone(),
             model: route.model.clone(),
             upstream_model: route.upstream_model().to_string(),
@@ -168,6 +174,13 @@ impl SessionMeta {
     /// Marks the session as opened with client secret `id`.
     pub fn with_client_secret(mut self, id: Option<String>) -> Self {
         self.client_secret_id = id;
+        self
+    }
+
+    /// Marks the session as the sideband of call `call_id`.
+    pub fn for_call(mut self, transport: &'static str, call_id: &str) -> Self {
+        self.transport = transport;
+        self.call_id = Some(call_id.to_string());
         self
     }
 

@@ -453,6 +453,8 @@ mod tests {
             session_id: "up1".into(),
             key_id: "k".into(),
             client_secret_id: None,
+            transport: "websocket".into(),
+            call_id: None,
             team: None,
             model: "m".into(),
             upstream_model: "m".into(),

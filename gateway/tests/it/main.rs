@@ -1,6 +1,7 @@
 //! The gateway's integration tests, as one test binary: each module starts
 //! what it needs (simulator, gateway, Redis client) on 127.0.0.1.
 
+mod calls;
 mod client_secrets;
 mod common;
 mod drain;

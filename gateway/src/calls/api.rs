@@ -1,0 +1,756 @@
+//! The calls routes of the client listener, on axum:
+//! `POST /v1/realtime/calls` (WebRTC: create a call from an SDP offer) and
+//! `POST /v1/realtime/calls/{call_id}/{accept,hangup,refer,reject}` (SIP and
+//! call control), with the same paths under `/openai/v1/realtime/calls`.
+//!
+//! Order for a create: draining → 503; credential (client key or client
+//! secret) → 401/403; body (≤ [`offer::MAX_BODY_BYTES`] → 413, type → 415,
+//! shape → 400); model (`session.model`, else `?model=`, else the secret's,
+//! else 400) → 404 unknown; the route's calls API (beta → 400
+//! `unsupported_for_route`); then the admission of a WebSocket session
+//! ([`Gateway::admit`]). Nothing is sent upstream before all pass. The
+//! upstream's answer is relayed with its status, SDP body and a `Location`
+//! on the gateway's own path; a refusal keeps the upstream's status but
+//! never its body (it may quote the gateway's key). Only then are the
+//! ownership record and the sideband created, so a failure leaves neither.
+//!
+//! Call control (`hangup`, `refer`, `reject`) needs the key that created or
+//! accepted the call, or its team ([`super::ownership`]); anything else is
+//! 404. `reject` is also allowed on a SIP call nobody accepted yet (that is
+//! how a webhook declines a call).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use http::{header, HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+
+use crate::admission::Refusal;
+use crate::api::ApiError;
+use crate::auth::{presented_key, KeyEntry};
+use crate::client_secret::{is_client_secret, Grant};
+use crate::gateway::{Gateway, Route};
+
+use super::fleet::{unix_ms, CallFleet, CallRecord, ADOPT_POLL};
+use super::offer::{self, OfferError};
+use super::ownership::{may_act, Owner, Owners};
+use super::sideband::{self, Call};
+use super::upstream::{self, Answer, CallsRouteError, UpstreamCallError};
+use super::Transport;
+
+/// The calls collection, OpenAI's path and Azure GA's.
+pub const CALLS_PATHS: [&str; 2] = ["/v1/realtime/calls", "/openai/v1/realtime/calls"];
+
+/// The state of the calls routes.
+#[derive(Debug, Clone)]
+pub struct CallsState {
+    pub gw: Arc<Gateway>,
+    pub owners: Arc<Owners>,
+    /// Call records and sideband hand-over in Redis, when configured.
+    pub fleet: Option<CallFleet>,
+}
+
+/// The calls routes. With Redis, also starts the task that adopts calls
+/// other replicas let go (it stops when draining starts).
+pub fn router(gw: Arc<Gateway>) -> Router {
+    let fleet = gw.config.store.redis_url.as_ref().and_then(|url| {
+        match crate::store::redis::managed(url.expose(), gw.config.store.ca_file.as_deref()) {
+            Ok(conn) => Some(CallFleet::new(conn, crate::store::DEFAULT_PREFIX, gw.metrics.clone())),
+            Err(e) => {
+                tracing::error!(error = %e, "calls: cannot use the store; call records stay in this process");
+                None
+            }
+        }
+    });
+    let state = CallsState {
+        gw,
+        owners: Arc::default(),
+        fleet,
+    };
+    if state.fleet.is_some() {
+        tokio::spawn(adopt_loop(state.clone()));
+    }
+    let mut r = Router::new();
+    for base in CALLS_PATHS {
+        r = r
+            .route(base, post(create))
+            .route(&format!("{base}/{{call_id}}/{{action}}"), post(act));
+    }
+    r.with_state(state)
+}
+
+fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
+    crate::server::count_refusal(gw, model, &r);
+    ApiError(r).into_response()
+}
+
+fn bad_request(code: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        code,
+        message,
+    )
+}
+
+/// The refusal for a body that is not a usable offer.
+pub fn offer_refusal(e: &OfferError) -> Refusal {
+    let status = match e {
+        OfferError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        OfferError::UnsupportedType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    let code = match e {
+        OfferError::TooLarge => "request_too_large",
+        OfferError::UnsupportedType(_) => "unsupported_media_type",
+        OfferError::MissingSdp => "missing_required_parameter",
+        _ => "invalid_request",
+    };
+    Refusal::new(status, "invalid_request_error", code, e.to_string()).with_param(e.param())
+}
+
+/// The refusal for a route without a calls API.
+pub fn route_refusal(model: &str, e: &CallsRouteError) -> Refusal {
+    bad_request(
+        "unsupported_for_route",
+        format!("the model '{model}' cannot take calls through this gateway: {e}"),
+    )
+}
+
+/// The refusal for an upstream that answered with an error status: the
+/// upstream's status, the gateway's own message (the upstream's body may
+/// quote the gateway's key).
+pub fn upstream_refusal(status: StatusCode) -> Refusal {
+    let (kind, code) = match status.as_u16() {
+        401 | 403 => ("server_error", "upstream_auth_failed"),
+        404 => ("invalid_request_error", "call_not_found"),
+        429 => ("rate_limit_error", "upstream_rate_limited"),
+        s if s >= 500 => ("server_error", "upstream_unavailable"),
+        _ => ("invalid_request_error", "upstream_refused"),
+    };
+    let message = if status == StatusCode::NOT_FOUND {
+        "call not found".to_string()
+    } else {
+        format!(
+            "the upstream refused the request with HTTP {}",
+            status.as_u16()
+        )
+    };
+    Refusal::new(status, kind, code, message)
+}
+
+fn unreachable_refusal(e: &UpstreamCallError) -> Refusal {
+    let (status, code) = match e {
+        UpstreamCallError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+        _ => (StatusCode::BAD_GATEWAY, "upstream_unavailable"),
+    };
+    Refusal::new(
+        status,
+        "server_error",
+        code,
+        format!("the upstream could not be reached: {e}"),
+    )
+}
+
+fn call_not_found(call_id: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "call_not_found",
+        format!("no call '{call_id}' for this API key"),
+    )
+}
+
+async fn read_body(body: Body) -> Result<Bytes, Refusal> {
+    match http_body_util::Limited::new(body, offer::MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(_) => Err(offer_refusal(&OfferError::TooLarge)),
+    }
+}
+
+/// The key a create is authenticated with: a client key, or a client
+/// secret (its parent key and grant).
+async fn authenticate(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    model: Option<&str>,
+) -> Result<(KeyEntry, Option<Grant>), Refusal> {
+    let presented = presented_key(headers);
+    let keys = gw.keys.get();
+    match presented.key.as_ref() {
+        None => Err(Refusal::unauthorized(
+            "missing API key: send Authorization: Bearer <key or client secret>",
+        )),
+        Some(secret) if is_client_secret(secret.expose()) => {
+            let (k, g) = gw
+                .client_secrets
+                .open(secret, &keys, model, SystemTime::now())
+                .await?;
+            Ok((k, Some(g)))
+        }
+        Some(k) => match keys.lookup(k) {
+            None => Err(Refusal::unauthorized("incorrect API key provided")),
+            Some(k) if k.disabled => Err(Refusal::unauthorized("this API key is disabled")),
+            Some(k) => Ok((k.clone(), None)),
+        },
+    }
+}
+
+fn query_model(query: Option<&str>) -> Option<String> {
+    url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "model")
+        .map(|(_, v)| v.into_owned())
+        .filter(|m| !m.is_empty())
+}
+
+fn find_route(gw: &Gateway, model: &str) -> Result<Arc<Route>, Refusal> {
+    gw.route(model).cloned().ok_or_else(|| {
+        Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("the model '{model}' is not served by this gateway"),
+        )
+    })
+}
+
+/// The session config sent upstream with an offer: the client's, else the
+/// client secret's, with the route's upstream model and `type: realtime`.
+pub fn upstream_session(
+    client: Option<Map<String, Value>>,
+    grant: Option<&Grant>,
+    upstream_model: &str,
+) -> Map<String, Value> {
+    let mut s = client
+        .or_else(|| grant.and_then(|g| serde_json::from_str(&g.config).ok()))
+        .unwrap_or_default();
+    s.insert("type".into(), "realtime".into());
+    s.insert("model".into(), upstream_model.into());
+    s
+}
+
+/// The call id at the end of an upstream `Location`.
+pub fn call_id_from_location(location: &str) -> Option<String> {
+    let path = location.split(['?', '#']).next()?;
+    let id = path.trim_end_matches('/').rsplit('/').next()?;
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    ok.then(|| id.to_string())
+}
+
+/// `POST /v1/realtime/calls`.
+async fn create(
+    State(st): State<CallsState>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let gw = &st.gw;
+    let started = Instant::now();
+    if gw.sessions.is_draining() {
+        return refuse(gw, "", Refusal::draining());
+    }
+    let query_model = query_model(query.as_deref());
+    let (key, grant) = match authenticate(gw, &headers, query_model.as_deref()).await {
+        Ok(a) => a,
+        Err(r) => return refuse(gw, "", r),
+    };
+    let body = match read_body(body).await {
+        Ok(b) => b,
+        Err(r) => return refuse(gw, "", r),
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let offer = match offer::parse(content_type, &body) {
+        Ok(o) => o,
+        Err(e) => return refuse(gw, "", offer_refusal(&e)),
+    };
+    let session_model = offer
+        .session
+        .as_ref()
+        .and_then(|s| s.get("model"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let Some(model) = session_model
+        .or(query_model)
+        .or_else(|| grant.as_ref().map(|g| g.model.clone()))
+    else {
+        let r = bad_request(
+            "missing_model",
+            "missing model: set session.model or ?model=",
+        )
+        .with_param("session.model");
+        return refuse(gw, "", r);
+    };
+    if let Some(g) = &grant {
+        if g.model != model {
+            return refuse(
+                gw,
+                "",
+                crate::client_secret::model_not_allowed(&g.model, &model),
+            );
+        }
+    }
+    let route = match find_route(gw, &model) {
+        Ok(r) => r,
+        Err(r) => return refuse(gw, "", r),
+    };
+    let url = match upstream::calls_url(&route.config) {
+        Ok(u) => u,
+        Err(e) => return refuse(gw, &model, route_refusal(&model, &e)),
+    };
+    let session_id = crate::ids::short_id();
+    let permit = match gw.admit(&key, &route, &session_id).await {
+        Ok(p) => p,
+        Err(r) => return refuse(gw, &model, r),
+    };
+    let session = upstream_session(offer.session, grant.as_ref(), route.config.upstream_model());
+    let (ct, form) = offer::encode_multipart(&offer.sdp, Some(&session));
+    let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    let answer = match upstream::post(&route.config, &url, Some(&ct), form, timeout).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(model = %model, error = %e, "call create: upstream unreachable");
+            return refuse(gw, &model, unreachable_refusal(&e));
+        }
+    };
+    if !answer.status.is_success() {
+        tracing::warn!(model = %model, status = answer.status.as_u16(), "call create refused upstream");
+        return refuse(gw, &model, upstream_refusal(answer.status));
+    }
+    let Some(call_id) = answer
+        .headers
+        .get(header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(call_id_from_location)
+    else {
+        tracing::warn!(model = %model, "call create: the upstream answer has no usable Location");
+        let r = Refusal::new(
+            StatusCode::BAD_GATEWAY,
+            "server_error",
+            "upstream_bad_answer",
+            "the upstream's answer named no call",
+        );
+        return refuse(gw, &model, r);
+    };
+    start_call(
+        &st,
+        Call {
+            id: call_id.clone(),
+            session_id,
+            transport: Transport::WebRtc,
+            key,
+            client_secret_id: grant.map(|g| g.id),
+            route,
+            permit,
+            started,
+        },
+    )
+    .await;
+    let location = format!("{}/{call_id}", CALLS_PATHS[0]);
+    relay_answer(answer, Some(&location))
+}
+
+/// Records the call's owner (in Redis too, when configured) and attaches
+/// its sideband.
+async fn start_call(st: &CallsState, call: Call) {
+    if let Some(f) = &st.fleet {
+        let rec = CallRecord {
+            call_id: call.id.clone(),
+            key_id: call.key.id.clone(),
+            team: call.key.team.clone(),
+            model: call.route.config.model.clone(),
+            transport: call.transport.as_str().into(),
+            client_secret_id: call.client_secret_id.clone(),
+            lease_id: call.permit.lease().map(|l| l.id().to_string()),
+            started_unix_ms: unix_ms(SystemTime::now())
+                .saturating_sub(call.started.elapsed().as_millis() as u64),
+        };
+        let max = Duration::from_secs(st.gw.config.relay.max_session_secs);
+        f.register(&call.route.config, &rec, max).await;
+    }
+    st.owners.claim(
+        &call.id,
+        Owner {
+            key_id: call.key.id.clone(),
+            team: call.key.team.clone(),
+            model: call.route.config.model.clone(),
+            transport: call.transport,
+        },
+    );
+    tracing::info!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, transport = call.transport.as_str(), model = %call.route.config.model, "call started");
+    st.gw.tasks.spawn(sideband::run(
+        st.gw.clone(),
+        call,
+        st.owners.clone(),
+        st.fleet.clone(),
+    ));
+}
+
+/// The upstream's successful answer: status, body and Content-Type, and the
+/// gateway's own `Location`.
+fn relay_answer(answer: Answer, location: Option<&str>) -> Response {
+    let mut r = Response::new(Body::from(answer.body));
+    *r.status_mut() = answer.status;
+    let h = r.headers_mut();
+    if let Some(ct) = answer.headers.get(header::CONTENT_TYPE) {
+        h.insert(header::CONTENT_TYPE, ct.clone());
+    }
+    if let Some(l) = location.and_then(|l| HeaderValue::from_str(l).ok()) {
+        h.insert(header::LOCATION, l);
+    }
+    r
+}
+
+/// The Patchbay key a call action is authenticated with; never a client
+/// secret (a browser's secret creates its call, the server controls it).
+fn control_key(gw: &Gateway, headers: &HeaderMap) -> Result<KeyEntry, Refusal> {
+    let presented = presented_key(headers);
+    match presented.key.as_ref() {
+        None => Err(Refusal::unauthorized(
+            "missing API key: send Authorization: Bearer <key>",
+        )),
+        Some(k) if is_client_secret(k.expose()) => Err(Refusal::unauthorized(
+            "a client secret cannot control calls; use a Patchbay API key",
+        )),
+        Some(k) => match gw.keys.get().lookup(k) {
+            None => Err(Refusal::unauthorized("incorrect API key provided")),
+            Some(k) if k.disabled => Err(Refusal::unauthorized("this API key is disabled")),
+            Some(k) => Ok(k.clone()),
+        },
+    }
+}
+
+/// `POST /v1/realtime/calls/{call_id}/{action}`.
+async fn act(
+    State(st): State<CallsState>,
+    Path((call_id, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let gw = &st.gw;
+    let started = Instant::now();
+    let key = match control_key(gw, &headers) {
+        Ok(k) => k,
+        Err(r) => return refuse(gw, "", r),
+    };
+    if !["accept", "hangup", "reject", "refer"].contains(&action.as_str()) {
+        let r = Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            format!("unknown call action '{action}'; use accept, hangup, refer or reject"),
+        );
+        return refuse(gw, "", r);
+    }
+    if call_id_from_location(&call_id).as_deref() != Some(call_id.as_str()) {
+        return refuse(gw, "", call_not_found(&call_id));
+    }
+    let body = match read_body(body).await {
+        Ok(b) => b,
+        Err(r) => return refuse(gw, "", r),
+    };
+    let owner = match (st.owners.get(&call_id), &st.fleet) {
+        (Some(o), _) => Some(o),
+        (None, Some(f)) => f.record(&call_id).await.map(|r| r.owner()),
+        (None, None) => None,
+    };
+    if let Some(o) = &owner {
+        if !may_act(o, &key) {
+            return refuse(gw, "", call_not_found(&call_id));
+        }
+    }
+    match (action.as_str(), owner) {
+        ("accept", Some(_)) => {
+            let r = bad_request(
+                "call_already_accepted",
+                format!("the call '{call_id}' was already accepted"),
+            );
+            refuse(gw, "", r)
+        }
+        ("accept", None) => accept(&st, key, &call_id, &body, started).await,
+        ("reject", None) => {
+            // A call nobody accepted: declined by the webhook; any route with
+            // a calls API can carry it.
+            let Some(route) = gw
+                .routes
+                .iter()
+                .find(|r| upstream::calls_url(&r.config).is_ok())
+            else {
+                return refuse(gw, "", call_not_found(&call_id));
+            };
+            forward(gw, &route.clone(), &call_id, &action, &headers, body).await
+        }
+        (_, None) => refuse(gw, "", call_not_found(&call_id)),
+        (_, Some(o)) => {
+            let route = match find_route(gw, &o.model) {
+                Ok(r) => r,
+                Err(r) => return refuse(gw, "", r),
+            };
+            forward(gw, &route, &call_id, &action, &headers, body).await
+        }
+    }
+}
+
+/// Forwards a call action as received (JSON body, or none) with the
+/// upstream key, answering with the upstream's status.
+async fn forward(
+    gw: &Gateway,
+    route: &Arc<Route>,
+    call_id: &str,
+    action: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let model = route.config.model.clone();
+    let url = match upstream::action_url(&route.config, call_id, action) {
+        Ok(u) => u,
+        Err(e) => return refuse(gw, &model, route_refusal(&model, &e)),
+    };
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .filter(|_| !body.is_empty());
+    let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    match upstream::post(&route.config, &url, ct, body.to_vec(), timeout).await {
+        Ok(a) if a.status.is_success() => {
+            tracing::info!(call_id, action, model = %model, "call action forwarded");
+            relay_answer(a, None)
+        }
+        Ok(a) => refuse(gw, &model, upstream_refusal(a.status)),
+        Err(e) => refuse(gw, &model, unreachable_refusal(&e)),
+    }
+}
+
+/// `accept` of a SIP call: the model from the body, admitted like a new
+/// session, forwarded with the upstream model, then the sideband.
+async fn accept(
+    st: &CallsState,
+    key: KeyEntry,
+    call_id: &str,
+    body: &[u8],
+    started: Instant,
+) -> Response {
+    let gw = &st.gw;
+    if gw.sessions.is_draining() {
+        return refuse(gw, "", Refusal::draining());
+    }
+    let mut session: Map<String, Value> = match serde_json::from_slice(body) {
+        Ok(Value::Object(m)) => m,
+        _ => {
+            let r = bad_request(
+                "invalid_request",
+                "the accept body must be a JSON object with 'model'",
+            );
+            return refuse(gw, "", r);
+        }
+    };
+    let Some(model) = session
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        let r =
+            bad_request("missing_model", "missing required parameter: 'model'").with_param("model");
+        return refuse(gw, "", r);
+    };
+    let route = match find_route(gw, &model) {
+        Ok(r) => r,
+        Err(r) => return refuse(gw, "", r),
+    };
+    let url = match upstream::action_url(&route.config, call_id, "accept") {
+        Ok(u) => u,
+        Err(e) => return refuse(gw, &model, route_refusal(&model, &e)),
+    };
+    let session_id = crate::ids::short_id();
+    let permit = match gw.admit(&key, &route, &session_id).await {
+        Ok(p) => p,
+        Err(r) => return refuse(gw, &model, r),
+    };
+    session.insert("model".into(), route.config.upstream_model().into());
+    session.entry("type").or_insert_with(|| "realtime".into());
+    let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    let body = Value::Object(session).to_string().into_bytes();
+    let answer =
+        match upstream::post(&route.config, &url, Some("application/json"), body, timeout).await {
+            Ok(a) => a,
+            Err(e) => return refuse(gw, &model, unreachable_refusal(&e)),
+        };
+    if !answer.status.is_success() {
+        return refuse(gw, &model, upstream_refusal(answer.status));
+    }
+    start_call(
+        st,
+        Call {
+            id: call_id.to_string(),
+            session_id,
+            transport: Transport::Sip,
+            key,
+            client_secret_id: None,
+            route,
+            permit,
+            started,
+        },
+    )
+    .await;
+    relay_answer(answer, None)
+}
+
+/// Adopts, every [`ADOPT_POLL`], the calls of this gateway's routes that no
+/// replica holds (let go by a draining replica, or held by one that died),
+/// until this gateway drains.
+async fn adopt_loop(st: CallsState) {
+    let Some(fleet) = st.fleet.clone() else {
+        return;
+    };
+    // The first look is one period after start: a starting replica has
+    // nothing to hand over, and the fleet's calls wait at most a period.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + ADOPT_POLL, ADOPT_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = st.gw.draining.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for route in st.gw.routes.clone() {
+            if upstream::calls_url(&route.config).is_err() {
+                continue;
+            }
+            for rec in fleet.claim_orphans(&route.config).await {
+                adopt(&st, &fleet, &route, rec).await;
+            }
+        }
+    }
+}
+
+/// Takes one call over: a session slot (no cap check: the call was admitted
+/// once), the key's fleet lease, a new sideband.
+async fn adopt(st: &CallsState, fleet: &CallFleet, route: &Arc<Route>, rec: CallRecord) {
+    let gw = &st.gw;
+    let Some(key) = gw.keys.get().by_id(&rec.key_id).cloned() else {
+        // The key is gone: the call is no longer anyone's to meter.
+        tracing::warn!(call_id = %rec.call_id, key_id = %rec.key_id, "adopting a call of a removed key: forgotten");
+        fleet.forget(&route.config, &rec.call_id).await;
+        return;
+    };
+    let gauge = gw
+        .metrics
+        .sessions_active
+        .get_or_create(&crate::metrics::model(&route.config.model))
+        .clone();
+    let Ok(mut permit) = gw.sessions.admit(usize::MAX, &key.id, None, gauge) else {
+        fleet.release(&rec.call_id).await;
+        return;
+    };
+    if let (Some(leases), Some(id)) = (&gw.leases, &rec.lease_id) {
+        permit.hold_lease(leases.adopt(&key.id, id, SystemTime::now()).await);
+    }
+    let age = Duration::from_millis(unix_ms(SystemTime::now()).saturating_sub(rec.started_unix_ms));
+    let now = Instant::now();
+    let started = now.checked_sub(age).unwrap_or(now);
+    let call = Call {
+        id: rec.call_id.clone(),
+        session_id: crate::ids::short_id(),
+        transport: rec.transport(),
+        key,
+        client_secret_id: rec.client_secret_id.clone(),
+        route: route.clone(),
+        permit,
+        started,
+    };
+    tracing::info!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, "call adopted from another replica");
+    st.owners.claim(&call.id, rec.owner());
+    gw.tasks.spawn(sideband::run(
+        gw.clone(),
+        call,
+        st.owners.clone(),
+        st.fleet.clone(),
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offer_errors_map_to_413_415_and_400() {
+        assert_eq!(
+            offer_refusal(&OfferError::TooLarge).status,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(
+            offer_refusal(&OfferError::UnsupportedType("text/html".into())).status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
+        for e in [
+            OfferError::MissingSdp,
+            OfferError::NotSdp,
+            OfferError::Multipart("x"),
+            OfferError::Json("x".into()),
+        ] {
+            assert_eq!(offer_refusal(&e).status, StatusCode::BAD_REQUEST, "{e:?}");
+        }
+        assert_eq!(
+            offer_refusal(&OfferError::MissingSdp).param.as_deref(),
+            Some("sdp")
+        );
+    }
+
+    #[test]
+    fn an_upstream_refusal_keeps_the_status_and_never_the_body() {
+        for s in [400u16, 401, 403, 404, 422, 429, 500, 503] {
+            let status = StatusCode::from_u16(s).unwrap();
+            let r = upstream_refusal(status);
+            assert_eq!(r.status, status);
+            assert!(!r.body().contains("sk-"), "{}", r.body());
+        }
+    }
+
+    #[test]
+    fn the_call_id_is_the_last_segment_of_a_safe_location() {
+        assert_eq!(
+            call_id_from_location("/v1/realtime/calls/rtc_abc").as_deref(),
+            Some("rtc_abc")
+        );
+        assert_eq!(
+            call_id_from_location("https://api.openai.com/v1/realtime/calls/rtc_1?x=1").as_deref(),
+            Some("rtc_1")
+        );
+        assert_eq!(call_id_from_location("/v1/realtime/calls/a b"), None);
+        assert_eq!(call_id_from_location(""), None);
+    }
+
+    #[test]
+    fn the_upstream_session_gets_the_upstream_model_and_type() {
+        let grant = Grant {
+            id: "cs".into(),
+            model: "gpt-realtime".into(),
+            config: r#"{"instructions":"be brief","model":"gpt-realtime"}"#.into(),
+        };
+        let s = upstream_session(None, Some(&grant), "up-1");
+        assert_eq!(s["model"], "up-1");
+        assert_eq!(s["type"], "realtime");
+        assert_eq!(s["instructions"], "be brief");
+        let mut client = Map::new();
+        client.insert("voice".into(), "marin".into());
+        let s = upstream_session(Some(client), Some(&grant), "up-1");
+        assert_eq!(s["voice"], "marin");
+        assert!(s.get("instructions").is_none());
+    }
+}

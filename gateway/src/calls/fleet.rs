@@ -1,0 +1,307 @@
+//! Calls across a fleet sharing Redis: the ownership record any replica can
+//! read, and the hand-over of a call's sideband from a draining (or dead)
+//! replica to another.
+//!
+//! # In Redis
+//! - `{prefix}call:{call_id}`: the call's [`CallRecord`] (JSON), written
+//!   when the upstream answered, removed when the call ends; it expires
+//!   [`RECORD_GRACE`] after `max_session_secs` whatever happens.
+//! - `{prefix}call_holder:{call_id}`: the id of the replica whose sideband
+//!   meters the call, with a TTL of [`HOLD_TTL`], renewed every
+//!   [`HOLD_RENEW`] while it does.
+//! - `{prefix}calls:{model}:{upstream}`: the set of live call ids of one
+//!   route (`upstream` is a hash of the route's upstream URL, so that only
+//!   replicas that can reach the same upstream adopt its calls).
+//!
+//! # Hand-over
+//! A draining replica closes its sidebands at once and deletes its holder
+//! keys (only its own: compare-and-delete); a replica that dies stops
+//! renewing them and they expire within [`HOLD_TTL`]. Every replica polls
+//! its routes' sets every [`ADOPT_POLL`] and claims each call without a
+//! holder with `SET NX`, so exactly one replica adopts it; it then attaches
+//! a new sideband and meters from there (new `session_id`, same `call_id`).
+//! Turns during the gap are not seen; a turn in flight at the hand-over may
+//! be logged `usage_unknown` by the replica that let go.
+//!
+//! Every Redis call is bounded by [`CALL_TIMEOUT`]; a failure is logged and
+//! counted in `patchbay_store_errors_total` and never ends a call.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+use crate::config::RouteConfig;
+use crate::metrics::Metrics;
+use crate::store::{StoreError, CALL_TIMEOUT};
+
+use super::ownership::Owner;
+use super::Transport;
+
+/// How long a holder key lives without a renewal.
+pub const HOLD_TTL: Duration = Duration::from_secs(10);
+/// How often the holder of a call renews its key.
+pub const HOLD_RENEW: Duration = Duration::from_secs(3);
+/// How often a replica looks for calls without a holder.
+pub const ADOPT_POLL: Duration = Duration::from_secs(2);
+/// How long a call record outlives `max_session_secs`.
+pub const RECORD_GRACE: Duration = Duration::from_secs(300);
+
+/// What another replica needs to take a call over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub call_id: String,
+    pub key_id: String,
+    pub team: Option<String>,
+    pub model: String,
+    pub transport: String,
+    pub client_secret_id: Option<String>,
+    /// The key's fleet session lease, when it holds one.
+    pub lease_id: Option<String>,
+    /// When the call was admitted (Unix ms): `max_session_secs` counts from it.
+    pub started_unix_ms: u64,
+}
+
+impl CallRecord {
+    pub fn transport(&self) -> Transport {
+        match self.transport.as_str() {
+            "sip" => Transport::Sip,
+            "websocket" => Transport::WebSocket,
+            _ => Transport::WebRtc,
+        }
+    }
+
+    pub fn owner(&self) -> Owner {
+        Owner {
+            key_id: self.key_id.clone(),
+            team: self.team.clone(),
+            model: self.model.clone(),
+            transport: self.transport(),
+        }
+    }
+}
+
+/// Deletes `KEYS[1]` only when it holds `ARGV[1]`.
+const RELEASE_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// The calls' Redis records for one replica.
+#[derive(Clone)]
+pub struct CallFleet {
+    conn: ConnectionManager,
+    prefix: String,
+    /// This replica's id in holder keys.
+    pub replica: String,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for CallFleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallFleet")
+            .field("prefix", &self.prefix)
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The set of a route's live calls.
+pub fn index_key(prefix: &str, route: &RouteConfig) -> String {
+    let digest = sha2::Sha256::digest(route.upstream_url.as_bytes());
+    format!(
+        "{prefix}calls:{}:{}",
+        route.model,
+        hex::encode(&digest[..8])
+    )
+}
+
+impl CallFleet {
+    pub fn new(conn: ConnectionManager, prefix: &str, metrics: Arc<Metrics>) -> Self {
+        Self {
+            conn,
+            prefix: prefix.to_string(),
+            replica: crate::ids::short_id(),
+            metrics,
+        }
+    }
+
+    fn record_key(&self, call_id: &str) -> String {
+        format!("{}call:{call_id}", self.prefix)
+    }
+
+    fn holder_key(&self, call_id: &str) -> String {
+        format!("{}call_holder:{call_id}", self.prefix)
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &'static str,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Option<T> {
+        let r = match tokio::time::timeout(CALL_TIMEOUT, f).await {
+            Ok(Ok(v)) => return Some(v),
+            Ok(Err(source)) => StoreError::Redis { op, source },
+            Err(_) => StoreError::Timeout {
+                op,
+                after: CALL_TIMEOUT,
+            },
+        };
+        self.metrics.store_errors.inc();
+        tracing::warn!(op, error = %r, "calls store call failed");
+        None
+    }
+
+    /// Records a call held by this replica.
+    pub async fn register(&self, route: &RouteConfig, rec: &CallRecord, max_session: Duration) {
+        let json = serde_json::to_string(rec).unwrap_or_default();
+        let ttl = (max_session + RECORD_GRACE).as_secs();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .set_ex(self.record_key(&rec.call_id), json, ttl)
+            .ignore()
+            .sadd(index_key(&self.prefix, route), &rec.call_id)
+            .ignore()
+            .set_options(
+                self.holder_key(&rec.call_id),
+                &self.replica,
+                redis::SetOptions::default()
+                    .with_expiration(redis::SetExpiry::PX(HOLD_TTL.as_millis() as u64)),
+            )
+            .ignore();
+        let mut conn = self.conn.clone();
+        self.bounded("call_register", pipe.query_async::<()>(&mut conn))
+            .await;
+    }
+
+    /// Renews this replica's hold on a call.
+    pub async fn renew(&self, call_id: &str) {
+        let mut conn = self.conn.clone();
+        let opts = redis::SetOptions::default()
+            .with_expiration(redis::SetExpiry::PX(HOLD_TTL.as_millis() as u64));
+        let cmd = redis::cmd("SET")
+            .arg(self.holder_key(call_id))
+            .arg(&self.replica)
+            .arg(&opts)
+            .to_owned();
+        self.bounded("call_renew", cmd.query_async::<()>(&mut conn))
+            .await;
+    }
+
+    /// Lets another replica take the call (drops this replica's hold only).
+    pub async fn release(&self, call_id: &str) {
+        let mut conn = self.conn.clone();
+        let script = redis::Script::new(RELEASE_SCRIPT);
+        let mut inv = script.key(self.holder_key(call_id));
+        inv.arg(&self.replica);
+        self.bounded("call_release", inv.invoke_async::<i64>(&mut conn))
+            .await;
+    }
+
+    /// Forgets an ended call.
+    pub async fn forget(&self, route: &RouteConfig, call_id: &str) {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .del(self.record_key(call_id))
+            .ignore()
+            .del(self.holder_key(call_id))
+            .ignore()
+            .srem(index_key(&self.prefix, route), call_id)
+            .ignore();
+        let mut conn = self.conn.clone();
+        self.bounded("call_forget", pipe.query_async::<()>(&mut conn))
+            .await;
+    }
+
+    /// The record of a call, from any replica.
+    pub async fn record(&self, call_id: &str) -> Option<CallRecord> {
+        let mut conn = self.conn.clone();
+        let cmd = redis::cmd("GET").arg(self.record_key(call_id)).to_owned();
+        let json: Option<String> = self.bounded("call_get", cmd.query_async(&mut conn)).await?;
+        serde_json::from_str(&json?).ok()
+    }
+
+    /// Claims every call of `route` that no replica holds; the records of
+    /// the calls this replica now holds.
+    pub async fn claim_orphans(&self, route: &RouteConfig) -> Vec<CallRecord> {
+        let mut conn = self.conn.clone();
+        let index = index_key(&self.prefix, route);
+        let cmd = redis::cmd("SMEMBERS").arg(&index).to_owned();
+        let Some(ids) = self
+            .bounded("call_index", cmd.query_async::<Vec<String>>(&mut conn))
+            .await
+        else {
+            return Vec::new();
+        };
+        let mut claimed = Vec::new();
+        for id in ids {
+            let cmd = redis::cmd("SET")
+                .arg(self.holder_key(&id))
+                .arg(&self.replica)
+                .arg("NX")
+                .arg("PX")
+                .arg(HOLD_TTL.as_millis() as u64)
+                .to_owned();
+            let won: Option<Option<String>> =
+                self.bounded("call_claim", cmd.query_async(&mut conn)).await;
+            if !matches!(won, Some(Some(_))) {
+                continue;
+            }
+            match self.record(&id).await {
+                Some(rec) => claimed.push(rec),
+                None => {
+                    // The record expired or the call ended meanwhile.
+                    self.forget(route, &id).await;
+                }
+            }
+        }
+        claimed
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_to_different_upstreams_have_different_call_sets() {
+        let route = |url: &str| RouteConfig {
+            model: "m".into(),
+            upstream_url: url.into(),
+            ..RouteConfig::default()
+        };
+        let a = index_key("p:", &route("wss://a/v1/realtime"));
+        assert!(a.starts_with("p:calls:m:"), "{a}");
+        assert_ne!(a, index_key("p:", &route("wss://b/v1/realtime")));
+        assert_eq!(a, index_key("p:", &route("wss://a/v1/realtime")));
+    }
+
+    #[test]
+    fn a_record_round_trips_and_names_its_owner() {
+        let rec = CallRecord {
+            call_id: "rtc_1".into(),
+            key_id: "k".into(),
+            team: Some("t".into()),
+            model: "m".into(),
+            transport: "sip".into(),
+            client_secret_id: None,
+            lease_id: Some("s1".into()),
+            started_unix_ms: 5,
+        };
+        let back: CallRecord = serde_json::from_str(&serde_json::to_string(&rec).unwrap()).unwrap();
+        assert_eq!(back, rec);
+        assert_eq!(back.owner().transport, Transport::Sip);
+        assert_eq!(back.owner().team.as_deref(), Some("t"));
+    }
+}

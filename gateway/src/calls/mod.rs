@@ -1,0 +1,44 @@
+//! WebRTC and SIP calls through the gateway: admitted like a WebSocket
+//! session, metered over a sideband, ended on budget.
+//!
+//! A call's audio flows between the device (or the phone network) and the
+//! upstream directly; the gateway sees the HTTP requests that create, accept
+//! and end calls ([`api`]) and, for each live call, a server-side WebSocket
+//! to the same session, the *sideband* (`?call_id=`), on which every server
+//! event arrives, `response.done` with its usage included ([`sideband`]).
+//!
+//! - [`offer`]: reading the offer bodies (multipart, JSON, raw SDP);
+//! - [`upstream`]: the upstream calls API and sideband URLs and requests;
+//! - [`ownership`]: which key (or team) may act on a call;
+//! - [`fleet`]: with Redis, call records any replica can read, and the
+//!   hand-over of sidebands between replicas;
+//! - [`sideband`]: the metered sideband of one call, and how it ends.
+//!
+//! Caveat: turns that happen while no sideband is attached (between the
+//! answer and the sideband's upgrade, or during a hand-over) are not seen
+//! and therefore not metered.
+
+pub mod api;
+pub mod fleet;
+pub mod offer;
+pub mod ownership;
+pub mod sideband;
+pub mod upstream;
+
+/// How the client reached the model, as written in rows (`transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    WebSocket,
+    WebRtc,
+    Sip,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::WebSocket => "websocket",
+            Transport::WebRtc => "webrtc",
+            Transport::Sip => "sip",
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! One call's sideband: the server-side WebSocket to the call's session,
+//! metered like a WebSocket session, and the one place a call is ended.
+//!
+//! Guarantees:
+//! - Opened with the route's upstream key right after the upstream answered
+//!   the create (or the accept); every text frame goes through the same
+//!   [`crate::metering::tracker::TurnTracker`] and meter as a WebSocket
+//!   session, so each turn is one row (`transport` `webrtc`/`sip`,
+//!   `call_id`), counted against rpm/tpm/budgets.
+//! - The call is a tracked session: it holds its admission [`Permit`]
+//!   (`/metrics` sessions gauge, caps, the drain's task count) until the
+//!   sideband ends.
+//! - When a budget runs out, the key is revoked or `max_session_secs`
+//!   passes, the responses in flight are first cancelled over the sideband
+//!   and their `response.done` metered ([`crate::relay::cancel_in_flight`],
+//!   the billing-integrity rule of the relay), then the call is ended with
+//!   `POST …/calls/{id}/hangup`, and the reason is logged.
+//! - A sideband that cannot be opened ([`ATTACH_ATTEMPTS`] tries) ends the
+//!   call with a hangup: a call the gateway cannot see would run unmetered
+//!   and outside every budget.
+//! - A draining gateway never ends a call (its audio does not pass through
+//!   the pod): the sideband stays attached until `[drain] wait_secs` has
+//!   nearly passed, then is closed without a hangup and the call is logged
+//!   as let go. Turns after that are not metered by this process.
+//!
+//! Caveat: the upstream sends nothing for turns that happened before the
+//! sideband attached; those are not metered.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::admission::Permit;
+use crate::auth::KeyEntry;
+use crate::gateway::{Gateway, Route};
+use crate::metering::{EndReason, SessionMeta};
+use crate::metrics::OutcomeLabels;
+use crate::relay::{self, End, Kill, Tap};
+
+use super::fleet::{CallFleet, HOLD_RENEW};
+use super::ownership::Owners;
+use super::{upstream, Transport};
+
+/// What is left of `[drain] wait_secs` when a draining gateway lets its
+/// sidebands go: the sideband's close (at most [`relay::CLOSE_GRACE`]) and
+/// a second for the meter's final flush.
+pub const LET_GO_MARGIN: Duration = Duration::from_secs(relay::CLOSE_GRACE.as_secs() + 1);
+/// Attempts at opening a sideband before the call is hung up (a call the
+/// gateway cannot see would run unmetered).
+pub const ATTACH_ATTEMPTS: u32 = 3;
+/// Time between two attempts.
+pub const ATTACH_BACKOFF: Duration = Duration::from_millis(500);
+
+/// A call admitted and answered by the upstream.
+pub struct Call {
+    pub id: String,
+    /// The gateway's session id for the call (rows are `<id>:<turn>`).
+    pub session_id: String,
+    pub transport: Transport,
+    pub key: KeyEntry,
+    pub client_secret_id: Option<String>,
+    pub route: Arc<Route>,
+    pub permit: Permit,
+    pub started: Instant,
+}
+
+/// Why a sideband ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SidebandEnd {
+    /// The upstream closed the sideband: the call is over.
+    CallEnded,
+    /// The sideband could not be opened.
+    AttachFailed(String),
+    /// The gateway ended the call (budget, key revoked).
+    Killed(Kill),
+    /// `max_session_secs` passed.
+    MaxDuration,
+    /// The gateway is draining and stopped watching the call.
+    LetGo,
+}
+
+impl SidebandEnd {
+    /// Whether this end hangs up the call.
+    pub fn hangs_up(&self) -> bool {
+        matches!(self, SidebandEnd::Killed(_) | SidebandEnd::MaxDuration)
+    }
+
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            SidebandEnd::CallEnded => "call_ended",
+            SidebandEnd::AttachFailed(_) => "sideband_failed",
+            SidebandEnd::Killed(k) => k.outcome,
+            SidebandEnd::MaxDuration => "max_session_duration",
+            SidebandEnd::LetGo => "let_go_on_drain",
+        }
+    }
+
+    fn end_reason(&self) -> EndReason {
+        match self {
+            SidebandEnd::CallEnded => EndReason::UpstreamClosed,
+            SidebandEnd::AttachFailed(_) => EndReason::UpstreamFailed,
+            SidebandEnd::Killed(k) => EndReason::from_end(&End::Killed(k.clone())),
+            SidebandEnd::MaxDuration => EndReason::MaxDuration,
+            SidebandEnd::LetGo => EndReason::Shutdown,
+        }
+    }
+}
+
+/// Attaches, meters and ends one call. Runs as a tracked task. With a
+/// `fleet` (Redis), the call is held there while this sideband meters it,
+/// and a drain hands it over at once instead of keeping it until
+/// `wait_secs`.
+pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: Option<CallFleet>) {
+    let route = call.route.config.clone();
+    let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    let mut meta = SessionMeta::new(call.session_id.clone(), &call.key, &route)
+        .with_client_secret(call.client_secret_id.clone())
+        .for_call(call.transport.as_str(), &call.id);
+    // Calls go to the route's first upstream (`calls::upstream`).
+    if let Some(up) = call.route.upstreams.first() {
+        meta = meta.on_upstream(&up.config, &route);
+    }
+    let (mut tracker, meter, kill) = gw.metering.start_session(meta);
+    gw.tasks.spawn(meter.run());
+    let deadline = call.started + Duration::from_secs(gw.config.relay.max_session_secs);
+    let end = match attach(&gw, &route, &call.id, timeout).await {
+        Err(e) => {
+            // A call the gateway cannot see cannot be governed: end it.
+            let end = SidebandEnd::AttachFailed(e.to_string());
+            hang_up(&gw, &call, &end).await;
+            end
+        }
+        Ok(ws) => {
+            let (mut tx, mut rx) = ws.split();
+            let draining = gw.draining.clone();
+            let wait = if fleet.is_some() {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(gw.config.drain.wait_secs).saturating_sub(LET_GO_MARGIN)
+            };
+            let mut renew = tokio::time::interval(HOLD_RENEW);
+            renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            renew.reset();
+            let let_go = async move {
+                draining.cancelled().await;
+                tokio::time::sleep(wait).await;
+            };
+            tokio::pin!(let_go);
+            let kill = kill.fired();
+            tokio::pin!(kill);
+            let end = loop {
+                tokio::select! {
+                    msg = rx.next() => match msg {
+                        Some(Ok(Message::Text(t))) => tracker.on_upstream_text(&t),
+                        Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break SidebandEnd::CallEnded,
+                        Some(Ok(_)) => {}
+                    },
+                    k = &mut kill => break SidebandEnd::Killed(k),
+                    _ = tokio::time::sleep_until(deadline) => break SidebandEnd::MaxDuration,
+                    _ = &mut let_go => break SidebandEnd::LetGo,
+                    _ = renew.tick(), if fleet.is_some() => {
+                        if let Some(f) = &fleet {
+                            f.renew(&call.id).await;
+                        }
+                    }
+                }
+            };
+            if end.hangs_up() {
+                let relay_end = match &end {
+                    SidebandEnd::Killed(k) => End::Killed(k.clone()),
+                    _ => End::MaxDuration,
+                };
+                tracker.ending(&relay_end);
+                relay::cancel_in_flight(&mut tx, &mut rx, &mut tracker).await;
+                hang_up(&gw, &call, &end).await;
+            }
+            if end != SidebandEnd::CallEnded {
+                let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
+                    let _ = tx
+                        .send(Message::Close(Some(relay::close(1000, "sideband closed"))))
+                        .await;
+                    while let Some(Ok(m)) = rx.next().await {
+                        if let Message::Text(t) = m {
+                            tracker.on_upstream_text(&t);
+                        }
+                    }
+                })
+                .await;
+            }
+            end
+        }
+    };
+    tracker.finish(end.end_reason());
+    owners.remove(&call.id);
+    match (&fleet, &end) {
+        (Some(f), SidebandEnd::LetGo) => {
+            // Another replica re-attaches; the key's fleet slot goes with
+            // the call.
+            if let Some(lease) = call.permit.take_lease() {
+                lease.hand_off();
+            }
+            f.release(&call.id).await;
+        }
+        (Some(f), _) => f.forget(&route, &call.id).await,
+        (None, _) => {}
+    }
+    gw.metrics
+        .sessions_total
+        .get_or_create(&OutcomeLabels {
+            model: route.model.clone(),
+            outcome: end.outcome().into(),
+        })
+        .inc();
+    let detail = match &end {
+        SidebandEnd::AttachFailed(e) => Some(e.as_str()),
+        SidebandEnd::Killed(k) => Some(k.reason.as_str()),
+        _ => None,
+    };
+    if end == SidebandEnd::LetGo && fleet.is_some() {
+        tracing::info!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, "draining: call handed over to another replica");
+    } else if end == SidebandEnd::LetGo {
+        tracing::warn!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, "draining: stopped metering this call; it goes on without a sideband");
+    } else {
+        tracing::info!(
+            call_id = %call.id,
+            session_id = %call.session_id,
+            key_id = %call.key.id,
+            transport = call.transport.as_str(),
+            model = %route.model,
+            duration_ms = call.started.elapsed().as_millis() as u64,
+            outcome = end.outcome(),
+            detail,
+            "call ended"
+        );
+    }
+    drop(call.permit);
+}
+
+/// Opens the sideband, [`ATTACH_ATTEMPTS`] times at most,
+/// [`ATTACH_BACKOFF`] apart; the last error.
+async fn attach(
+    gw: &Gateway,
+    route: &crate::config::RouteConfig,
+    call_id: &str,
+    timeout: Duration,
+) -> Result<crate::upstream::dial::UpstreamSocket, upstream::UpstreamCallError> {
+    let mut attempt = 1;
+    loop {
+        match upstream::sideband(route, call_id, timeout, gw.config.relay.max_message_bytes).await {
+            Ok(ws) => return Ok(ws),
+            Err(e) if attempt >= ATTACH_ATTEMPTS => return Err(e),
+            Err(e) => {
+                tracing::warn!(call_id, attempt, error = %e, "sideband not attached; retrying");
+                attempt += 1;
+                tokio::time::sleep(ATTACH_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// Ends the call upstream; a failure is logged (the call then runs on until
+/// the caller or the upstream ends it).
+async fn hang_up(gw: &Gateway, call: &Call, end: &SidebandEnd) {
+    let route = &call.route.config;
+    let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    let result = match upstream::action_url(route, &call.id, "hangup") {
+        Ok(url) => upstream::post(route, &url, None, Vec::new(), timeout)
+            .await
+            .map(|a| a.status),
+        Err(e) => Err(e.into()),
+    };
+    match result {
+        Ok(s) if s.is_success() => {
+            tracing::info!(call_id = %call.id, reason = end.outcome(), "call hung up by the gateway")
+        }
+        Ok(s) => {
+            tracing::warn!(call_id = %call.id, status = s.as_u16(), reason = end.outcome(), "the upstream refused the hangup")
+        }
+        Err(e) => {
+            tracing::warn!(call_id = %call.id, error = %e, reason = end.outcome(), "could not hang up the call")
+        }
+    }
+}

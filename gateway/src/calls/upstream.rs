@@ -1,0 +1,352 @@
+//! The upstream side of a call: the calls API over HTTPS (create, accept,
+//! hangup, reject, refer) and the sideband WebSocket (`?call_id=`).
+//!
+//! - URLs are derived from the route's WebSocket URL ([`calls_url`],
+//!   [`sideband_url`]): `ws`→`http`, `wss`→`https`, the path plus `/calls`
+//!   (OpenAI `/v1/realtime/calls`, Azure GA `/openai/v1/realtime/calls`),
+//!   the route's other query parameters (`api-version`) kept. A beta-protocol
+//!   or Azure-preview route has no calls API: [`CallsRouteError`].
+//! - One request per connection with hyper's HTTP/1 client over the
+//!   project's rustls config (no pooling: a call makes a handful of
+//!   requests over its life). Every request is bounded by the route's
+//!   `upgrade_timeout_secs`, and an answer body by [`MAX_ANSWER_BYTES`].
+//! - Requests carry the route's upstream key ([`upstream_headers`]), never
+//!   the client's.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_util::either::Either;
+use url::Url;
+
+use crate::config::{Protocol, Provider, RouteConfig};
+use crate::upstream::dial::{upstream_headers, UpstreamIo, UpstreamSocket};
+use crate::upstream::tls;
+
+/// The largest upstream answer body read (an SDP answer is a few KiB).
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CallsRouteError {
+    #[error("the route uses the beta Realtime protocol, which has no calls API")]
+    Beta,
+    #[error("the route's Azure preview deployment URL has no calls API; use the GA /openai/v1/realtime URL")]
+    AzurePreview,
+    #[error("invalid upstream_url: {0}")]
+    Url(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamCallError {
+    #[error(transparent)]
+    Route(#[from] CallsRouteError),
+    #[error("connecting to {authority}: {source}")]
+    Connect {
+        authority: String,
+        source: std::io::Error,
+    },
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("HTTP: {0}")]
+    Http(String),
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("the answer is larger than {MAX_ANSWER_BYTES} bytes")]
+    AnswerTooLarge,
+    #[error("sideband upgrade refused with HTTP {0}")]
+    SidebandRefused(u16),
+    #[error("sideband handshake: {0}")]
+    Sideband(String),
+}
+
+/// The upstream a route's calls go to: its first (on a route with several
+/// upstreams, calls do not fail over; see README "Browsers and phones").
+fn primary(route: &RouteConfig) -> Result<crate::config::UpstreamConfig, CallsRouteError> {
+    route
+        .upstream_list()
+        .into_iter()
+        .next()
+        .ok_or_else(|| CallsRouteError::Url("the route has no upstream".into()))
+}
+
+/// The calls collection URL for a route.
+pub fn calls_url(route: &RouteConfig) -> Result<Url, CallsRouteError> {
+    if route.protocol == Protocol::Beta {
+        return Err(CallsRouteError::Beta);
+    }
+    let up = primary(route)?;
+    let mut url = Url::parse(&up.upstream_url).map_err(|e| CallsRouteError::Url(e.to_string()))?;
+    let path = url.path().trim_end_matches('/').to_string();
+    if up.provider == Provider::Azure && !path.ends_with("/openai/v1/realtime") {
+        return Err(CallsRouteError::AzurePreview);
+    }
+    let scheme = match url.scheme() {
+        "wss" | "https" => "https",
+        "ws" | "http" => "http",
+        other => return Err(CallsRouteError::Url(format!("unsupported scheme {other}"))),
+    };
+    url.set_scheme(scheme)
+        .map_err(|_| CallsRouteError::Url("cannot change scheme".into()))?;
+    url.set_path(&format!("{path}/calls"));
+    let kept: Vec<(String, String)> = url
+        .query_pairs()
+        .filter(|(k, _)| k != "model" && k != "deployment")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    if kept.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    Ok(url)
+}
+
+/// `{calls_url}/{call_id}/{action}`.
+pub fn action_url(
+    route: &RouteConfig,
+    call_id: &str,
+    action: &str,
+) -> Result<Url, CallsRouteError> {
+    let mut url = calls_url(route)?;
+    let path = format!("{}/{call_id}/{action}", url.path());
+    url.set_path(&path);
+    Ok(url)
+}
+
+/// The sideband WebSocket URL: the route's URL with `call_id` in place of the
+/// model.
+pub fn sideband_url(route: &RouteConfig, call_id: &str) -> Result<Url, CallsRouteError> {
+    let calls = calls_url(route)?;
+    let mut url = Url::parse(&primary(route)?.upstream_url)
+        .map_err(|e| CallsRouteError::Url(e.to_string()))?;
+    let kept: Vec<(String, String)> = calls
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    url.query_pairs_mut()
+        .clear()
+        .extend_pairs(kept)
+        .append_pair("call_id", call_id);
+    Ok(url)
+}
+
+/// What the upstream answered.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+async fn connect(route: &RouteConfig, url: &Url) -> Result<UpstreamIo, UpstreamCallError> {
+    let host = url
+        .host_str()
+        .ok_or_else(|| CallsRouteError::Url("no host".into()))?
+        .to_string();
+    let port = url
+        .port_or_known_default()
+        .ok_or_else(|| CallsRouteError::Url("no port".into()))?;
+    let authority = format!("{host}:{port}");
+    let tcp = TcpStream::connect(&authority)
+        .await
+        .map_err(|source| UpstreamCallError::Connect { authority, source })?;
+    let _ = tcp.set_nodelay(true);
+    if matches!(url.scheme(), "https" | "wss") {
+        let config = tls::client_config(primary(route)?.ca_file.as_deref())
+            .map_err(|e| UpstreamCallError::Tls(e.to_string()))?;
+        let name = rustls_pki_types::ServerName::try_from(host)
+            .map_err(|e| UpstreamCallError::Tls(e.to_string()))?;
+        let tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| UpstreamCallError::Tls(e.to_string()))?;
+        Ok(Either::Right(tls))
+    } else {
+        Ok(Either::Left(tcp))
+    }
+}
+
+/// POSTs `body` to `url` with the route's key, within `timeout`.
+pub async fn post(
+    route: &RouteConfig,
+    url: &Url,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<Answer, UpstreamCallError> {
+    tokio::time::timeout(timeout, post_inner(route, url, content_type, body))
+        .await
+        .map_err(|_| UpstreamCallError::Timeout(timeout))?
+}
+
+async fn post_inner(
+    route: &RouteConfig,
+    url: &Url,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> Result<Answer, UpstreamCallError> {
+    let io = connect(route, url).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| UpstreamCallError::Http(e.to_string()))?;
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let path_and_query = match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_string(),
+    };
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(path_and_query)
+        .header(header::HOST, url.authority())
+        .header(header::ACCEPT, "application/sdp, application/json");
+    if let Some(ct) = content_type {
+        req = req.header(header::CONTENT_TYPE, ct);
+    }
+    let mut req = req
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| UpstreamCallError::Http(e.to_string()))?;
+    let headers = upstream_headers(&primary(route)?, route.protocol);
+    for (name, value) in headers.map_err(UpstreamCallError::Http)? {
+        req.headers_mut().insert(name, value);
+    }
+    let result = async {
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| UpstreamCallError::Http(e.to_string()))?;
+        let (parts, body) = resp.into_parts();
+        let body = http_body_util::Limited::new(body, MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|_| UpstreamCallError::AnswerTooLarge)?
+            .to_bytes();
+        Ok(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+/// Opens the sideband for `call_id` with the route's key, within `timeout`.
+/// The first event is not awaited: whatever the upstream sends is the
+/// tracker's to read.
+pub async fn sideband(
+    route: &RouteConfig,
+    call_id: &str,
+    timeout: Duration,
+    max_message_bytes: usize,
+) -> Result<UpstreamSocket, UpstreamCallError> {
+    let url = sideband_url(route, call_id)?;
+    let open = async {
+        let io = connect(route, &url).await?;
+        let mut request = url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| UpstreamCallError::Sideband(e.to_string()))?;
+        let headers = upstream_headers(&primary(route)?, route.protocol);
+        for (name, value) in headers.map_err(UpstreamCallError::Sideband)? {
+            request.headers_mut().insert(name, value);
+        }
+        let config = crate::relay::ws_config(max_message_bytes);
+        match tokio_tungstenite::client_async_with_config(request, io, Some(config)).await {
+            Ok((ws, _)) => Ok(ws),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                Err(UpstreamCallError::SidebandRefused(r.status().as_u16()))
+            }
+            Err(e) => Err(UpstreamCallError::Sideband(e.to_string())),
+        }
+    };
+    tokio::time::timeout(timeout, open)
+        .await
+        .map_err(|_| UpstreamCallError::Timeout(timeout))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secret::Secret;
+
+    fn route(provider: Provider, url: &str, protocol: Protocol) -> RouteConfig {
+        RouteConfig {
+            model: "gpt-realtime".into(),
+            provider,
+            upstream_url: url.into(),
+            protocol,
+            api_key: crate::upstream::key::UpstreamKey::new(Secret::new("sk-up")),
+            ..RouteConfig::default()
+        }
+    }
+
+    #[test]
+    fn calls_urls_are_derived_from_the_route() {
+        let r = route(
+            Provider::Openai,
+            "wss://api.openai.com/v1/realtime",
+            Protocol::Ga,
+        );
+        assert_eq!(
+            calls_url(&r).unwrap().as_str(),
+            "https://api.openai.com/v1/realtime/calls"
+        );
+        assert_eq!(
+            action_url(&r, "rtc_1", "hangup").unwrap().as_str(),
+            "https://api.openai.com/v1/realtime/calls/rtc_1/hangup"
+        );
+        assert_eq!(
+            sideband_url(&r, "rtc_1").unwrap().as_str(),
+            "wss://api.openai.com/v1/realtime?call_id=rtc_1"
+        );
+        let local = route(
+            Provider::Openai,
+            "ws://127.0.0.1:9/v1/realtime?model=x",
+            Protocol::Ga,
+        );
+        assert_eq!(
+            calls_url(&local).unwrap().as_str(),
+            "http://127.0.0.1:9/v1/realtime/calls"
+        );
+        let azure = route(
+            Provider::Azure,
+            "wss://r.openai.azure.com/openai/v1/realtime?api-version=2025-08-28",
+            Protocol::Ga,
+        );
+        assert_eq!(
+            calls_url(&azure).unwrap().as_str(),
+            "https://r.openai.azure.com/openai/v1/realtime/calls?api-version=2025-08-28"
+        );
+        assert_eq!(
+            sideband_url(&azure, "rtc_2").unwrap().as_str(),
+            "wss://r.openai.azure.com/openai/v1/realtime?api-version=2025-08-28&call_id=rtc_2"
+        );
+    }
+
+    #[test]
+    fn beta_and_azure_preview_routes_have_no_calls_api() {
+        let beta = route(
+            Provider::Openai,
+            "wss://api.openai.com/v1/realtime",
+            Protocol::Beta,
+        );
+        assert_eq!(calls_url(&beta).unwrap_err(), CallsRouteError::Beta);
+        let preview = route(
+            Provider::Azure,
+            "wss://r.openai.azure.com/openai/realtime",
+            Protocol::Ga,
+        );
+        assert_eq!(
+            calls_url(&preview).unwrap_err(),
+            CallsRouteError::AzurePreview
+        );
+    }
+}

@@ -1,0 +1,412 @@
+//! The simulator's calls API (WebRTC and SIP), faithful enough for tests and
+//! the demo:
+//!
+//! - `POST /v1/realtime/calls` (multipart, JSON or raw `application/sdp`,
+//!   read by [`crate::calls::offer`]) → 201, an SDP answer built from the
+//!   offer ([`answer_for`]: the same m-lines and mids, `a=setup:active`, ICE
+//!   credentials, a fingerprint) and `Location: /v1/realtime/calls/rtc_…`;
+//! - `POST /v1/realtime/calls/{id}/{accept,hangup,reject,refer}` → 200,
+//!   recorded in [`SimCalls::actions`]; `hangup` and `reject` end the call
+//!   (its sidebands are closed with 1000); an unknown id → 404;
+//! - [`SimCalls::incoming_sip_call`] stands for a phone call arriving (its
+//!   id is what OpenAI's webhook would carry); it must be accepted before a
+//!   sideband can attach. Out of process, `POST /v1/sim/sip_calls` does the
+//!   same (`{"call_id": …}`), and `POST /v1/sim/call_actions` lists what was
+//!   asked of calls (`[{"call_id","action","body"}]`): test hooks, not
+//!   OpenAI API.
+//!
+//! The sideband itself is a normal simulated session opened with
+//! `?call_id=` (a live call, else 404); the simulated caller speaks
+//! [`super::SimConfig::caller_turns`] response turns per call, one every
+//! `caller_turn_interval`, on whichever sideband is attached (a hand-over
+//! continues the count). Served on plain TCP only: a TLS simulator answers
+//! WebSocket upgrades alone.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use sha2::Digest;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::{mask_key, SimConfig, SimHandle, SimStats};
+
+/// WebRTC or SIP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    Webrtc,
+    Sip,
+}
+
+#[derive(Debug)]
+struct SimCall {
+    kind: CallKind,
+    accepted: bool,
+    ended: CancellationToken,
+    turns_done: usize,
+}
+
+/// One request against a call, as received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallAction {
+    pub call_id: String,
+    pub action: String,
+    pub body: Value,
+    /// The key the request carried.
+    pub key: String,
+}
+
+/// One created call, as received.
+#[derive(Debug, Clone)]
+pub struct CreatedCall {
+    pub call_id: String,
+    pub sdp: String,
+    pub session: Option<Value>,
+    pub key: String,
+}
+
+/// Calls known to the simulator and what was asked of them.
+#[derive(Debug, Default)]
+pub struct SimCalls {
+    calls: Mutex<HashMap<String, SimCall>>,
+    actions: Mutex<Vec<CallAction>>,
+    created: Mutex<Vec<CreatedCall>>,
+    /// While set, sideband upgrades are refused with 404 (tests).
+    pub refuse_sidebands: std::sync::atomic::AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SimCalls {
+    /// Every accept/hangup/reject/refer received, in order.
+    pub fn actions(&self) -> Vec<CallAction> {
+        lock(&self.actions).clone()
+    }
+
+    /// Every call created over WebRTC, in order.
+    pub fn created(&self) -> Vec<CreatedCall> {
+        lock(&self.created).clone()
+    }
+
+    /// A phone call arrives: its id, to be accepted (as from the webhook).
+    pub fn incoming_sip_call(&self) -> String {
+        let id = format!("rtc_{}", crate::ids::short_id());
+        lock(&self.calls).insert(
+            id.clone(),
+            SimCall {
+                kind: CallKind::Sip,
+                accepted: false,
+                ended: CancellationToken::new(),
+                turns_done: 0,
+            },
+        );
+        id
+    }
+
+    /// Whether the call has been hung up or rejected.
+    pub fn ended(&self, call_id: &str) -> bool {
+        lock(&self.calls)
+            .get(call_id)
+            .is_some_and(|c| c.ended.is_cancelled())
+    }
+
+    /// The token a sideband for `call_id` watches, when the call is live
+    /// (created over WebRTC, or a SIP call that was accepted).
+    pub(super) fn attach(&self, call_id: &str) -> Option<CancellationToken> {
+        if self.refuse_sidebands.load(Ordering::Relaxed) {
+            return None;
+        }
+        let calls = lock(&self.calls);
+        let c = calls.get(call_id)?;
+        let live = !c.ended.is_cancelled() && (c.kind == CallKind::Webrtc || c.accepted);
+        live.then(|| c.ended.clone())
+    }
+
+    /// Takes one of the caller's turns, if any are left.
+    pub(super) fn take_turn(&self, call_id: &str, turns: usize) -> bool {
+        let mut calls = lock(&self.calls);
+        match calls.get_mut(call_id) {
+            Some(c) if c.turns_done < turns && !c.ended.is_cancelled() => {
+                c.turns_done += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Serves one plain-HTTP connection of the calls API.
+pub(super) async fn serve(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let config = config.clone();
+        let handle = handle.clone();
+        async move { Ok::<_, std::convert::Infallible>(route(req, &config, &handle.stats).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(tcp), service)
+        .await;
+}
+
+fn answer(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
+    answer(
+        status,
+        json!({"error": {"message": message, "type": "invalid_request_error", "code": code, "param": null}}),
+    )
+}
+
+async fn route(
+    req: Request<Incoming>,
+    config: &SimConfig,
+    stats: &SimStats,
+) -> Response<Full<Bytes>> {
+    let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+    let key = header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| header("api-key"))
+        .unwrap_or("")
+        .to_string();
+    let content_type = header("content-type").map(str::to_string);
+    if let Ok(mut seen) = stats.auth_headers.lock() {
+        seen.push(key.clone());
+    }
+    if let Some(super::SimFault::Refuse { status }) = &config.fault {
+        let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        // OpenAI quotes the (masked) key it was given.
+        return error(
+            status,
+            "simulated",
+            &format!("simulated refusal for key {}", mask_key(&key)),
+        );
+    }
+    let known = config.keys.is_empty() || config.keys.contains(&key);
+    if key.is_empty() || !known || stats.refusing.load(Ordering::Relaxed) {
+        let message = format!("Incorrect API key provided: {}.", mask_key(&key));
+        return error(StatusCode::UNAUTHORIZED, "invalid_api_key", &message);
+    }
+    if req.method() != Method::POST {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "use POST",
+        );
+    }
+    let path = req.uri().path().to_string();
+    match path.as_str() {
+        "/v1/sim/sip_calls" => {
+            let id = stats.calls.incoming_sip_call();
+            return answer(StatusCode::OK, json!({"call_id": id}));
+        }
+        "/v1/sim/call_actions" => {
+            let actions: Vec<Value> = stats
+                .calls
+                .actions()
+                .into_iter()
+                .map(|a| json!({"call_id": a.call_id, "action": a.action, "body": a.body}))
+                .collect();
+            return answer(StatusCode::OK, Value::Array(actions));
+        }
+        _ => {}
+    }
+    let rest = path
+        .strip_prefix("/v1/realtime/calls")
+        .or_else(|| path.strip_prefix("/openai/v1/realtime/calls"));
+    let Some(rest) = rest.map(str::to_string) else {
+        return error(StatusCode::NOT_FOUND, "not_found", "no such route");
+    };
+    let body =
+        match http_body_util::Limited::new(req.into_body(), crate::calls::offer::MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request_too_large",
+                    "body too large",
+                )
+            }
+        };
+    if rest.is_empty() || rest == "/" {
+        return create(stats, content_type.as_deref(), &body, key);
+    }
+    let mut parts = rest.trim_start_matches('/').splitn(2, '/');
+    let (Some(call_id), Some(action)) = (parts.next(), parts.next()) else {
+        return error(StatusCode::NOT_FOUND, "not_found", "no such route");
+    };
+    if !["accept", "hangup", "reject", "refer"].contains(&action) {
+        return error(StatusCode::NOT_FOUND, "not_found", "no such route");
+    }
+    let calls = &stats.calls;
+    {
+        let mut map = lock(&calls.calls);
+        let Some(call) = map.get_mut(call_id) else {
+            return error(StatusCode::NOT_FOUND, "call_not_found", "call not found");
+        };
+        match action {
+            "accept" if call.kind == CallKind::Sip => call.accepted = true,
+            "accept" => return error(StatusCode::BAD_REQUEST, "invalid_request", "not a SIP call"),
+            "hangup" | "reject" => call.ended.cancel(),
+            _ => {}
+        }
+    }
+    let body_json = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    lock(&calls.actions).push(CallAction {
+        call_id: call_id.to_string(),
+        action: action.to_string(),
+        body: body_json,
+        key,
+    });
+    Response::new(Full::new(Bytes::new()))
+}
+
+fn create(
+    stats: &SimStats,
+    content_type: Option<&str>,
+    body: &[u8],
+    key: String,
+) -> Response<Full<Bytes>> {
+    let offer = match crate::calls::offer::parse(content_type, body) {
+        Ok(o) => o,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_offer", &e.to_string()),
+    };
+    let id = format!("rtc_{}", crate::ids::short_id());
+    lock(&stats.calls.calls).insert(
+        id.clone(),
+        SimCall {
+            kind: CallKind::Webrtc,
+            accepted: true,
+            ended: CancellationToken::new(),
+            turns_done: 0,
+        },
+    );
+    lock(&stats.calls.created).push(CreatedCall {
+        call_id: id.clone(),
+        sdp: offer.sdp.clone(),
+        session: offer.session.map(Value::Object),
+        key,
+    });
+    let mut r = Response::new(Full::new(Bytes::from(answer_for(&offer.sdp, &id))));
+    *r.status_mut() = StatusCode::CREATED;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/sdp"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/realtime/calls/{id}")) {
+        h.insert(header::LOCATION, v);
+    }
+    r
+}
+
+/// An SDP answer for `offer`: per media section the offer's `m=` line, its
+/// `a=mid`, its codec lines (`a=rtpmap`, `a=fmtp`, `a=rtcp-fb`,
+/// `a=extmap`), `a=setup:active`, ICE credentials and a host candidate, one
+/// fingerprint for the session, and a `BUNDLE` group of the mids.
+pub fn answer_for(offer: &str, call_id: &str) -> String {
+    let digest = sha2::Sha256::digest(call_id.as_bytes());
+    let fingerprint: Vec<String> = digest.iter().map(|b| format!("{b:02X}")).collect();
+    let ufrag = &hex::encode(&digest[..4]);
+    let pwd = &hex::encode(&digest[4..16]);
+    let mut sections: Vec<(String, Vec<String>)> = Vec::new();
+    for line in offer.lines().map(str::trim_end) {
+        if line.starts_with("m=") {
+            sections.push((line.to_string(), Vec::new()));
+        } else if let Some((_, attrs)) = sections.last_mut() {
+            let keep = [
+                "a=mid:",
+                "a=rtpmap:",
+                "a=fmtp:",
+                "a=rtcp-fb:",
+                "a=extmap:",
+                "a=sctp-port:",
+            ];
+            if keep.iter().any(|k| line.starts_with(k)) || line == "a=rtcp-mux" {
+                attrs.push(line.to_string());
+            }
+        }
+    }
+    let mids: Vec<&str> = sections
+        .iter()
+        .flat_map(|(_, a)| a.iter().filter_map(|l| l.strip_prefix("a=mid:")))
+        .collect();
+    let mut out = vec![
+        "v=0".to_string(),
+        format!(
+            "o=- {} 2 IN IP4 127.0.0.1",
+            u64::from_be_bytes([digest[0], digest[1], digest[2], digest[3], 0, 0, 0, 1])
+        ),
+        "s=-".into(),
+        "t=0 0".into(),
+    ];
+    if !mids.is_empty() {
+        out.push(format!("a=group:BUNDLE {}", mids.join(" ")));
+    }
+    out.push("a=msid-semantic: WMS *".into());
+    out.push(format!("a=fingerprint:sha-256 {}", fingerprint.join(":")));
+    for (m, attrs) in &sections {
+        out.push(m.clone());
+        out.push("c=IN IP4 127.0.0.1".into());
+        out.push(format!("a=ice-ufrag:{ufrag}"));
+        out.push(format!("a=ice-pwd:{pwd}"));
+        out.push("a=setup:active".into());
+        if m.starts_with("m=audio") {
+            out.push("a=sendrecv".into());
+        }
+        out.extend(attrs.iter().cloned());
+        out.push("a=candidate:1 1 udp 2130706431 127.0.0.1 9 typ host".into());
+    }
+    let mut s = out.join("\r\n");
+    s.push_str("\r\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OFFER: &str = "v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\na=setup:actpass\r\na=rtcp-mux\r\na=rtpmap:111 opus/48000/2\r\na=fmtp:111 minptime=10\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\na=mid:1\r\na=sctp-port:5000\r\n";
+
+    #[test]
+    fn the_answer_keeps_the_offers_m_lines_and_mids_and_is_active() {
+        let a = answer_for(OFFER, "rtc_x");
+        let m_lines: Vec<&str> = a.lines().filter(|l| l.starts_with("m=")).collect();
+        assert_eq!(
+            m_lines,
+            [
+                "m=audio 9 UDP/TLS/RTP/SAVPF 111",
+                "m=application 9 UDP/DTLS/SCTP webrtc-datachannel"
+            ]
+        );
+        assert!(a.contains("a=group:BUNDLE 0 1\r\n"));
+        assert_eq!(a.matches("a=setup:active").count(), 2);
+        assert!(!a.contains("actpass"));
+        assert_eq!(a.matches("a=ice-ufrag:").count(), 2);
+        assert!(a.contains("a=rtpmap:111 opus/48000/2"));
+        let fp = a
+            .lines()
+            .find_map(|l| l.strip_prefix("a=fingerprint:sha-256 "))
+            .unwrap();
+        assert_eq!(fp.split(':').count(), 32);
+        assert!(crate::calls::offer::check_sdp(&a).is_ok());
+    }
+}
