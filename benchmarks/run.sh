@@ -13,10 +13,29 @@
 #    answers each response.create with SMALL_DELTAS ~600-byte audio deltas,
 #    at a lower concurrency, to compare turn time through the gateway with
 #    direct and with the relay.
+# 5. CPU run (issue 15's workload): the four targets in front of a
+#    simulator whose every response is CPU_DELTAS audio deltas of
+#    CPU_DELTA_BYTES, CPU_DELTA_INTERVAL_MS apart, after CPU_INFERENCE_MS
+#    of model time; CPU_N_PER_TARGET sessions per target at CPU_C, pools
+#    of CPU_POOL_SIZE. Its report's CPU table is the cost comparison.
+# 6. Many-sessions run (stage "many", not in the default STAGES): MANY_N
+#    sessions at once through one gateway (pool MANY_POOL_SIZE), held open
+#    by MANY_MODEL_MS of model time before each one's first audio, one turn
+#    each. Its report gives success %, and in the CPU table the gateway's
+#    RSS before, at peak and per live session, and CPU-s per 1000 sessions
+#    (= per 1000 turns). The gateway holds two sockets per session, so
+#    MANY_N is capped at what the hard `nofile` limit allows (said so when
+#    it is).
+# Every bench reports the CPU of tcp-relay and both gateways over its
+# window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
+# tcp-relay); the simulator's is printed after each report.
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
-# Knobs (env): N C SMALL_N SMALL_C SMALL_DELTAS SMALL_DELTA_BYTES POOL_SIZE
-# BASE_PORT OUT_DIR BENCH_THREADS SKIP_BUILD=1.
+# Knobs (env): STAGES (any of "main floor small-frames cpu", default all)
+# N C SMALL_N SMALL_C SMALL_DELTAS SMALL_DELTA_BYTES POOL_SIZE CPU_N_PER_TARGET
+# CPU_C CPU_POOL_SIZE CPU_DELTAS CPU_DELTA_BYTES CPU_DELTA_INTERVAL_MS
+# CPU_INFERENCE_MS MANY_N MANY_MODEL_MS MANY_POOL_SIZE BASE_PORT OUT_DIR
+# BENCH_THREADS SKIP_BUILD=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +48,19 @@ SMALL_DELTAS=${SMALL_DELTAS:-50}
 # JSON text frames (400 bytes would make ~700).
 SMALL_DELTA_BYTES=${SMALL_DELTA_BYTES:-320}
 POOL_SIZE=${POOL_SIZE:-500}
+STAGES=${STAGES:-main floor small-frames cpu}
+CPU_N_PER_TARGET=${CPU_N_PER_TARGET:-2000}
+CPU_C=${CPU_C:-100}
+CPU_POOL_SIZE=${CPU_POOL_SIZE:-100}
+CPU_DELTAS=${CPU_DELTAS:-20}
+CPU_DELTA_BYTES=${CPU_DELTA_BYTES:-16384}
+CPU_DELTA_INTERVAL_MS=${CPU_DELTA_INTERVAL_MS:-10}
+CPU_INFERENCE_MS=${CPU_INFERENCE_MS:-200}
+MANY_N=${MANY_N:-10000}
+MANY_MODEL_MS=${MANY_MODEL_MS:-30000}
+MANY_POOL_SIZE=${MANY_POOL_SIZE:-500}
+# Descriptors a process needs besides its sessions' sockets.
+FD_SPARE=256
 BASE_PORT=${BASE_PORT:-18000}
 OUT_DIR=${OUT_DIR:-target/bench}
 BENCH_THREADS=${BENCH_THREADS:-1}
@@ -142,7 +174,7 @@ bench() {
   local with_relay=()
   if [ "$relay" = 1 ]; then
     with_relay=(--target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY"
-      --against tcp-relay)
+      --against tcp-relay --cpu-pid "tcp-relay=$PID_relay")
   fi
   local procs=(sim relay gw_off gw_on) before=() p i ticks
   ticks=$(getconf CLK_TCK)
@@ -159,6 +191,7 @@ bench() {
     --target "pool-on=ws://127.0.0.1:$GW_ON_PORT/v1/realtime" \
     --metrics "pool-off=http://127.0.0.1:$ADMIN_OFF_PORT/metrics" \
     --metrics "pool-on=http://127.0.0.1:$ADMIN_ON_PORT/metrics" \
+    --cpu-pid "pool-off=$PID_gw_off" --cpu-pid "pool-on=$PID_gw_on" \
     --threads "$BENCH_THREADS" --out "$OUT_DIR/$name.json" "$@" | tee "$OUT_DIR/$name.txt"
   local wall_ms=$((($(date +%s%N) - start_ns) / 1000000))
   {
@@ -191,22 +224,72 @@ start_stack() {
   echo "== $name: simulator $* ; gateways ready"
 }
 
-echo "== $(date -u +%FT%TZ)  $(nproc) cores  $(uname -r)"
+# stage NAME: whether STAGES names it.
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
-start_stack "main run" --upgrade-delay-ms 250 --session-delay-ms 7
-bench main 0 -n "$N" -c "$C"
-echo
-# The same load with a fourth target: a byte-copying TCP relay in front of
-# the simulator, the floor of what any one-hop proxy adds. Let the pool
-# refill from the main run first (a few upstream round trips).
-sleep 2
-bench floor 1 -n "$N" -c "$C"
-stop_all
+echo "== $(date -u +%FT%TZ)  $(nproc) cores  $(uname -r)  stages: $STAGES"
 
-echo
-start_stack "small frames" --upgrade-delay-ms 250 --session-delay-ms 7 \
-  --audio-deltas "$SMALL_DELTAS" --audio-delta-bytes "$SMALL_DELTA_BYTES"
-bench small-frames 1 -n "$SMALL_N" -c "$SMALL_C"
+if stage main || stage floor; then
+  start_stack "main run" --upgrade-delay-ms 250 --session-delay-ms 7
+  if stage main; then
+    bench main 0 -n "$N" -c "$C"
+    echo
+    # Let the pool refill from the main run first (a few upstream round trips).
+    sleep 2
+  fi
+  # The same load with a fourth target: a byte-copying TCP relay in front of
+  # the simulator, the floor of what any one-hop proxy adds.
+  if stage floor; then bench floor 1 -n "$N" -c "$C"; fi
+  stop_all
+  echo
+fi
 
-echo
-echo "reports and samples: $OUT_DIR/{main,floor,small-frames}.{txt,json}; process logs: $OUT_DIR/{main-run,small-frames}-*.log"
+if stage small-frames; then
+  start_stack "small frames" --upgrade-delay-ms 250 --session-delay-ms 7 \
+    --audio-deltas "$SMALL_DELTAS" --audio-delta-bytes "$SMALL_DELTA_BYTES"
+  bench small-frames 1 -n "$SMALL_N" -c "$SMALL_C"
+  stop_all
+  echo
+fi
+
+if stage cpu; then
+  POOL_SIZE=$CPU_POOL_SIZE C=$CPU_C
+  start_stack "cpu" --upgrade-delay-ms 250 --session-delay-ms 7 \
+    --inference-delay-ms "$CPU_INFERENCE_MS" --audio-deltas "$CPU_DELTAS" \
+    --audio-delta-bytes "$CPU_DELTA_BYTES" --delta-interval-ms "$CPU_DELTA_INTERVAL_MS"
+  # Four targets, CPU_N_PER_TARGET sessions each.
+  bench cpu 1 -n $((4 * CPU_N_PER_TARGET)) -c "$CPU_C"
+  stop_all
+  echo
+fi
+
+if stage many; then
+  hard=$(ulimit -Hn)
+  if [ "$hard" != unlimited ] && [ $((2 * MANY_N + FD_SPARE)) -gt "$hard" ]; then
+    capped=$(((hard - FD_SPARE) / 2))
+    echo "note: the hard nofile limit is $hard: the gateway's two sockets per session allow $capped sessions, not $MANY_N" >&2
+    MANY_N=$capped
+  fi
+  STACK=many
+  C=$MANY_N POOL_SIZE=$MANY_POOL_SIZE
+  start sim "$BIN/patchbay-gateway" sim --listen "127.0.0.1:$SIM_PORT" --keys "$UPSTREAM_KEY" \
+    --inference-delay-ms "$MANY_MODEL_MS"
+  wait_port "$SIM_PORT"
+  gateway gw-on "$GW_ON_PORT" "$ADMIN_ON_PORT" "$MANY_POOL_SIZE" "ws://127.0.0.1:$SIM_PORT/v1/realtime"
+  wait_http "http://127.0.0.1:$ADMIN_ON_PORT/readyz"
+  echo "== many: $MANY_N sessions at once, ${MANY_MODEL_MS} ms of model time each; gateway ready"
+  sim_before=$(cpu_ticks "$PID_sim")
+  PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
+    --target "gateway=ws://127.0.0.1:$GW_ON_PORT/v1/realtime" \
+    --metrics "gateway=http://127.0.0.1:$ADMIN_ON_PORT/metrics" \
+    --cpu-pid "gateway=$PID_gw_on" \
+    --timeout-secs $((MANY_MODEL_MS / 1000 + 120)) \
+    --threads "$BENCH_THREADS" --out "$OUT_DIR/many.json" -n "$MANY_N" -c "$MANY_N" |
+    tee "$OUT_DIR/many.txt"
+  awk -v t=$(($(cpu_ticks "$PID_sim") - sim_before)) -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { printf "simulator CPU during this bench: %.1f s\n", t / hz }' | tee -a "$OUT_DIR/many.txt"
+  stop_all
+  echo
+fi
+
+echo "reports and samples: $OUT_DIR/<stage>.{txt,json}; process logs: $OUT_DIR/<stack>-*.log"

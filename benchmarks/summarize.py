@@ -8,7 +8,10 @@ samples patchbay-bench wrote) and prints, per run, the figures the warm-pool
 goals are about: pool-on session p99, pool hit rate, first_audio p50 against
 direct and against the tcp-relay floor, dial p99 against direct, and the
 small-frames turn p50 difference. Percentiles are nearest-rank over the
-successful sessions, as in the bench's own report. Standard library only.
+successful sessions, as in the bench's own report. Then, for every report
+that measured the targets' processes (--cpu-pid; cpu.json is the issue-15
+workload), the CPU-seconds per 1000 sessions of tcp-relay and of each
+gateway, and each gateway's ratio to tcp-relay. Standard library only.
 """
 
 import json
@@ -41,6 +44,29 @@ def hit_rate(doc, target):
         if p.get("target") == target and p.get("hit_rate") is not None:
             return 100.0 * p["hit_rate"]
     return None
+
+
+def cpu_per_1000(doc, target):
+    for c in doc.get("cpu", []):
+        if c.get("target") == target:
+            return c.get("cpu_secs_per_1000_sessions")
+    return None
+
+
+def cpu_row(name, doc):
+    """CPU per 1000 sessions of tcp-relay, pool-on and pool-off, and the
+    gateways' ratios to tcp-relay; None when the report has no CPU table."""
+    relay, on, off = (cpu_per_1000(doc, t) for t in ("tcp-relay", "pool-on", "pool-off"))
+    if on is None and off is None:
+        return None
+
+    def fmt(v):
+        return "n/a" if v is None else f"{v:.3f}"
+
+    def ratio(v):
+        return "n/a" if v is None or not relay else f"{v / relay:.3f}"
+
+    return [name, fmt(relay), fmt(on), ratio(on), fmt(off), ratio(off)]
 
 
 def load(path):
@@ -95,11 +121,18 @@ def main(dirs):
     ]
     rows = []
     small = []
+    cpu = []
     for d in dirs:
         for name, relay in (("main", False), ("floor", True)):
             doc = load(Path(d) / f"{name}.json")
             if doc:
                 rows.append(row(f"{Path(d).name}/{name}", doc, relay))
+        for name in ("main", "floor", "small-frames", "cpu"):
+            path = Path(d) / f"{name}.json"
+            doc = load(path) if path.exists() else None
+            r = doc and cpu_row(f"{Path(d).name}/{name}", doc)
+            if r:
+                cpu.append(r)
         doc = load(Path(d) / "small-frames.json")
         if doc:
 
@@ -120,13 +153,14 @@ def main(dirs):
                     f"{f('tcp-relay') - f('direct'):+.2f}" if has_relay else "-",
                 ]
             )
-    if not rows and not small:
+    if not rows and not small and not cpu:
         print("no results read", file=sys.stderr)
         return 1
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    if rows:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
     if small:
         print()
         h = [
@@ -140,6 +174,20 @@ def main(dirs):
         print("| " + " | ".join(h) + " |")
         print("|" + "---|" * len(h))
         for r in small:
+            print("| " + " | ".join(r) + " |")
+    if cpu:
+        print()
+        h = [
+            "run",
+            "tcp-relay CPU-s/1000",
+            "pool-on CPU-s/1000",
+            "on/relay",
+            "pool-off CPU-s/1000",
+            "off/relay",
+        ]
+        print("| " + " | ".join(h) + " |")
+        print("|" + "---|" * len(h))
+        for r in cpu:
             print("| " + " | ".join(r) + " |")
     return 0
 

@@ -56,6 +56,17 @@ pub struct Cli {
     /// first target's); repeat.
     #[arg(long = "against", value_name = "NAME")]
     pub against: Vec<String>,
+    /// `NAME=PID` of the process serving target NAME (a gateway, a relay):
+    /// its CPU over the run is reported per 1000 sessions; repeat.
+    #[arg(long = "cpu-pid", value_name = "NAME=PID", value_parser = parse_cpu_pid)]
+    pub cpu_pids: Vec<CpuPidSpec>,
+}
+
+/// A process to account CPU for, as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuPidSpec {
+    pub name: String,
+    pub pid: u32,
 }
 
 /// A target as given on the command line.
@@ -120,6 +131,14 @@ pub fn parse_metrics(s: &str) -> Result<MetricsSpec, String> {
     Ok(MetricsSpec { name, url })
 }
 
+pub fn parse_cpu_pid(s: &str) -> Result<CpuPidSpec, String> {
+    let (name, pid) = split_name(s, "PID")?;
+    match pid.parse::<u32>() {
+        Ok(pid) if pid > 0 => Ok(CpuPidSpec { name, pid }),
+        _ => Err(format!("{name}: {pid:?} is not a process id")),
+    }
+}
+
 impl Cli {
     /// Checks what clap cannot: unique names, metrics and comparisons that
     /// name a target, non-zero counts.
@@ -132,6 +151,14 @@ impl Cli {
         for m in &self.metrics {
             if !self.targets.iter().any(|t| t.name == m.name) {
                 return Err(format!("--metrics {}: no target of that name", m.name));
+            }
+        }
+        for (i, c) in self.cpu_pids.iter().enumerate() {
+            if !self.targets.iter().any(|t| t.name == c.name) {
+                return Err(format!("--cpu-pid {}: no target of that name", c.name));
+            }
+            if self.cpu_pids[..i].iter().any(|o| o.name == c.name) {
+                return Err(format!("--cpu-pid {}: given twice", c.name));
             }
         }
         for a in &self.against {
@@ -270,6 +297,8 @@ mod tests {
             "gw",
             "--against",
             "direct",
+            "--cpu-pid",
+            "gw=4242",
         ])
         .unwrap();
         assert_eq!(c.targets.len(), 2);
@@ -282,6 +311,13 @@ mod tests {
         assert_eq!(c.threads, 2);
         assert!(c.beta);
         assert_eq!(c.baselines(), vec![0, 1], "the first once, then --against");
+        assert_eq!(
+            c.cpu_pids,
+            vec![CpuPidSpec {
+                name: "gw".into(),
+                pid: 4242
+            }]
+        );
         assert_eq!(c.key_for(&c.targets[0]), Some(Secret::new("sk-sim")));
         assert_eq!(c.key_for(&c.targets[1]), Some(Secret::new("pb-key")));
     }
@@ -308,6 +344,13 @@ mod tests {
         assert!(e.contains("no target of that name"), "{e}");
         let e = cli(&["--target", t, "--against", "b"]).unwrap_err();
         assert!(e.contains("--against b: no target"), "{e}");
+        let e = cli(&["--target", t, "--cpu-pid", "b=1"]).unwrap_err();
+        assert!(e.contains("--cpu-pid b: no target"), "{e}");
+        let e = cli(&["--target", t, "--cpu-pid", "a=1", "--cpu-pid", "a=2"]).unwrap_err();
+        assert!(e.contains("given twice"), "{e}");
+        for bad in ["a=0", "a=-3", "a=x", "a="] {
+            assert!(cli(&["--target", t, "--cpu-pid", bad]).is_err(), "{bad}");
+        }
         let e = cli(&["--target", t, "-c", "0"]).unwrap_err();
         assert!(e.contains("--concurrency"), "{e}");
         let e = cli(&["--target", t, "-n", "0"]).unwrap_err();

@@ -6,7 +6,9 @@
 //! The report gives success rates, p50/p95/p99 per phase and target, and the
 //! p50 of every target against the first (the baseline) and any other named
 //! with `--against`; the JSON file keeps every sample. A target's Prometheus endpoint can be scraped around the
-//! run for the gateway's pool hit rate ([`scrape`]).
+//! run for the gateway's pool hit rate ([`scrape`]), and the process
+//! serving a target named with its PID for its CPU per 1000 sessions
+//! and memory ([`process`]).
 //!
 //! The bench must not be what it measures: it reads event types from the
 //! leading bytes of each frame and never parses audio, holds no copy of a
@@ -14,6 +16,7 @@
 //! 500 concurrent sessions it needs well under one core; see the README).
 
 pub mod args;
+pub mod process;
 pub mod report;
 pub mod run;
 pub mod scrape;
@@ -25,7 +28,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use args::Cli;
-use report::{Meta, PoolResult, Report};
+use report::{CpuResult, Meta, PoolResult, Report};
 use run::{Plan, PlanError, RunResult, Target};
 use scrape::PoolCounts;
 
@@ -36,6 +39,8 @@ pub struct Outcome {
     pub targets: Vec<Target>,
     pub result: RunResult,
     pub pools: Vec<PoolResult>,
+    /// CPU of each `--cpu-pid` process over the run.
+    pub cpu: Vec<CpuResult>,
     /// Targets the report compares against ([`Cli::baselines`]).
     pub baselines: Vec<usize>,
 }
@@ -47,6 +52,7 @@ impl Outcome {
             targets: &self.targets,
             result: &self.result,
             pools: &self.pools,
+            cpu: &self.cpu,
             baselines: &self.baselines,
         }
     }
@@ -86,7 +92,21 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<Outcome, PlanError> {
         .map_or(0, |d| d.as_secs());
     let (user0, sys0, _) = run::cpu_usage();
     let sched0 = run::sched_times();
+    let procs0: Vec<_> = cli
+        .cpu_pids
+        .iter()
+        .map(|c| process::before(c.pid))
+        .collect();
     let result = run::run(plan.clone()).await;
+    let cpu = cli
+        .cpu_pids
+        .iter()
+        .zip(procs0)
+        .map(|(c, b)| {
+            let used = b.and_then(|b| process::since(c.pid, &b));
+            (c.name.clone(), used.map_err(|e| e.to_string()))
+        })
+        .collect();
     let (user1, sys1, max_rss_kib) = run::cpu_usage();
     let cpu_wait = sched0
         .zip(run::sched_times())
@@ -122,6 +142,7 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<Outcome, PlanError> {
         targets,
         result,
         pools,
+        cpu,
         baselines: cli.baselines(),
     })
 }

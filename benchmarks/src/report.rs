@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::process::{self, Usage};
 use crate::run::{RunResult, Sample, Target};
 use crate::scrape::PoolCounts;
 use crate::session::Phase;
@@ -37,12 +38,17 @@ pub struct Meta {
 /// A pool scrape for one target: the counts during the run, or why not.
 pub type PoolResult = (String, Result<PoolCounts, String>);
 
+/// The CPU and memory the process serving one target used during the run,
+/// or why they could not be read.
+pub type CpuResult = (String, Result<Usage, String>);
+
 #[derive(Debug)]
 pub struct Report<'a> {
     pub meta: &'a Meta,
     pub targets: &'a [Target],
     pub result: &'a RunResult,
     pub pools: &'a [PoolResult],
+    pub cpu: &'a [CpuResult],
     /// Targets to compare the others against; the first is the baseline.
     /// Empty means the first target only.
     pub baselines: &'a [usize],
@@ -218,17 +224,22 @@ impl Report<'_> {
             }
         }
 
+        let first = [0];
+        let bases = if self.baselines.is_empty() {
+            &first[..]
+        } else {
+            self.baselines
+        };
         if self.targets.len() > 1 {
-            let first = [0];
-            let bases = if self.baselines.is_empty() {
-                &first[..]
-            } else {
-                self.baselines
-            };
             for &b in bases.iter().filter(|&&b| b < stats.len()) {
                 let _ = writeln!(w);
                 self.ratio_table(w, &stats, b, width);
             }
+        }
+
+        if !self.cpu.is_empty() {
+            let _ = writeln!(w);
+            self.cpu_table(w, &stats, bases, width);
         }
 
         if stats.iter().any(|s| !s.failures.is_empty()) {
@@ -289,6 +300,86 @@ impl Report<'_> {
     }
 }
 
+impl Report<'_> {
+    /// CPU-seconds per 1000 sessions of target `t`, if its process was
+    /// measured and it ran sessions.
+    fn cpu_per_1000(&self, stats: &[TargetStats], t: usize) -> Option<f64> {
+        let name = &self.targets.get(t)?.name;
+        let (_, r) = self.cpu.iter().find(|(n, _)| n == name)?;
+        process::per_1000(r.as_ref().ok()?.cpu.total(), stats.get(t)?.sessions)
+    }
+
+    /// Sessions of target `t` in flight at once: `c` spread over the
+    /// targets, at most the target's sessions.
+    fn in_flight(&self, stats: &[TargetStats], t: usize) -> usize {
+        let per_target = self.meta.concurrency.div_ceil(self.targets.len().max(1));
+        per_target.min(stats.get(t).map_or(0, |s| s.sessions))
+    }
+
+    /// Each measured process's CPU over the run, per 1000 sessions of its
+    /// target, and that figure against every baseline that has one.
+    fn cpu_table(&self, w: &mut String, stats: &[TargetStats], bases: &[usize], width: usize) {
+        let bases: Vec<(usize, f64)> = bases
+            .iter()
+            .filter_map(|&b| Some((b, self.cpu_per_1000(stats, b)?)))
+            .collect();
+        let _ = writeln!(
+            w,
+            "process CPU during the run (user + system from /proc/PID/stat over {:.1} s)",
+            self.meta.wall_secs
+        );
+        let _ = write!(
+            w,
+            "{:<width$}  {:>7}  {:>7}  {:>9}  {:>16}  {:>10}  {:>10}  {:>13}",
+            "target",
+            "user s",
+            "sys s",
+            "% of core",
+            "CPU-s/1000 sess.",
+            "RSS before",
+            "RSS peak",
+            "KiB/in flight"
+        );
+        for &(b, _) in &bases {
+            let _ = write!(w, "  {:>12}", format!("× {}", self.targets[b].name));
+        }
+        let _ = writeln!(w);
+        for (name, r) in self.cpu {
+            let c = match r {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = writeln!(w, "{name:<width$}  n/a ({e})");
+                    continue;
+                }
+            };
+            let t = self.targets.iter().position(|t| &t.name == name);
+            let per = t.and_then(|t| self.cpu_per_1000(stats, t));
+            let in_flight = t.map_or(0, |t| self.in_flight(stats, t));
+            let per_session = (in_flight > 0)
+                .then(|| c.rss_peak_kib.saturating_sub(c.rss_before_kib) as f64 / in_flight as f64);
+            let _ = write!(
+                w,
+                "{name:<width$}  {:>7.2}  {:>7.2}  {:>8.0}%  {:>16}  {:>6} MiB  {:>6} MiB  {:>13}",
+                c.cpu.user.as_secs_f64(),
+                c.cpu.system.as_secs_f64(),
+                c.cpu.total().as_secs_f64() * 100.0 / self.meta.wall_secs.max(1e-9),
+                per.map_or("-".to_string(), |p| format!("{p:.3}")),
+                c.rss_before_kib / 1024,
+                c.rss_peak_kib / 1024,
+                per_session.map_or("-".to_string(), |k| format!("{k:.1}"))
+            );
+            for &(b, base) in &bases {
+                let cell = match per {
+                    Some(p) if Some(b) != t && base > 0.0 => format!("{:.3}", p / base),
+                    _ => "-".to_string(),
+                };
+                let _ = write!(w, "  {cell:>12}");
+            }
+            let _ = writeln!(w);
+        }
+    }
+}
+
 fn pool_line(c: &PoolCounts) -> String {
     let n = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.0}"));
     let rate = c
@@ -333,6 +424,17 @@ struct JsonPool<'a> {
 }
 
 #[derive(Serialize)]
+struct JsonCpu<'a> {
+    target: &'a str,
+    user_secs: Option<f64>,
+    sys_secs: Option<f64>,
+    cpu_secs_per_1000_sessions: Option<f64>,
+    rss_before_kib: Option<u64>,
+    rss_peak_kib: Option<u64>,
+    error: Option<&'a str>,
+}
+
+#[derive(Serialize)]
 struct JsonLag {
     p50_us: u64,
     p99_us: u64,
@@ -345,6 +447,7 @@ struct JsonRun<'a> {
     bench_loop_lag: Option<JsonLag>,
     targets: Vec<JsonTarget<'a>>,
     pools: Vec<JsonPool<'a>>,
+    cpu: Vec<JsonCpu<'a>>,
     samples: Vec<JsonSample<'a>>,
 }
 
@@ -388,6 +491,36 @@ impl Report<'_> {
                         hit_rate: None,
                         error: Some(e),
                     },
+                })
+                .collect(),
+            cpu: self
+                .cpu
+                .iter()
+                .map(|(name, r)| {
+                    let t = self.targets.iter().position(|t| &t.name == name);
+                    let sessions = t.map_or(0, |t| {
+                        self.result.samples.iter().filter(|s| s.target == t).count()
+                    });
+                    match r {
+                        Ok(c) => JsonCpu {
+                            target: name,
+                            user_secs: Some(c.cpu.user.as_secs_f64()),
+                            sys_secs: Some(c.cpu.system.as_secs_f64()),
+                            cpu_secs_per_1000_sessions: process::per_1000(c.cpu.total(), sessions),
+                            rss_before_kib: Some(c.rss_before_kib),
+                            rss_peak_kib: Some(c.rss_peak_kib),
+                            error: None,
+                        },
+                        Err(e) => JsonCpu {
+                            target: name,
+                            user_secs: None,
+                            sys_secs: None,
+                            cpu_secs_per_1000_sessions: None,
+                            rss_before_kib: None,
+                            rss_peak_kib: None,
+                            error: Some(e),
+                        },
+                    }
                 })
                 .collect(),
             samples: self
@@ -519,6 +652,7 @@ mod tests {
             targets: &targets,
             result: &r,
             pools: &pools,
+            cpu: &[],
             baselines: &[],
         }
         .render();
@@ -549,6 +683,7 @@ mod tests {
                 targets: &targets,
                 result: &r,
                 pools: &[],
+                cpu: &[],
                 baselines,
             }
             .render()
@@ -576,6 +711,7 @@ mod tests {
             targets: &targets,
             result: &r,
             pools: &[("gw".into(), Err("timed out".into()))],
+            cpu: &cpu_results(),
             baselines: &[0],
         }
         .to_json();
@@ -591,5 +727,81 @@ mod tests {
         assert_eq!(v["targets"][0]["name"], "direct");
         assert_eq!(v["pools"][0]["error"], "timed out");
         assert_eq!(v["bench_loop_lag"]["max_us"], 3000);
+        // direct: 1.5 s over its 3 sessions → 500 CPU-s per 1000.
+        assert_eq!(v["cpu"][0]["target"], "direct");
+        assert_eq!(v["cpu"][0]["cpu_secs_per_1000_sessions"], 500.0);
+        assert_eq!(v["cpu"][1]["error"], "gone");
+        assert_eq!(v["cpu"][0]["rss_peak_kib"], 6144);
+        assert!(v["cpu"][1]["user_secs"].is_null());
+    }
+
+    fn usage(user_ms: u64, sys_ms: u64, before_kib: u64, peak_kib: u64) -> Usage {
+        Usage {
+            cpu: process::ProcCpu {
+                user: Duration::from_millis(user_ms),
+                system: Duration::from_millis(sys_ms),
+            },
+            rss_before_kib: before_kib,
+            rss_peak_kib: peak_kib,
+        }
+    }
+
+    fn cpu_results() -> Vec<CpuResult> {
+        vec![
+            ("direct".into(), Ok(usage(1000, 500, 4096, 6144))),
+            ("gw".into(), Err("gone".into())),
+        ]
+    }
+
+    #[test]
+    fn cpu_per_1000_sessions_is_compared_with_each_measured_baseline() {
+        let (m, r) = (meta(), result());
+        let targets = [target("direct"), target("relay"), target("gw")];
+        // Three targets over six samples, two each (session i to i mod 3).
+        let r = RunResult {
+            samples: r
+                .samples
+                .into_iter()
+                .map(|mut s| {
+                    s.target = s.index % 3;
+                    s
+                })
+                .collect(),
+            ..r
+        };
+        let cpu = vec![
+            ("relay".to_string(), Ok(usage(150, 50, 10240, 10240))),
+            ("gw".to_string(), Ok(usage(200, 100, 20480, 20480 + 64))),
+            ("direct".to_string(), Err("cannot read /proc/9/stat".into())),
+        ];
+        let text = Report {
+            meta: &m,
+            targets: &targets,
+            result: &r,
+            pools: &[],
+            cpu: &cpu,
+            baselines: &[0, 1],
+        }
+        .render();
+        let table = &text[text.find("process CPU during the run").expect(&text)..];
+        // direct has no figure, so only relay is a column.
+        assert!(table.contains("× relay"), "{table}");
+        assert!(!table.contains("× direct"), "{table}");
+        // relay: 0.2 s over 2 sessions → 100 CPU-s per 1000, 10 % of 2 s.
+        let relay = table.lines().find(|l| l.starts_with("relay")).unwrap();
+        assert!(relay.contains("100.000"), "{relay}");
+        assert!(relay.contains("10%"), "{relay}");
+        assert!(
+            relay.trim_end().ends_with('-'),
+            "no ratio to itself: {relay}"
+        );
+        // gw: 0.3 s over 2 sessions → 150, 1.5 × relay.
+        let gw = table.lines().find(|l| l.starts_with("gw")).unwrap();
+        assert!(gw.contains("150.000"), "{gw}");
+        assert!(gw.trim_end().ends_with("1.500"), "{gw}");
+        assert!(
+            table.contains("direct    n/a (cannot read /proc/9/stat)"),
+            "{table}"
+        );
     }
 }

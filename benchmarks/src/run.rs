@@ -279,9 +279,13 @@ pub fn cpu_usage() -> (Duration, Duration, u64) {
 pub fn sched_times() -> Option<(Duration, Duration)> {
     let mut on_cpu = 0;
     let mut waiting = 0;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let path = task.ok()?.path().join("schedstat");
-        let (c, w) = parse_schedstat(&std::fs::read_to_string(path).ok()?)?;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        // A thread that exited since the listing has no schedstat any more;
+        // its time is gone from the process's total either way.
+        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        let (c, w) = parse_schedstat(&text)?;
         on_cpu += c;
         waiting += w;
     }

@@ -78,6 +78,11 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
         "10".into(),
         "--metrics".into(),
         format!("gateway=http://{}/metrics", gw.admin_addr),
+        // Everything runs in this process: its CPU stands in for both.
+        "--cpu-pid".into(),
+        format!("gateway={}", std::process::id()),
+        "--cpu-pid".into(),
+        format!("relay={}", std::process::id()),
     ]
     .into();
     let outcome = patchbay_bench::execute(&cli(&args), false).await.unwrap();
@@ -110,6 +115,8 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
         "p50 against direct",
         "p50 against relay",
         "pool (counter",
+        "process CPU during the run",
+        "× relay",
     ] {
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     }
@@ -119,8 +126,18 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
         "the admin endpoint was scraped: {:?}",
         outcome.pools
     );
+    assert_eq!(outcome.cpu.len(), 2);
+    for (name, usage) in &outcome.cpu {
+        let u = usage.as_ref().expect(name);
+        assert!(
+            u.rss_before_kib > 0 && u.rss_peak_kib >= u.rss_before_kib,
+            "{name}: {u:?}"
+        );
+    }
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
     assert_eq!(json["samples"].as_array().unwrap().len(), 30);
+    assert_eq!(json["cpu"][0]["target"], "gateway");
+    assert!(json["cpu"][0]["cpu_secs_per_1000_sessions"].is_number());
 
     gw.gateway.shutdown.cancel();
     sim.stop();

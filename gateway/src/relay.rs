@@ -61,11 +61,15 @@ use tokio_tungstenite::WebSocketStream;
 /// How long a leg is given to answer our close before the socket is dropped;
 /// also the bound on waiting for cancelled responses' `response.done`.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// Read buffer per WebSocket (both legs). tungstenite's default (128 KiB)
-/// costs ~300 KB of memory per idle session; 16 KiB holds every control
-/// frame and small delta in one read, and a larger audio delta simply takes
-/// a few reads.
-pub const READ_BUFFER_BYTES: usize = 16 * 1024;
+/// Read buffer per WebSocket (both legs), which is also the most tungstenite
+/// reads at once. tungstenite's default (128 KiB) costs ~300 KB of memory
+/// per idle session, 16 KiB ~88 KB, 4 KiB ~65 KB. 4 KiB holds every control
+/// frame and small delta in one read and a 22 KB audio delta takes a few
+/// reads, yet measured in one interleaved run against 16 KiB it used ~3 %
+/// *less* CPU: tungstenite zero-fills the buffer's free space up to this
+/// size before every read, so a smaller buffer zero-fills less
+/// (`benchmarks/README.md`, read-buffer A/B).
+pub const READ_BUFFER_BYTES: usize = 4 * 1024;
 
 /// Close codes the teardown sends.
 pub mod code {
