@@ -47,6 +47,7 @@
 //! leg that sent them; a client protocol error 1002 (1007 for invalid UTF-8).
 
 pub mod frame;
+pub mod reader;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
