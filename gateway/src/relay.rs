@@ -46,6 +46,9 @@
 //! close or 1011. Oversize messages (`max_message_bytes`) get 1009 on the
 //! leg that sent them; a client protocol error 1002 (1007 for invalid UTF-8).
 
+pub mod frame;
+pub mod reader;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 

@@ -1,0 +1,522 @@
+//! Reads one leg's WebSocket frames as the bytes received, for forwarding
+//! without decoding.
+//!
+//! Guarantees:
+//! - Each [`RawFrame`] is one frame, header and payload exactly as they came
+//!   off the socket (still masked if the peer masked it), so writing
+//!   [`RawFrame::bytes`] to the other leg forwards it byte for byte.
+//! - A frame's header is checked ([`frame::parse_header`]) and accounted to
+//!   its message ([`frame::Message`]) *before* any of its payload is read:
+//!   a message over `max_message_bytes` (summed over its fragments) is
+//!   refused (1009) having read at most its header.
+//! - With [`Utf8Check::Validate`] (the client leg), text messages are
+//!   validated as UTF-8 across fragments (1007), unmasking through a small
+//!   stack buffer: the forwarded bytes are never modified.
+//! - Reads go into the spare capacity of one `BytesMut` (`read_buf`: no
+//!   zero-fill before a read); a frame is split off that buffer without a
+//!   copy. Memory held per leg: what was read past the last whole frame,
+//!   and the frame being assembled (at most `max_message_bytes` plus a
+//!   header).
+//!
+//! Caveat: a frame is delivered whole, so a large frame waits until all of
+//! it has arrived (as it did through tungstenite's decoder).
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::frame::{self, FrameError, FrameHeader, FrameRole, Message, Utf8Stream};
+
+/// What a read of the buffer asks the socket for at least.
+pub const MIN_READ_BYTES: usize = 4 * 1024;
+/// Scratch for unmasking client text while validating it.
+const UNMASK_CHUNK_BYTES: usize = 512;
+
+/// Whether text payloads are validated as UTF-8 on this leg.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Utf8Check {
+    /// The client leg: invalid text ends the session (1007).
+    Validate,
+    /// The upstream leg: trusted.
+    Trust,
+}
+
+/// One frame as received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawFrame {
+    pub header: FrameHeader,
+    pub role: FrameRole,
+    /// Header and payload, as received.
+    pub bytes: Bytes,
+}
+
+impl RawFrame {
+    /// The payload as received (masked if the peer masked it).
+    pub fn payload(&self) -> &[u8] {
+        &self.bytes[self.header.header_len..]
+    }
+}
+
+/// Why reading a leg stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("connection closed in the middle of a frame")]
+    Truncated,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Frames of one leg, in order.
+#[derive(Debug)]
+pub struct FrameReader {
+    buf: BytesMut,
+    message: Message,
+    utf8: Utf8Stream,
+    check: Utf8Check,
+    max_message_bytes: u64,
+}
+
+impl FrameReader {
+    /// `already_read`: bytes read from the socket past the handshake.
+    pub fn new(already_read: &[u8], check: Utf8Check, max_message_bytes: u64) -> Self {
+        let mut buf = BytesMut::with_capacity(MIN_READ_BYTES.max(already_read.len()));
+        buf.extend_from_slice(already_read);
+        Self {
+            buf,
+            message: Message::default(),
+            utf8: Utf8Stream::default(),
+            check,
+            max_message_bytes,
+        }
+    }
+
+    /// No fragmented message is passing through: the gateway may inject a
+    /// frame into the leg this reader feeds.
+    pub fn at_boundary(&self) -> bool {
+        self.message.at_boundary()
+    }
+
+    /// A whole frame is already buffered: [`Self::next`] returns it without
+    /// reading the socket.
+    pub fn has_frame(&self) -> bool {
+        matches!(frame::parse_header(&self.buf), Ok(Some(h)) if h.frame_len() <= self.buf.len() as u64)
+    }
+
+    /// The next frame; `Ok(None)` when the peer closed the connection at a
+    /// frame boundary.
+    pub async fn next<R: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut R,
+    ) -> Result<Option<RawFrame>, ReadError> {
+        let header = loop {
+            if let Some(h) = frame::parse_header(&self.buf)? {
+                break h;
+            }
+            if !self.fill(io, frame::MAX_HEADER_BYTES).await? {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(ReadError::Truncated)
+                };
+            }
+        };
+        let role = self.message.on_header(&header, self.max_message_bytes)?;
+        // Bounded by max_message_bytes (checked above) or 125 (control).
+        let len = header.frame_len() as usize;
+        while self.buf.len() < len {
+            let want = len - self.buf.len();
+            if !self.fill(io, want).await? {
+                return Err(ReadError::Truncated);
+            }
+        }
+        let bytes = self.buf.split_to(len).freeze();
+        let raw = RawFrame {
+            header,
+            role,
+            bytes,
+        };
+        if let (Utf8Check::Validate, FrameRole::Data { text: true, last }) = (self.check, role) {
+            self.validate(&raw)?;
+            if last {
+                self.utf8.finish()?;
+            }
+        }
+        Ok(Some(raw))
+    }
+
+    /// Reads at least once into the buffer's spare capacity, reserving for
+    /// `want` more bytes (at least [`MIN_READ_BYTES`]); `false` at EOF.
+    async fn fill<R: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut R,
+        want: usize,
+    ) -> Result<bool, ReadError> {
+        self.buf.reserve(want.max(MIN_READ_BYTES));
+        Ok(io.read_buf(&mut self.buf).await? > 0)
+    }
+
+    fn validate(&mut self, raw: &RawFrame) -> Result<(), FrameError> {
+        let payload = raw.payload();
+        let Some(mask) = raw.header.mask else {
+            return self.utf8.feed(payload);
+        };
+        let mut scratch = [0u8; UNMASK_CHUNK_BYTES];
+        for (i, chunk) in payload.chunks(UNMASK_CHUNK_BYTES).enumerate() {
+            let piece = &mut scratch[..chunk.len()];
+            piece.copy_from_slice(chunk);
+            frame::unmask(piece, mask, (i * UNMASK_CHUNK_BYTES) as u64);
+            self.utf8.feed(piece)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use tokio::io::ReadBuf;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader as WsHeader};
+    use tokio_tungstenite::tungstenite::protocol::{Role, WebSocket, WebSocketConfig};
+    use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Gives its bytes in reads of at most `step` bytes, and fails any read
+    /// past `limit` (to prove what was not read).
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+        limit: usize,
+    }
+
+    impl Trickle {
+        fn new(data: Vec<u8>, step: usize) -> Self {
+            let limit = data.len();
+            Self {
+                data,
+                at: 0,
+                step,
+                limit,
+            }
+        }
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if self.at >= self.limit && self.at < self.data.len() {
+                return Poll::Ready(Err(std::io::Error::other("read past the limit")));
+            }
+            let n = self
+                .step
+                .min(buf.remaining())
+                .min(self.limit.min(self.data.len()) - self.at);
+            let at = self.at;
+            buf.put_slice(&self.data[at..at + n]);
+            self.at += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn frame(fin: bool, op: OpCode, mask: Option<[u8; 4]>, payload: Vec<u8>) -> Vec<u8> {
+        let h = WsHeader {
+            is_final: fin,
+            opcode: op,
+            mask,
+            ..WsHeader::default()
+        };
+        let mut out = Vec::new();
+        Frame::from_payload(h, payload.into())
+            .format(&mut out)
+            .unwrap();
+        out
+    }
+
+    async fn read_all(
+        bytes: Vec<u8>,
+        step: usize,
+        check: Utf8Check,
+        max: u64,
+    ) -> (Vec<RawFrame>, Result<(), String>) {
+        let mut io = Trickle::new(bytes, step);
+        let mut r = FrameReader::new(&[], check, max);
+        let mut frames = Vec::new();
+        loop {
+            match r.next(&mut io).await {
+                Ok(Some(f)) => frames.push(f),
+                Ok(None) => return (frames, Ok(())),
+                Err(e) => return (frames, Err(e.to_string())),
+            }
+        }
+    }
+
+    /// Reads from a buffer and discards what is written (tungstenite's
+    /// pongs), so writes cannot overwrite input not yet read.
+    struct ReadOnly(Cursor<Vec<u8>>);
+    impl std::io::Read for ReadOnly {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            std::io::Read::read(&mut self.0, buf)
+        }
+    }
+    impl std::io::Write for ReadOnly {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Decodes `bytes` with tungstenite in `role` (the reference decoder).
+    fn reference_messages(bytes: Vec<u8>, role: Role) -> Vec<WsMessage> {
+        let cfg = WebSocketConfig::default().max_message_size(None);
+        let mut ws = WebSocket::from_raw_socket(ReadOnly(Cursor::new(bytes)), role, Some(cfg));
+        let mut out = Vec::new();
+        while let Ok(m) = ws.read() {
+            out.push(m);
+        }
+        out
+    }
+
+    /// A random sequence of messages, some fragmented with control frames
+    /// between the fragments, framed masked (from a client) or not.
+    fn random_stream(rng: &mut Rng, masked: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mask = |rng: &mut Rng| masked.then(|| (rng.next() as u32).to_be_bytes());
+        for _ in 0..rng.below(12) + 1 {
+            let text = rng.below(2) == 0;
+            let len = match rng.below(6) {
+                0 => 0,
+                1 => 125,
+                2 => 126,
+                3 => 65535,
+                4 => 65536,
+                _ => rng.below(3000),
+            } as usize;
+            let payload: Vec<u8> = if text {
+                // Multi-byte characters, so fragments split some of them.
+                let mut s = String::with_capacity(len);
+                for c in "aé€𝄞".chars().cycle() {
+                    if s.len() + c.len_utf8() > len {
+                        break;
+                    }
+                    s.push(c);
+                }
+                while s.len() < len {
+                    s.push('x');
+                }
+                s.into_bytes()
+            } else {
+                (0..len).map(|_| rng.next() as u8).collect()
+            };
+            let pieces = rng.below(4) as usize + 1;
+            let mut cuts: Vec<usize> = (0..pieces - 1)
+                .map(|_| rng.below(len as u64 + 1) as usize)
+                .collect();
+            cuts.sort_unstable();
+            cuts.push(len);
+            let mut from = 0;
+            for (i, &c) in cuts.iter().enumerate() {
+                let op = match (i, text) {
+                    (0, true) => OpCode::Data(Data::Text),
+                    (0, false) => OpCode::Data(Data::Binary),
+                    _ => OpCode::Data(Data::Continue),
+                };
+                let m = mask(rng);
+                out.extend(frame(i + 1 == cuts.len(), op, m, payload[from..c].to_vec()));
+                from = c;
+                if rng.below(3) == 0 {
+                    let m = mask(rng);
+                    let ping = (0..rng.below(126)).map(|_| rng.next() as u8).collect();
+                    out.extend(frame(true, OpCode::Control(Control::Ping), m, ping));
+                }
+            }
+        }
+        out
+    }
+
+    /// Messages reassembled from our frames: payloads unmasked, data
+    /// fragments joined, pings as pings.
+    fn messages_of(frames: &[RawFrame]) -> Vec<WsMessage> {
+        let mut out = Vec::new();
+        let mut open: Vec<u8> = Vec::new();
+        for f in frames {
+            let mut payload = f.payload().to_vec();
+            if let Some(m) = f.header.mask {
+                frame::unmask(&mut payload, m, 0);
+            }
+            match f.role {
+                FrameRole::Control => out.push(WsMessage::Ping(payload.into())),
+                FrameRole::Data { text, last } => {
+                    open.extend(payload);
+                    if last {
+                        let data = std::mem::take(&mut open);
+                        out.push(if text {
+                            WsMessage::Text(String::from_utf8(data).unwrap().into())
+                        } else {
+                            WsMessage::Binary(data.into())
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn random_streams_pass_byte_for_byte_and_decode_as_tungstenite_does() {
+        let mut rng = Rng(0x5EED_1234_ABCD_0001);
+        for round in 0..60 {
+            let masked = round % 2 == 0;
+            let input = random_stream(&mut rng, masked);
+            let step = [1usize, 7, 1000, 16 * 1024, usize::MAX][round % 5];
+            let check = if masked {
+                Utf8Check::Validate
+            } else {
+                Utf8Check::Trust
+            };
+            let (frames, end) = read_all(input.clone(), step, check, u64::MAX >> 1).await;
+            assert_eq!(end, Ok(()), "round {round}");
+            let forwarded: Vec<u8> = frames.iter().flat_map(|f| f.bytes.to_vec()).collect();
+            assert_eq!(forwarded, input, "round {round}: byte for byte");
+            // The messages our frame boundaries and roles make are the ones
+            // tungstenite decodes (the receiving side of a client frame is a
+            // server, and the other way round).
+            let role = if masked { Role::Server } else { Role::Client };
+            let reference = reference_messages(input, role);
+            assert!(!reference.is_empty());
+            assert_eq!(messages_of(&frames), reference, "round {round}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_oversize_header_is_refused_before_its_payload_is_read() {
+        let big = frame(
+            true,
+            OpCode::Data(Data::Binary),
+            Some([1, 2, 3, 4]),
+            vec![7; 2000],
+        );
+        let header_len = 2 + 2 + 4;
+        let mut io = Trickle::new(big, 1);
+        io.limit = header_len;
+        let mut r = FrameReader::new(&[], Utf8Check::Validate, 1000);
+        let e = r.next(&mut io).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ReadError::Frame(FrameError::MessageTooBig {
+                    size: 2000,
+                    max: 1000
+                })
+            ),
+            "{e}"
+        );
+        assert_eq!(io.at, header_len, "not one payload byte was read");
+    }
+
+    #[tokio::test]
+    async fn fragments_summing_past_the_limit_are_refused_at_the_last_header() {
+        let mut bytes = frame(false, OpCode::Data(Data::Text), None, vec![b'a'; 600]);
+        bytes.extend(frame(
+            true,
+            OpCode::Data(Data::Continue),
+            None,
+            vec![b'a'; 600],
+        ));
+        let (frames, end) = read_all(bytes, 64, Utf8Check::Trust, 1000).await;
+        assert_eq!(frames.len(), 1);
+        assert_eq!(
+            end,
+            Err("message of 1200 bytes over the limit of 1000".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_utf8_split_across_client_fragments_is_refused() {
+        // "€" is E2 82 AC: a frame ends after E2 82, the next starts with
+        // 0x28 instead of AC.
+        let m = Some([0x11, 0x22, 0x33, 0x44]);
+        let mut bytes = frame(false, OpCode::Data(Data::Text), m, vec![b'a', 0xE2, 0x82]);
+        bytes.extend(frame(true, OpCode::Data(Data::Continue), m, vec![0x28]));
+        let (frames, end) = read_all(bytes.clone(), 3, Utf8Check::Validate, 1000).await;
+        assert_eq!(frames.len(), 1);
+        assert_eq!(end, Err("text is not valid UTF-8".into()));
+        // The same split with the right byte passes, and upstream text is
+        // trusted.
+        let mut ok = frame(false, OpCode::Data(Data::Text), m, vec![b'a', 0xE2, 0x82]);
+        ok.extend(frame(true, OpCode::Data(Data::Continue), m, vec![0xAC]));
+        assert_eq!(read_all(ok, 3, Utf8Check::Validate, 1000).await.1, Ok(()));
+        assert_eq!(read_all(bytes, 3, Utf8Check::Trust, 1000).await.1, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_message_ending_mid_character_is_invalid() {
+        let bytes = frame(
+            true,
+            OpCode::Data(Data::Text),
+            Some([9, 9, 9, 9]),
+            vec![0xF0, 0x9F],
+        );
+        assert_eq!(
+            read_all(bytes, 100, Utf8Check::Validate, 1000).await.1,
+            Err("text is not valid UTF-8".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn boundary_is_known_while_a_fragmented_message_is_in_flight() {
+        let mut bytes = frame(false, OpCode::Data(Data::Binary), None, vec![1; 10]);
+        bytes.extend(frame(true, OpCode::Control(Control::Ping), None, vec![]));
+        bytes.extend(frame(true, OpCode::Data(Data::Continue), None, vec![2; 10]));
+        let mut io = Trickle::new(bytes, usize::MAX);
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1000);
+        assert!(r.at_boundary());
+        r.next(&mut io).await.unwrap().unwrap();
+        assert!(!r.at_boundary());
+        assert!(r.has_frame(), "the ping is already buffered");
+        let ping = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(ping.role, FrameRole::Control);
+        assert!(!r.at_boundary(), "a control frame does not end the message");
+        r.next(&mut io).await.unwrap().unwrap();
+        assert!(r.at_boundary());
+        assert!(r.next(&mut io).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn bytes_read_with_the_handshake_come_first_and_eof_mid_frame_is_an_error() {
+        let whole = frame(
+            true,
+            OpCode::Data(Data::Text),
+            None,
+            b"session.created".to_vec(),
+        );
+        let (head, tail) = whole.split_at(5);
+        let mut io = Trickle::new(tail.to_vec(), 2);
+        let mut r = FrameReader::new(head, Utf8Check::Trust, 1000);
+        assert_eq!(r.next(&mut io).await.unwrap().unwrap().bytes, whole);
+        let mut io = Trickle::new(whole[..whole.len() - 1].to_vec(), 4);
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1000);
+        assert!(matches!(r.next(&mut io).await, Err(ReadError::Truncated)));
+    }
+}
