@@ -3,6 +3,7 @@
 //! a session is `server` (checks before the 101) → `admission` → `session`
 //! (upgrade, upstream, `session.created`) → `relay` (the splice).
 
+pub mod admin;
 pub mod admission;
 pub mod api;
 pub mod auth;

@@ -1,7 +1,7 @@
 //! The HTTP edges: the client listener (`GET /v1/realtime` WebSocket
 //! upgrades, and every other request through the axum router of
-//! [`crate::api`]) and the admin listener (`/healthz`, `/readyz`,
-//! `/metrics`).
+//! [`crate::api`]) and the admin listener (the axum router of
+//! [`crate::admin`]: `/healthz`, `/readyz`, `/metrics`).
 //!
 //! hyper's HTTP/1 connection builder is used directly for the upgrade path
 //! (the relay forwards frames undecoded, which axum's WebSocket extractor
@@ -21,7 +21,6 @@
 //! unpriced). Nothing is dialled before
 //! all pass.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -116,41 +115,23 @@ pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
 
 pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
     let builder = http1(&gw);
+    let admin = crate::admin::router(gw);
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
-        let gw = gw.clone();
+        let admin = admin.clone();
         let conn = builder.serve_connection(
             TokioIo::new(tcp),
-            service_fn(move |req| {
-                let gw = gw.clone();
-                async move { Ok::<_, Infallible>(handle_admin(&req, &gw)) }
+            service_fn(move |req: Request<Incoming>| {
+                let admin = admin.clone();
+                tower::ServiceExt::oneshot(admin, req.map(axum::body::Body::new))
             }),
         );
         tokio::spawn(async move {
             let _ = conn.await;
         });
-    }
-}
-
-fn handle_admin(req: &Request<Incoming>, gw: &Gateway) -> Response<Body> {
-    match req.uri().path() {
-        "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if gw.is_ready() => text(StatusCode::OK, "ready\n"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
-        "/metrics" => {
-            let mut r = text(StatusCode::OK, gw.metrics.encode());
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-            );
-            r
-        }
-        _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 

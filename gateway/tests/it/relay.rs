@@ -595,3 +595,29 @@ async fn an_upstream_close_reaches_a_client_that_stopped_reading_within_the_clos
         .expect("the session ended within the close grace, not at the idle timeout");
     drop(ws);
 }
+
+#[tokio::test]
+async fn the_admin_listener_answers_health_readiness_and_metrics_and_nothing_else() {
+    let (_sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    assert_eq!(
+        http_get(gw.admin_addr, "/healthz").await,
+        (200, "ok\n".into())
+    );
+    assert!(eventually(|| gw.gateway.is_ready()).await);
+    assert_eq!(
+        http_get(gw.admin_addr, "/readyz").await,
+        (200, "ready\n".into())
+    );
+    let (status, body) = http_get(gw.admin_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("# TYPE patchbay_pool_warm_sockets gauge"),
+        "{body}"
+    );
+    assert!(body.trim_end().ends_with("# EOF"), "OpenMetrics text");
+    assert_eq!(http_get(gw.admin_addr, "/v1/realtime").await.0, 404);
+    // Draining: not ready at once, still alive.
+    gw.gateway.sessions.start_draining();
+    assert_eq!(http_get(gw.admin_addr, "/readyz").await.0, 503);
+    assert_eq!(http_get(gw.admin_addr, "/healthz").await.0, 200);
+}
