@@ -151,6 +151,8 @@ impl ServerConfig {
             failures_to_open: self.breaker_failures,
             open: std::time::Duration::from_secs(self.breaker_open_secs),
             max_open: std::time::Duration::from_secs(self.breaker_max_open_secs),
+            // A probe reports within its dial's deadline, or never.
+            probe_timeout: std::time::Duration::from_secs(self.upgrade_timeout_secs),
         }
     }
 }

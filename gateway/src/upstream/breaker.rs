@@ -7,7 +7,10 @@
 //! - **open**: no dial goes until `open_for` has passed since it opened;
 //! - **half-open**: exactly one dial (the probe) goes; its success closes the
 //!   breaker, its failure opens it again for twice as long, up to
-//!   [`BreakerConfig::max_open`].
+//!   [`BreakerConfig::max_open`]. A probe that never reports (its session
+//!   went away mid-dial) is given up after [`BreakerConfig::probe_timeout`],
+//!   and the next dial becomes the probe, so an upstream can never be left
+//!   half-open for good.
 //!
 //! A non-retryable failure (our key refused: 401/403) opens the breaker at
 //! once ([`Breaker::trip`]): no number of retries will fix it.
@@ -24,11 +27,16 @@ pub const DEFAULT_OPEN: Duration = Duration::from_secs(5);
 /// The longest a breaker stays open between probes.
 pub const DEFAULT_MAX_OPEN: Duration = Duration::from_secs(60);
 
+/// How long a probe may go unreported before another dial may probe (the
+/// dial's own deadline, `upgrade_timeout_secs`, in the gateway).
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerConfig {
     pub failures_to_open: u32,
     pub open: Duration,
     pub max_open: Duration,
+    pub probe_timeout: Duration,
 }
 
 impl Default for BreakerConfig {
@@ -37,6 +45,7 @@ impl Default for BreakerConfig {
             failures_to_open: DEFAULT_FAILURES_TO_OPEN,
             open: DEFAULT_OPEN,
             max_open: DEFAULT_MAX_OPEN,
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
         }
     }
 }
@@ -50,10 +59,11 @@ enum State {
         until: Instant,
         open_for: Duration,
     },
-    /// The probe is out; `open_for` is how long the breaker stayed open
-    /// last time.
+    /// The probe is out (until `probe_until`); `open_for` is how long the
+    /// breaker stayed open last time.
     HalfOpen {
         open_for: Duration,
+        probe_until: Instant,
     },
 }
 
@@ -77,11 +87,26 @@ impl Breaker {
         match self.state {
             State::Closed { .. } => true,
             State::Open { until, open_for } if now >= until => {
-                self.state = State::HalfOpen { open_for };
+                self.probe(now, open_for);
+                true
+            }
+            // The last probe never reported: this dial probes instead.
+            State::HalfOpen {
+                open_for,
+                probe_until,
+            } if now >= probe_until => {
+                self.probe(now, open_for);
                 true
             }
             State::Open { .. } | State::HalfOpen { .. } => false,
         }
+    }
+
+    fn probe(&mut self, now: Instant, open_for: Duration) {
+        self.state = State::HalfOpen {
+            open_for,
+            probe_until: now + self.config.probe_timeout,
+        };
     }
 
     /// Whether a dial would be allowed now, without taking the probe.
@@ -89,8 +114,13 @@ impl Breaker {
         match self.state {
             State::Closed { .. } => true,
             State::Open { until, .. } => now >= until,
-            State::HalfOpen { .. } => false,
+            State::HalfOpen { probe_until, .. } => now >= probe_until,
         }
+    }
+
+    /// A probe is out.
+    pub fn probing(&self) -> bool {
+        matches!(self.state, State::HalfOpen { .. })
     }
 
     /// Open (or half-open with its probe out): not serving.
@@ -116,7 +146,7 @@ impl Breaker {
                     false
                 }
             }
-            State::HalfOpen { open_for } => {
+            State::HalfOpen { open_for, .. } => {
                 let next = (open_for * 2).min(self.config.max_open);
                 self.open(now, next);
                 true
@@ -203,6 +233,27 @@ mod tests {
             assert!(b.allow(t), "probe after {expected}s");
             assert!(b.failure(t), "a failed probe opens it again");
         }
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_is_replaced_after_the_probe_timeout() {
+        let t0 = Instant::now();
+        let mut b = breaker();
+        for _ in 0..5 {
+            b.failure(t0);
+        }
+        let t = t0 + 5 * S;
+        assert!(
+            b.allow(t),
+            "the probe; its session then goes away unreported"
+        );
+        assert!(!b.would_allow(t + 9 * S));
+        assert!(!b.allow(t + 9 * S));
+        assert!(b.would_allow(t + 10 * S));
+        assert!(b.allow(t + 10 * S), "the next dial probes instead");
+        assert!(!b.allow(t + 10 * S), "still one probe at a time");
+        b.success();
+        assert!(!b.is_open());
     }
 
     #[test]

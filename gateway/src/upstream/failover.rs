@@ -111,7 +111,14 @@ pub fn report(breaker: &Mutex<Breaker>, result: &Result<Warm, DialError>, now: I
         Err(e) => match classify(e) {
             Verdict::Retry => b.failure(now),
             Verdict::Trip => b.trip(now),
-            Verdict::Final => false,
+            // The upstream answered (a refusal no other upstream would
+            // change): as a probe, that shows it is back.
+            Verdict::Final => {
+                if b.probing() {
+                    b.success();
+                }
+                false
+            }
         },
     };
     match (was_open, opened, b.is_open()) {
@@ -238,5 +245,11 @@ mod tests {
             .allow(later + std::time::Duration::from_secs(120)));
         b.lock().unwrap().success();
         assert!(!b.lock().unwrap().is_open());
+        // A probe answered with a final refusal (a bad request): the
+        // upstream is back, the breaker closes.
+        let b = Mutex::new(Breaker::new(BreakerConfig::default()));
+        report(&b, &Err(refused(401)), now);
+        assert!(b.lock().unwrap().allow(later));
+        assert_eq!(report(&b, &Err(refused(400)), later), Change::Closed);
     }
 }
