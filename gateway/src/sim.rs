@@ -166,6 +166,8 @@ pub struct SimStats {
 enum Command {
     Ping,
     Close(u16),
+    /// Drop the connection without a close frame (a lost connection).
+    Drop,
 }
 
 /// A running simulator.
@@ -192,6 +194,12 @@ impl SimHandle {
     /// Closes every open session with `code`.
     pub fn close_all(&self, code: u16) {
         let _ = self.commands.send(Command::Close(code));
+    }
+
+    /// Drops every open session's connection without a close frame, as a
+    /// lost connection (an idle timeout in a middlebox, a reset).
+    pub fn drop_all(&self) {
+        let _ = self.commands.send(Command::Drop);
     }
 
     /// Refuse (401) or accept new upgrades from now on.
@@ -635,6 +643,7 @@ impl Session {
                 cmd = commands.recv() => match cmd {
                     Ok(Command::Ping) => { let _ = ws.send(Message::Ping(Bytes::from_static(b"sim"))).await; }
                     Ok(Command::Close(code)) => { close(&mut ws, code, "simulator closed the session").await; return; }
+                    Ok(Command::Drop) => return,
                     Err(_) => {}
                 },
                 _ = call_ended.cancelled(), if self.call.is_some() => {

@@ -62,15 +62,12 @@ pub struct CallsState {
 /// The calls routes. With Redis, also starts the task that adopts calls
 /// other replicas let go (it stops when draining starts).
 pub fn router(gw: Arc<Gateway>) -> Router {
-    let fleet = gw.config.store.redis_url.as_ref().and_then(|url| {
-        match crate::store::redis::managed(url.expose(), gw.config.store.ca_file.as_deref()) {
-            Ok(conn) => Some(CallFleet::new(conn, crate::store::DEFAULT_PREFIX, gw.metrics.clone())),
-            Err(e) => {
-                tracing::error!(error = %e, "calls: cannot use the store; call records stay in this process");
-                None
-            }
-        }
-    });
+    // The process's shared Redis connection: a rotated URL moves call
+    // records and hand-over with the store.
+    let fleet = gw
+        .redis
+        .clone()
+        .map(|conn| CallFleet::new(conn, crate::store::DEFAULT_PREFIX, gw.metrics.clone()));
     let state = CallsState {
         gw,
         owners: Arc::default(),
@@ -643,6 +640,11 @@ async fn adopt_loop(st: CallsState) {
 /// once), the key's fleet lease, a new sideband.
 async fn adopt(st: &CallsState, fleet: &CallFleet, route: &Arc<Route>, rec: CallRecord) {
     let gw = &st.gw;
+    if st.owners.get(&rec.call_id).is_some() {
+        // Still metered here: its hold lapsed during a Redis outage and this
+        // replica claimed it back. One sideband per call.
+        return;
+    }
     let Some(key) = gw.keys.get().by_id(&rec.key_id).cloned() else {
         // The key is gone: the call is no longer anyone's to meter.
         tracing::warn!(call_id = %rec.call_id, key_id = %rec.key_id, "adopting a call of a removed key: forgotten");

@@ -29,7 +29,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
@@ -91,10 +90,24 @@ end
 return 0
 ";
 
+/// Renews the hold only while it is this replica's (or nobody's): a replica
+/// whose hold expired during a Redis outage and was claimed by another must
+/// not take it back, or two sidebands would meter one call.
+const RENEW_SCRIPT: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+";
+
 /// The calls' Redis records for one replica.
 #[derive(Clone)]
 pub struct CallFleet {
-    conn: ConnectionManager,
+    /// The process's shared Redis connection (the store's URL, TLS
+    /// settings and reconnects).
+    conn: crate::store::redis::RedisConn,
     prefix: String,
     /// This replica's id in holder keys.
     pub replica: String,
@@ -121,7 +134,7 @@ pub fn index_key(prefix: &str, route: &RouteConfig) -> String {
 }
 
 impl CallFleet {
-    pub fn new(conn: ConnectionManager, prefix: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn new(conn: crate::store::redis::RedisConn, prefix: &str, metrics: Arc<Metrics>) -> Self {
         Self {
             conn,
             prefix: prefix.to_string(),
@@ -173,28 +186,27 @@ impl CallFleet {
                     .with_expiration(redis::SetExpiry::PX(HOLD_TTL.as_millis() as u64)),
             )
             .ignore();
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         self.bounded("call_register", pipe.query_async::<()>(&mut conn))
             .await;
     }
 
-    /// Renews this replica's hold on a call.
-    pub async fn renew(&self, call_id: &str) {
-        let mut conn = self.conn.clone();
-        let opts = redis::SetOptions::default()
-            .with_expiration(redis::SetExpiry::PX(HOLD_TTL.as_millis() as u64));
-        let cmd = redis::cmd("SET")
-            .arg(self.holder_key(call_id))
-            .arg(&self.replica)
-            .arg(&opts)
-            .to_owned();
-        self.bounded("call_renew", cmd.query_async::<()>(&mut conn))
-            .await;
+    /// Renews this replica's hold on a call: `Some(false)` when another
+    /// replica holds it now (this one must stop metering it), `None` when
+    /// Redis did not answer (keep metering; the next tick tries again).
+    pub async fn renew(&self, call_id: &str) -> Option<bool> {
+        let mut conn = self.conn.get();
+        let script = redis::Script::new(RENEW_SCRIPT);
+        let mut inv = script.key(self.holder_key(call_id));
+        inv.arg(&self.replica).arg(HOLD_TTL.as_millis() as u64);
+        self.bounded("call_renew", inv.invoke_async::<i64>(&mut conn))
+            .await
+            .map(|held| held == 1)
     }
 
     /// Lets another replica take the call (drops this replica's hold only).
     pub async fn release(&self, call_id: &str) {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let script = redis::Script::new(RELEASE_SCRIPT);
         let mut inv = script.key(self.holder_key(call_id));
         inv.arg(&self.replica);
@@ -212,14 +224,14 @@ impl CallFleet {
             .ignore()
             .srem(index_key(&self.prefix, route), call_id)
             .ignore();
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         self.bounded("call_forget", pipe.query_async::<()>(&mut conn))
             .await;
     }
 
     /// The record of a call, from any replica.
     pub async fn record(&self, call_id: &str) -> Option<CallRecord> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let cmd = redis::cmd("GET").arg(self.record_key(call_id)).to_owned();
         let json: Option<String> = self.bounded("call_get", cmd.query_async(&mut conn)).await?;
         serde_json::from_str(&json?).ok()
@@ -228,7 +240,7 @@ impl CallFleet {
     /// Claims every call of `route` that no replica holds; the records of
     /// the calls this replica now holds.
     pub async fn claim_orphans(&self, route: &RouteConfig) -> Vec<CallRecord> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let index = index_key(&self.prefix, route);
         let cmd = redis::cmd("SMEMBERS").arg(&index).to_owned();
         let Some(ids) = self

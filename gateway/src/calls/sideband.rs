@@ -80,6 +80,9 @@ pub enum SidebandEnd {
     MaxDuration,
     /// The gateway is draining and stopped watching the call.
     LetGo,
+    /// Another replica holds the call now (this one's hold expired during a
+    /// Redis outage and was claimed): it meters the call from here on.
+    TakenOver,
 }
 
 impl SidebandEnd {
@@ -95,6 +98,7 @@ impl SidebandEnd {
             SidebandEnd::Killed(k) => k.outcome,
             SidebandEnd::MaxDuration => "max_session_duration",
             SidebandEnd::LetGo => "let_go_on_drain",
+            SidebandEnd::TakenOver => "sideband_taken_over",
         }
     }
 
@@ -104,7 +108,7 @@ impl SidebandEnd {
             SidebandEnd::AttachFailed(_) => EndReason::UpstreamFailed,
             SidebandEnd::Killed(k) => EndReason::from_end(&End::Killed(k.clone())),
             SidebandEnd::MaxDuration => EndReason::MaxDuration,
-            SidebandEnd::LetGo => EndReason::Shutdown,
+            SidebandEnd::LetGo | SidebandEnd::TakenOver => EndReason::Shutdown,
         }
     }
 }
@@ -152,10 +156,14 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
             let kill = kill.fired();
             tokio::pin!(kill);
             let end = loop {
+                let mut lost = false;
                 tokio::select! {
                     msg = rx.next() => match msg {
                         Some(Ok(Message::Text(t))) => tracker.on_upstream_text(&t),
-                        Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break SidebandEnd::CallEnded,
+                        Some(Ok(Message::Close(_))) => break SidebandEnd::CallEnded,
+                        // The connection dropped without a close: the call's
+                        // media may well go on, so watch it again.
+                        Some(Err(_)) | None => lost = true,
                         Some(Ok(_)) => {}
                     },
                     k = &mut kill => break SidebandEnd::Killed(k),
@@ -163,8 +171,19 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                     _ = &mut let_go => break SidebandEnd::LetGo,
                     _ = renew.tick(), if fleet.is_some() => {
                         if let Some(f) = &fleet {
-                            f.renew(&call.id).await;
+                            if f.renew(&call.id).await == Some(false) {
+                                tracing::warn!(call_id = %call.id,
+                                    "another replica holds this call now; it meters it from here");
+                                break SidebandEnd::TakenOver;
+                            }
                         }
+                    }
+                }
+                if lost {
+                    tracing::warn!(call_id = %call.id, "sideband connection lost; attaching again");
+                    match attach(&gw, &route, &call.id, timeout).await {
+                        Ok(ws) => (tx, rx) = ws.split(),
+                        Err(e) => break SidebandEnd::AttachFailed(e.to_string()),
                     }
                 }
             };
@@ -176,8 +195,12 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                 tracker.ending(&relay_end);
                 relay::cancel_in_flight(&mut tx, &mut rx, &mut tracker).await;
                 hang_up(&gw, &call, &end).await;
+            } else if matches!(end, SidebandEnd::AttachFailed(_)) {
+                // The sideband could not be attached again: a call the
+                // gateway cannot see cannot be governed.
+                hang_up(&gw, &call, &end).await;
             }
-            if end != SidebandEnd::CallEnded {
+            if !matches!(end, SidebandEnd::CallEnded | SidebandEnd::AttachFailed(_)) {
                 let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
                     let _ = tx
                         .send(Message::Close(Some(relay::close(1000, "sideband closed"))))
@@ -196,7 +219,7 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     tracker.finish(end.end_reason());
     owners.remove(&call.id);
     match (&fleet, &end) {
-        (Some(f), SidebandEnd::LetGo) => {
+        (Some(f), SidebandEnd::LetGo | SidebandEnd::TakenOver) => {
             // Another replica re-attaches; the key's fleet slot goes with
             // the call.
             if let Some(lease) = call.permit.take_lease() {

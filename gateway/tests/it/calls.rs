@@ -939,3 +939,41 @@ async fn when_a_gateway_process_dies_its_calls_are_adopted_after_their_leases_ex
         200
     );
 }
+
+#[tokio::test]
+async fn a_lost_sideband_connection_is_attached_again_and_the_call_stays_metered() {
+    // The caller speaks every 300 ms for long enough to see turns on both
+    // sides of the loss.
+    let (sim, gw) = sim_and_gateway(
+        SimConfig {
+            caller_turns: 20,
+            caller_turn_interval: Duration::from_millis(300),
+            ..SimConfig::default()
+        },
+        PRICES,
+    )
+    .await;
+    let a = create_raw(gw.addr, CLIENT_KEY).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let call_id = call_id_of(&a);
+    assert!(
+        eventually(|| turns(&gw, "200") >= 1).await,
+        "metered before the loss"
+    );
+    // The sideband's TCP connection drops without a close frame.
+    sim.drop_all();
+    assert!(
+        eventually(|| sidebands(&sim, &call_id) == 2).await,
+        "a second sideband was opened for the same call"
+    );
+    let before = turns(&gw, "200");
+    assert!(
+        eventually(|| turns(&gw, "200") > before).await,
+        "turns after the loss are metered"
+    );
+    assert!(
+        sim.stats.calls.actions().is_empty(),
+        "the call was not hung up"
+    );
+    assert_eq!(gw.gateway.sessions.active(), 1, "still one live call");
+}
