@@ -273,11 +273,13 @@ impl Session {
                 return;
             }
         };
-        if client
-            .send(Message::Text(warm.session_created.clone()))
-            .await
-            .is_err()
-        {
+        // Bounded like every write before the splice: a fresh socket takes
+        // this at once unless the client is gone or stuck.
+        let created = client.send(Message::Text(warm.session_created.clone()));
+        if !matches!(
+            tokio::time::timeout(relay::CLOSE_GRACE, created).await,
+            Ok(Ok(()))
+        ) {
             self.log_end("client_gone", None, None, None);
             return;
         }
@@ -395,13 +397,16 @@ impl Session {
                 return None;
             }
         };
-        for frame in &frames {
-            if client.feed(frame.clone()).await.is_err() {
-                self.log_end("client_gone", None, None, Some(setup));
-                return None;
+        let forward = async {
+            for frame in &frames {
+                client.feed(frame.clone()).await?;
             }
-        }
-        if client.flush().await.is_err() {
+            client.flush().await
+        };
+        if !matches!(
+            tokio::time::timeout(relay::CLOSE_GRACE, forward).await,
+            Ok(Ok(()))
+        ) {
             self.log_end("client_gone", None, None, Some(setup));
             return None;
         }

@@ -352,12 +352,13 @@ impl Outbox {
     /// something was confirmed or dropped, `Ok(false)` when the queue was
     /// empty.
     async fn replay_once(&self) -> Result<bool, StoreError> {
-        let front: Vec<(u64, Arc<Queued>)> = self
-            .lock()
-            .front(REPLAY_BATCH)
-            .into_iter()
-            .map(|(id, q)| (id, q.clone()))
-            .collect();
+        let front = one_write_per_session(
+            self.lock()
+                .front(REPLAY_BATCH)
+                .into_iter()
+                .map(|(id, q)| (id, q.clone()))
+                .collect(),
+        );
         if front.is_empty() {
             return Ok(false);
         }
@@ -395,6 +396,22 @@ impl Outbox {
         self.update_gauges(&lane);
         Ok(true)
     }
+}
+
+/// The front writes, keeping at most the first write of each session: a
+/// round trip runs every write it carries even when one fails, so a later
+/// write of the same session could raise the session's mark past an earlier
+/// one that failed transiently, which would then be skipped as already
+/// applied. The queue order is kept.
+fn one_write_per_session(front: Vec<(u64, Arc<Queued>)>) -> Vec<(u64, Arc<Queued>)> {
+    let mut seen = std::collections::HashSet::new();
+    front
+        .into_iter()
+        .filter(|(_, q)| match &q.batch.id {
+            Some(id) => seen.insert(id.session_id.clone()),
+            None => true,
+        })
+        .collect()
 }
 
 /// The replay task: waits for queued writes, replays them, backs off while
@@ -489,6 +506,34 @@ mod tests {
             rows: vec![row],
             stream_maxlen: 0,
         }
+    }
+
+    #[test]
+    fn a_replay_round_carries_at_most_one_write_per_session_in_queue_order() {
+        let queued = |session: &str, seq: u64| {
+            let mut batch = one_row_batch(seq, 0.01);
+            batch.id = Some(FlushId {
+                session_id: session.into(),
+                seq,
+            });
+            Arc::new(Queued {
+                batch,
+                state: AtomicU8::new(PENDING),
+            })
+        };
+        let front = vec![
+            (1, queued("a", 1)),
+            (2, queued("a", 2)),
+            (3, queued("b", 1)),
+            (4, queued("a", 3)),
+            (5, queued("b", 2)),
+            (6, queued("c", 7)),
+        ];
+        let kept: Vec<u64> = one_write_per_session(front)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(kept, vec![1, 3, 6]);
     }
 
     #[tokio::test]
