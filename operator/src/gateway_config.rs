@@ -312,9 +312,12 @@ pub const LIVE_SECTIONS: [&str; 2] = ["metering", "prices"];
 pub const LIVE_UPSTREAM_KEYS: [&str; 2] = ["priority", "weight"];
 
 /// The rendered config without its [`LIVE_SECTIONS`] and [`LIVE_UPSTREAM_KEYS`]: what a pod
-/// must restart to apply.
+/// must restart to apply. Text that does not parse (never the operator's own rendering) is
+/// returned whole, so any edit of it restarts the pods rather than failing the reconcile.
 pub fn restart_part(rendered: &str) -> String {
-    let mut doc: toml::Table = toml::from_str(rendered).expect("the rendered config parses");
+    let Ok(mut doc) = toml::from_str::<toml::Table>(rendered) else {
+        return rendered.to_string();
+    };
     for section in LIVE_SECTIONS {
         doc.remove(section);
     }
@@ -327,7 +330,7 @@ pub fn restart_part(rendered: &str) -> String {
             }
         }
     }
-    toml::to_string(&doc).expect("a TOML table always serialises")
+    toml::to_string(&doc).unwrap_or_else(|_| rendered.to_string())
 }
 
 /// An upstream's URL: the one given, or OpenAI's for an OpenAI upstream that names none.
