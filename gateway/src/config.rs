@@ -295,11 +295,12 @@ impl RouteConfig {
 
     /// The route's upstreams: the validated list, or (for a route built in
     /// code without validation) the shorthand as a list of one.
-    pub fn upstream_list(&self) -> Vec<UpstreamConfig> {
-        if !self.upstreams.is_empty() {
-            return self.upstreams.clone();
+    pub fn upstream_list(&self) -> std::borrow::Cow<'_, [UpstreamConfig]> {
+        if self.upstreams.is_empty() {
+            std::borrow::Cow::Owned(vec![self.shorthand_upstream()])
+        } else {
+            std::borrow::Cow::Borrowed(&self.upstreams)
         }
-        vec![self.shorthand_upstream()]
     }
 
     /// The single-upstream keys as one upstream named after the model.
@@ -618,7 +619,7 @@ impl Config {
                     format!("routes[{i}].{k}")
                 }
             };
-            let mut ups = route.upstream_list();
+            let mut ups = route.upstream_list().into_owned();
             for (j, up) in ups.iter_mut().enumerate() {
                 if up.name.trim().is_empty() {
                     return Err(ConfigError::new(prefix(j, "name"), "must not be empty"));

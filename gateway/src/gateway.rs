@@ -151,26 +151,18 @@ impl Route {
                 })
                 .set(i64::from(*open));
         }
-        let best = self
+        let candidates: Vec<Candidate> = self
             .upstreams
             .iter()
             .zip(&open)
-            .filter(|(_, open)| !**open)
-            .map(|(u, _)| u.priority())
-            .min();
-        let serving: Vec<usize> = (0..self.upstreams.len())
-            .filter(|&i| !open[i] && Some(self.upstreams[i].priority()) == best)
+            .map(|(u, open)| Candidate {
+                priority: u.priority(),
+                weight: u.weight(),
+                available: !open,
+            })
             .collect();
-        let weights: Vec<u32> = serving
-            .iter()
-            .map(|&i| self.upstreams[i].weight())
-            .collect();
-        let shares = select::split(size, &weights);
-        for (i, u) in self.upstreams.iter().enumerate() {
-            let share = serving
-                .iter()
-                .position(|&s| s == i)
-                .map_or(0, |k| shares[k]);
+        let shares = select::pool_shares(size, &candidates);
+        for (u, share) in self.upstreams.iter().zip(shares) {
             u.pool.set_target(share);
         }
     }
@@ -244,7 +236,7 @@ impl Gateway {
                     model: r.model.clone(),
                     message,
                 };
-                let list = r.upstream_list();
+                let list = r.upstream_list().into_owned();
                 let several = list.len() > 1;
                 let shares = initial_shares(&list, pool_size);
                 let upstreams = list
@@ -410,15 +402,15 @@ impl Gateway {
 /// Each upstream's first pool target: every breaker starts closed, so the
 /// best priority serves, split by weight (see [`Route::rebalance`]).
 fn initial_shares(list: &[UpstreamConfig], size: usize) -> Vec<usize> {
-    let best = list.iter().map(|u| u.priority).min();
-    let serving: Vec<usize> = (0..list.len())
-        .filter(|&i| Some(list[i].priority) == best)
+    let candidates: Vec<Candidate> = list
+        .iter()
+        .map(|u| Candidate {
+            priority: u.priority,
+            weight: u.weight,
+            available: true,
+        })
         .collect();
-    let weights: Vec<u32> = serving.iter().map(|&i| list[i].weight).collect();
-    let split = select::split(size, &weights);
-    (0..list.len())
-        .map(|i| serving.iter().position(|&s| s == i).map_or(0, |k| split[k]))
-        .collect()
+    select::pool_shares(size, &candidates)
 }
 
 /// The configured size, or the size file's when it is present and valid.
@@ -513,6 +505,30 @@ fn apply_live_config(gw: &Gateway, text: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Polls `path` until draining starts and hands each changed content to
+/// `apply`, counted in `patchbay_config_reloads_total{file}`.
+fn watch_file(
+    gw: &Gateway,
+    path: std::path::PathBuf,
+    what: &'static str,
+    file: &'static str,
+    poll: Duration,
+    apply: impl FnMut(&str) -> Result<(), String> + Send + 'static,
+) {
+    let reloads = watch::Reloads {
+        file,
+        counters: gw.metrics.config_reloads.clone(),
+    };
+    tokio::spawn(watch::on_change(
+        path,
+        what,
+        poll,
+        gw.draining.clone(),
+        reloads,
+        apply,
+    ));
 }
 
 /// Points the shared Redis connection at the URL in a changed URL file; an
@@ -621,19 +637,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     for (path, what, file, poll, apply) in watchers {
         if let Some(path) = path {
             let gw = gateway.clone();
-            let stop = gateway.draining.clone();
-            let reloads = watch::Reloads {
-                file,
-                counters: gateway.metrics.config_reloads.clone(),
-            };
-            tokio::spawn(watch::on_change(
-                path,
-                what,
-                poll,
-                stop,
-                reloads,
-                move |text| apply(&gw, text),
-            ));
+            watch_file(&gateway, path, what, file, poll, move |text| {
+                apply(&gw, text)
+            });
         }
     }
     for route in &gateway.routes {
@@ -642,56 +648,44 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 continue;
             };
             let (model, key) = (route.config.model.clone(), u.config.api_key.clone());
-            let reloads = watch::Reloads {
-                file: "upstream_key",
-                counters: gateway.metrics.config_reloads.clone(),
-            };
-            tokio::spawn(watch::on_change(
+            watch_file(
+                &gateway,
                 path,
                 "upstream key file",
+                "upstream_key",
                 KEYS_FILE_POLL,
-                gateway.draining.clone(),
-                reloads,
                 move |text| crate::upstream::key::apply_key_file(&model, &key, text),
-            ));
+            );
         }
     }
     // A rotated Redis URL file moves the shared connection (store, leases,
-    // client-secret configs) to the new URL; calls fail open meanwhile.
+    // client-secret configs, call records) to the new URL; calls fail open
+    // meanwhile.
     if let (Some(path), Some(conn)) = (
         gateway.config.store.redis_url_file.clone(),
         gateway.redis.clone(),
     ) {
         let has_ca = gateway.config.store.ca_file.is_some();
-        let reloads = watch::Reloads {
-            file: "redis_url",
-            counters: gateway.metrics.config_reloads.clone(),
-        };
-        tokio::spawn(watch::on_change(
+        watch_file(
+            &gateway,
             path,
             "Redis URL file",
+            "redis_url",
             KEYS_FILE_POLL,
-            gateway.draining.clone(),
-            reloads,
             move |text| apply_redis_url(&conn, has_ca, text),
-        ));
+        );
     }
     // Each signing key file is polled; a change to any re-reads them all.
     for path in gateway.client_secrets.signing_key_files() {
         let gw = gateway.clone();
-        let stop = gateway.draining.clone();
-        let reloads = watch::Reloads {
-            file: "signing_key",
-            counters: gateway.metrics.config_reloads.clone(),
-        };
-        tokio::spawn(watch::on_change(
+        watch_file(
+            &gateway,
             path.clone(),
             "client-secret signing key",
+            "signing_key",
             KEYS_FILE_POLL,
-            stop,
-            reloads,
             move |_| gw.client_secrets.reload(),
-        ));
+        );
     }
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     tokio::spawn(server::serve_clients(listener, gateway.clone()));

@@ -69,8 +69,8 @@ pub enum UpstreamCallError {
 fn primary(route: &RouteConfig) -> Result<crate::config::UpstreamConfig, CallsRouteError> {
     route
         .upstream_list()
-        .into_iter()
-        .next()
+        .first()
+        .cloned()
         .ok_or_else(|| CallsRouteError::Url("the route has no upstream".into()))
 }
 

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! // once per process (inside the runtime), next to the key store:
-//! let metering = Metering::new(&config, metrics.clone(), keys.clone())?;
+//! let metering = Metering::with_redis(&config, metrics.clone(), keys.clone(), redis_conn);
 //! // config reload:
 //! metering.set_prices(new_config.prices.clone());
 //!
@@ -225,25 +225,9 @@ impl KillSignal {
 }
 
 impl Metering {
-    /// From the gateway config: Redis when `[store]` resolved a URL, else the
-    /// in-memory store; rows on stdout. Must be called inside the runtime.
-    pub fn new(
-        config: &Config,
-        metrics: Arc<Metrics>,
-        keys: Arc<KeyStore>,
-    ) -> Result<Self, StoreError> {
-        let redis = match &config.store.redis_url {
-            Some(url) => Some(crate::store::redis::RedisConn::new(
-                url.expose(),
-                config.store.ca_file.as_deref(),
-            )?),
-            None => None,
-        };
-        Ok(Self::with_redis(config, metrics, keys, redis))
-    }
-
-    /// Like [`Metering::new`], on the process's shared Redis connection
-    /// (`None`: the in-memory store).
+    /// From the gateway config, on the process's shared Redis connection
+    /// (`None`: the in-memory store); rows on stdout. Must be called inside
+    /// the runtime.
     pub fn with_redis(
         config: &Config,
         metrics: Arc<Metrics>,

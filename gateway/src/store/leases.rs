@@ -208,19 +208,8 @@ impl Leases {
     /// production). Does not connect; must be called inside a Tokio runtime.
     /// Nothing is renewed until [`Leases::spawn_renewal`].
     pub fn new(url: &str, prefix: &str, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
-        Self::with_ca_file(url, prefix, None, metrics)
-    }
-
-    /// Like [`Leases::new`], with the store's `[store] ca_file` for a
-    /// `rediss://` server.
-    pub fn with_ca_file(
-        url: &str,
-        prefix: &str,
-        ca_file: Option<&std::path::Path>,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, StoreError> {
         Ok(Self::with_conn(
-            super::redis::RedisConn::new(url, ca_file)?,
+            super::redis::RedisConn::new(url, None)?,
             prefix,
             metrics,
         ))

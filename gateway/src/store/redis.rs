@@ -245,17 +245,7 @@ impl RedisStore {
     /// A store on `url` under `prefix` ([`super::DEFAULT_PREFIX`] in
     /// production). Does not connect; must be called inside a Tokio runtime.
     pub fn new(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        Self::with_ca_file(url, prefix, None)
-    }
-
-    /// Like [`RedisStore::new`]; a `rediss://` server's certificate must
-    /// chain to a certificate of `ca_file` when it is given.
-    pub fn with_ca_file(
-        url: &str,
-        prefix: &str,
-        ca_file: Option<&Path>,
-    ) -> Result<Self, StoreError> {
-        Ok(Self::with_conn(RedisConn::new(url, ca_file)?, prefix))
+        Ok(Self::with_conn(RedisConn::new(url, None)?, prefix))
     }
 
     /// A store on a shared connection.

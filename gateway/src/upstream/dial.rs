@@ -180,12 +180,9 @@ impl Upstream {
         timeout: Duration,
         max_message_bytes: usize,
     ) -> Result<Self, String> {
-        let up = route
-            .upstream_list()
-            .into_iter()
-            .next()
-            .ok_or("the route has no upstream")?;
-        Self::for_upstream(route, &up, timeout, max_message_bytes)
+        let list = route.upstream_list();
+        let up = list.first().ok_or("the route has no upstream")?;
+        Self::for_upstream(route, up, timeout, max_message_bytes)
     }
 
     /// One of the route's upstreams.
@@ -442,8 +439,8 @@ mod tests {
     use super::*;
 
     fn url_of(r: &RouteConfig) -> Url {
-        let up = &r.upstream_list()[0];
-        upstream_url(up, up.upstream_model(r)).unwrap()
+        let list = r.upstream_list();
+        upstream_url(&list[0], list[0].upstream_model(r)).unwrap()
     }
 
     fn headers_of(r: &RouteConfig) -> Vec<(HeaderName, HeaderValue)> {

@@ -84,6 +84,28 @@ impl Selector {
     }
 }
 
+/// Each upstream's share of a route's `size` warm sockets: the available
+/// upstreams of the best priority split it by weight ([`split`]); every
+/// other upstream keeps none (a lower priority warms up only while the
+/// better ones are unavailable).
+pub fn pool_shares(size: usize, candidates: &[Candidate]) -> Vec<usize> {
+    let best = candidates
+        .iter()
+        .filter(|c| c.available)
+        .map(|c| c.priority)
+        .min();
+    let serving: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i].available && Some(candidates[i].priority) == best)
+        .collect();
+    let weights: Vec<u32> = serving.iter().map(|&i| candidates[i].weight).collect();
+    let shares = split(size, &weights);
+    let mut out = vec![0; candidates.len()];
+    for (k, &i) in serving.iter().enumerate() {
+        out[i] = shares[k];
+    }
+    out
+}
+
 /// Splits `size` warm sockets across upstreams in proportion to `weights`
 /// (largest remainders; ties to the earlier upstream). Weights all 0 split
 /// evenly.
@@ -175,6 +197,17 @@ mod tests {
         }
         let zeros = [c(0, 0, true), c(0, 0, true)];
         assert_eq!(s.plan(&zeros), vec![0, 1]);
+    }
+
+    #[test]
+    fn warm_sockets_go_to_the_best_available_priority_by_weight() {
+        let cs = [c(0, 3, true), c(0, 1, true), c(1, 5, true)];
+        assert_eq!(pool_shares(8, &cs), vec![6, 2, 0]);
+        let cs = [c(0, 3, false), c(0, 1, true), c(1, 5, true)];
+        assert_eq!(pool_shares(8, &cs), vec![0, 8, 0]);
+        let cs = [c(0, 3, false), c(0, 1, false), c(1, 5, true)];
+        assert_eq!(pool_shares(8, &cs), vec![0, 0, 8]);
+        assert_eq!(pool_shares(8, &[c(0, 1, false)]), vec![0]);
     }
 
     #[test]
