@@ -33,6 +33,12 @@ pub fn leading_event_type(text: &str) -> Option<&str> {
     leading_type(text.as_bytes()).map(|t| t_str(text, t))
 }
 
+/// [`leading_event_type`] on bytes that may not be UTF-8 (only the type's
+/// own bytes are checked).
+pub fn leading_event_type_bytes(text: &[u8]) -> Option<&str> {
+    leading_type(text).and_then(|(start, end)| std::str::from_utf8(&text[start..end]).ok())
+}
+
 fn t_str(text: &str, (start, end): (usize, usize)) -> &str {
     &text[start..end]
 }

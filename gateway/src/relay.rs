@@ -2,22 +2,34 @@
 //! every cause.
 //!
 //! Guarantees:
-//! - Text and binary frames are forwarded as received (the `Utf8Bytes` /
-//!   `Bytes` buffers move, they are never parsed and re-serialised). The
-//!   [`Tap`] sees each upstream text frame by reference before it is sent.
-//! - Ping/Pong are hop-by-hop: each leg's peer is answered by tungstenite on
-//!   that leg, and the frames count as activity for the idle timeout.
-//! - Each direction is its own future: a peer that stops reading stalls only
-//!   the direction towards it. Frames that are already readable are fed
-//!   without a flush and leave together when the reading side has nothing
-//!   more at once (one write per burst instead of one per frame: on loopback
-//!   most of the relay's CPU is the kernel's send path); tungstenite writes
-//!   its buffer out past 128 KiB and then waits for the socket, so what the
-//!   gateway holds per direction stays bounded by that buffer, one message
-//!   and the kernel's socket buffers, and the kernel's window pushes back on
-//!   the sender.
-//! - No lock or atomic per frame apart from one relaxed store of the
-//!   last-activity time, read by the idle timer.
+//! - Frame passthrough: a data frame is forwarded as the bytes received,
+//!   header and payload ([`leg`], [`reader`]). A client frame is already a
+//!   valid masked frame for the upstream, an upstream frame a valid
+//!   unmasked frame for the client; nothing is decoded into a message and
+//!   encoded again. Frame boundaries come from the headers; a message over
+//!   `max_message_bytes` (summed over its fragments) is refused from its
+//!   header before its payload is read; client text is validated as UTF-8
+//!   across fragments without modifying it; upstream text is trusted.
+//! - The [`Tap`] sees each upstream text message, in place (assembled only
+//!   when it came in fragments), before its last frame is sent on.
+//! - Ping/Pong are hop-by-hop: each leg's pings are answered on that leg,
+//!   and any frame counts as activity for the idle timeout.
+//! - One task drives both directions. Each wake-up reads every frame that is
+//!   ready on both legs, queues them whole (no copy: the queue holds the
+//!   read buffers) and writes each queue out in one vectored write, so a
+//!   burst costs one write, not one per frame (on loopback most of a
+//!   relay's CPU is the kernel's send path). A peer that stops reading
+//!   stalls only the direction towards it: past [`HIGH_WATER_BYTES`]
+//!   queued, the other leg is not read, and TCP pushes back on its sender.
+//! - The gateway's own frames (cancels upstream, error events to the
+//!   client) go only between messages: a fragmented message in flight
+//!   towards that leg is forwarded to its end first (bounded by
+//!   [`CLOSE_GRACE`]); if its sender is gone, a client message is ended
+//!   with a last fragment that keeps it valid, and an upstream message cut
+//!   short costs the client its error event (the close, a control frame,
+//!   may go between fragments).
+//! - No lock or atomic per frame: one clock read and one relaxed store of
+//!   the last-activity time per wake-up that read anything.
 //!
 //! # One end, many causes
 //!
@@ -47,25 +59,32 @@
 //! leg that sent them; a client protocol error 1002 (1007 for invalid UTF-8).
 
 pub mod frame;
+pub mod leg;
 pub mod reader;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{FutureExt, SinkExt, StreamExt};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
+
+use frame::{FrameError, FrameRole};
+use leg::{Control, Leg};
+use reader::ReadError;
 
 /// How long a leg is given to answer our close before the socket is dropped;
 /// also the bound on waiting for cancelled responses' `response.done`.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// Read buffer per WebSocket (both legs), which is also the most tungstenite
-/// reads at once. tungstenite's default (128 KiB) costs ~300 KB of memory
+/// Read buffer of a tungstenite WebSocket (a call's sideband), which is
+/// also the most tungstenite reads at once. tungstenite's default (128 KiB) costs ~300 KB of memory
 /// per idle session, 16 KiB ~88 KB, 4 KiB ~65 KB. 4 KiB holds every control
 /// frame and small delta in one read and a 22 KB audio delta takes a few
 /// reads, yet measured in one interleaved run against 16 KiB it used ~3 %
@@ -84,7 +103,7 @@ pub mod code {
     pub const INTERNAL: u16 = 1011;
 }
 
-/// The WebSocket settings of both legs.
+/// The WebSocket settings of tungstenite connections (a call's sideband).
 pub fn ws_config(max_message_bytes: usize) -> WebSocketConfig {
     WebSocketConfig::default()
         .read_buffer_size(READ_BUFFER_BYTES)
@@ -92,9 +111,18 @@ pub fn ws_config(max_message_bytes: usize) -> WebSocketConfig {
         .max_frame_size(Some(max_message_bytes))
 }
 
-/// Sees upstream text frames on their way to the client, and the end.
+/// Sees upstream text messages on their way to the client, and the end.
 pub trait Tap {
     fn on_upstream_text(&mut self, _text: &str) {}
+    /// A text message as received (the upstream's text is trusted, not
+    /// validated, on the relay's path). The default validates it and hands
+    /// it to [`Tap::on_upstream_text`]; a tap that can tell from the
+    /// leading bytes that it has no use for a message skips that work.
+    fn on_upstream_frame(&mut self, text: &[u8]) {
+        if let Ok(text) = std::str::from_utf8(text) {
+            self.on_upstream_text(text);
+        }
+    }
     /// Responses the upstream has started and not yet finished, by
     /// `response_id` (`None` when the upstream named none). The teardown
     /// cancels each and waits (bounded) for its `response.done`, which
@@ -178,13 +206,14 @@ pub struct Limits {
     pub deadline: Instant,
 }
 
-/// Frames the client sent before the upstream was ready, forwarded first.
-pub type Pending = Vec<Message>;
+/// Frames the client sent before the upstream was ready (as received),
+/// forwarded first.
+pub type Pending = Vec<Bytes>;
 
 /// How one leg is closed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LegClose {
-    /// The peer closed first and tungstenite queued the reply: flush it and
+    /// The peer closed first and the leg queued the reply: flush it and
     /// read to the end.
     Reply,
     /// Send this close (`None`: a close without a code) and read until the
@@ -303,90 +332,192 @@ pub fn teardown(
     }
 }
 
+/// Bytes queued per direction before the relay stops reading the sending
+/// leg (TCP then pushes back on that peer): what the gateway holds per
+/// direction is bounded by this, one frame and the kernel's buffers.
+pub const HIGH_WATER_BYTES: usize = 128 * 1024;
+
+/// How far one direction of the pump forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Forward,
+    /// Until the open fragmented message has passed, then stop.
+    ToBoundary,
+    Stopped,
+}
+
+/// Both directions of a splice, driven from one task: each poll reads what
+/// every leg has ready, queues it whole for the other leg and writes each
+/// queue out with one vectored write.
+struct Pump<'a, C, U, T> {
+    client: &'a mut Leg<C>,
+    upstream: &'a mut Leg<U>,
+    tap: &'a mut T,
+    /// Client → upstream.
+    up: Mode,
+    /// Upstream → client.
+    down: Mode,
+    client_close: Option<CloseFrame>,
+    upstream_close: Option<CloseFrame>,
+    /// A frame was read since this was last cleared.
+    active: bool,
+}
+
+impl<C, U, T> Pump<'_, C, U, T>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+    T: Tap,
+{
+    /// `Ready(Some(end))` when the session ends, `Ready(None)` when both
+    /// directions have stopped ([`Mode::ToBoundary`]).
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<End>> {
+        loop {
+            let mut progress = false;
+            if let Some(end) = self.poll_up(cx, &mut progress) {
+                return Poll::Ready(Some(end));
+            }
+            if let Some(end) = self.poll_down(cx, &mut progress) {
+                return Poll::Ready(Some(end));
+            }
+            if self.up == Mode::Stopped && self.down == Mode::Stopped {
+                return Poll::Ready(None);
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Client → upstream. Client pings are answered on the client leg
+    /// (written by [`Self::poll_down`]'s flush).
+    fn poll_up(&mut self, cx: &mut Context<'_>, progress: &mut bool) -> Option<End> {
+        if let Poll::Ready(Err(_)) = self.upstream.poll_flush(cx) {
+            return Some(End::UpstreamGone);
+        }
+        while self.up != Mode::Stopped && self.upstream.queued_bytes() < HIGH_WATER_BYTES {
+            let f = match self.client.poll_frame(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(Some(f))) => f,
+                Poll::Ready(Ok(None)) => return Some(End::ClientGone),
+                Poll::Ready(Err(e)) => return Some(client_error(&e)),
+            };
+            *progress = true;
+            self.active = true;
+            match f.role {
+                FrameRole::Data { last, .. } => {
+                    self.upstream.queue(f.bytes);
+                    if last && self.up == Mode::ToBoundary {
+                        self.up = Mode::Stopped;
+                    }
+                }
+                FrameRole::Control => match self.client.answer(&f) {
+                    Ok(Control::PingPong) => {}
+                    Ok(Control::Close(frame)) => {
+                        let code = frame.as_ref().map(|f| u16::from(f.code));
+                        self.client_close = sendable(frame);
+                        return Some(End::ClientClosed(code));
+                    }
+                    Err(code) => return Some(End::ClientProtocolError(code)),
+                },
+            }
+        }
+        if let Poll::Ready(Err(_)) = self.upstream.poll_flush(cx) {
+            return Some(End::UpstreamGone);
+        }
+        None
+    }
+
+    /// Upstream → client; the tap sees each text message before the client
+    /// is sent its last frame.
+    fn poll_down(&mut self, cx: &mut Context<'_>, progress: &mut bool) -> Option<End> {
+        if let Poll::Ready(Err(_)) = self.client.poll_flush(cx) {
+            return Some(End::ClientGone);
+        }
+        while self.down != Mode::Stopped && self.client.queued_bytes() < HIGH_WATER_BYTES {
+            let f = match self.upstream.poll_frame(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(Some(f))) => f,
+                Poll::Ready(Err(ReadError::Frame(FrameError::MessageTooBig { .. }))) => {
+                    return Some(End::UpstreamTooBig)
+                }
+                Poll::Ready(Ok(None) | Err(_)) => return Some(End::UpstreamGone),
+            };
+            *progress = true;
+            self.active = true;
+            match f.role {
+                FrameRole::Data { last, .. } => {
+                    if let Some(text) = self.upstream.text_of(&f) {
+                        self.tap.on_upstream_frame(&text);
+                    }
+                    self.client.queue(f.bytes);
+                    if last && self.down == Mode::ToBoundary {
+                        self.down = Mode::Stopped;
+                    }
+                }
+                FrameRole::Control => match self.upstream.answer(&f) {
+                    Ok(Control::PingPong) => {}
+                    Ok(Control::Close(frame)) => {
+                        let code = frame.as_ref().map(|f| u16::from(f.code));
+                        self.upstream_close = sendable(frame);
+                        return Some(End::UpstreamClosed(code));
+                    }
+                    Err(_) => return Some(End::UpstreamGone),
+                },
+            }
+        }
+        if let Poll::Ready(Err(_)) = self.client.poll_flush(cx) {
+            return Some(End::ClientGone);
+        }
+        None
+    }
+}
+
 pub async fn splice<C, U, T, K>(
-    client: WebSocketStream<C>,
-    upstream: WebSocketStream<U>,
+    mut client: Leg<C>,
+    mut upstream: Leg<U>,
     pending: Pending,
     limits: Limits,
     tap: &mut T,
     kill: K,
 ) -> Spliced
 where
-    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
     T: Tap,
     K: std::future::Future<Output = Kill>,
 {
-    let (mut c_tx, mut c_rx) = client.split();
-    let (mut u_tx, mut u_rx) = upstream.split();
+    for frames in pending {
+        upstream.queue(frames);
+    }
     let started = Instant::now();
+    // Milliseconds from `started` (an atomic: the session's future must be
+    // `Send`, so a `Cell` cannot be shared by the select's branches).
     let last_activity_ms = AtomicU64::new(0);
-    let mut client_close: Option<CloseFrame> = None;
-    let mut upstream_close: Option<CloseFrame> = None;
-
+    let mut pump = Pump {
+        client: &mut client,
+        upstream: &mut upstream,
+        tap,
+        up: Mode::Forward,
+        down: Mode::Forward,
+        client_close: None,
+        upstream_close: None,
+        active: false,
+    };
     let end = {
-        let touch = || {
-            let ms = started.elapsed().as_millis() as u64;
-            last_activity_ms.store(ms, Ordering::Relaxed);
-        };
-        let client_to_upstream = async {
-            for msg in pending {
-                if u_tx.send(msg).await.is_err() {
-                    return End::UpstreamGone;
-                }
+        // One clock read per wake-up that read anything, not per frame.
+        let pumping = std::future::poll_fn(|cx| {
+            let polled = pump.poll(cx);
+            if std::mem::take(&mut pump.active) {
+                let ms = started.elapsed().as_millis() as u64;
+                last_activity_ms.store(ms, Ordering::Relaxed);
             }
-            loop {
-                let next = match next_or_flush(&mut c_rx, &mut u_tx).await {
-                    Some(next) => next,
-                    None => return End::UpstreamGone,
-                };
-                match next {
-                    Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => {
-                        touch();
-                        if u_tx.feed(msg).await.is_err() {
-                            return End::UpstreamGone;
-                        }
-                    }
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => touch(),
-                    Some(Ok(Message::Close(frame))) => {
-                        let code = frame.as_ref().map(|f| u16::from(f.code));
-                        client_close = sendable(frame);
-                        return End::ClientClosed(code);
-                    }
-                    Some(Ok(Message::Frame(_))) => {}
-                    Some(Err(e)) => return client_error(&e),
-                    None => return End::ClientGone,
-                }
+            match polled {
+                Poll::Ready(Some(end)) => Poll::Ready(end),
+                // Both directions forward until the end: never stopped.
+                _ => Poll::Pending,
             }
-        };
-        let upstream_to_client = async {
-            loop {
-                let next = match next_or_flush(&mut u_rx, &mut c_tx).await {
-                    Some(next) => next,
-                    None => return End::ClientGone,
-                };
-                match next {
-                    Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => {
-                        touch();
-                        if let Message::Text(t) = &msg {
-                            tap.on_upstream_text(t);
-                        }
-                        if c_tx.feed(msg).await.is_err() {
-                            return End::ClientGone;
-                        }
-                    }
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => touch(),
-                    Some(Ok(Message::Close(frame))) => {
-                        let code = frame.as_ref().map(|f| u16::from(f.code));
-                        upstream_close = sendable(frame);
-                        return End::UpstreamClosed(code);
-                    }
-                    Some(Ok(Message::Frame(_))) => {}
-                    Some(Err(e)) if too_big(&e) => return End::UpstreamTooBig,
-                    Some(Err(_)) | None => return End::UpstreamGone,
-                }
-            }
-        };
+        });
         let idle = async {
             loop {
                 let last = Duration::from_millis(last_activity_ms.load(Ordering::Relaxed));
@@ -398,37 +529,84 @@ where
             }
         };
         tokio::select! {
-            e = client_to_upstream => e,
-            e = upstream_to_client => e,
+            e = pumping => e,
             e = idle => e,
             _ = tokio::time::sleep_until(limits.deadline) => End::MaxDuration,
             k = kill => End::Killed(k),
         }
     };
 
-    let plan = teardown(&end, client_close, upstream_close);
+    let plan = teardown(&end, pump.client_close.take(), pump.upstream_close.take());
     let received = match &end {
         End::ClientClosed(c) | End::UpstreamClosed(c) => *c,
         _ => None,
     };
     let client_code = plan.client.code(received);
     let upstream_code = plan.upstream.code(received);
-    tap.ending(&end);
+    pump.tap.ending(&end);
     let Teardown {
-        client_event,
-        client,
-        upstream,
+        mut client_event,
+        client: client_how,
+        upstream: upstream_how,
         upstream_answers,
     } = plan;
-    let client_leg = close_leg(&mut c_tx, &mut c_rx, client_event, client, |_| {});
+
+    // Frames of the gateway's own go between messages, never inside a
+    // fragmented one: a message in flight towards a leg that gets one is
+    // forwarded to its end first (bounded), when its sender can still send.
+    let cancels = upstream_answers && !pump.tap.responses_in_flight().is_empty();
+    let client_sends = matches!(
+        end,
+        End::IdleTimeout
+            | End::MaxDuration
+            | End::Killed(_)
+            | End::UpstreamClosed(_)
+            | End::UpstreamGone
+            | End::UpstreamTooBig
+    );
+    pump.up = if cancels && client_sends && !pump.client.at_boundary() {
+        Mode::ToBoundary
+    } else {
+        Mode::Stopped
+    };
+    pump.down = if client_event.is_some()
+        && upstream_answers
+        && client_how != LegClose::Gone
+        && !pump.upstream.at_boundary()
+    {
+        Mode::ToBoundary
+    } else {
+        Mode::Stopped
+    };
+    if pump.up == Mode::ToBoundary || pump.down == Mode::ToBoundary {
+        let _ = tokio::time::timeout(CLOSE_GRACE, std::future::poll_fn(|cx| pump.poll(cx))).await;
+    }
+    let Pump {
+        client,
+        upstream,
+        tap,
+        ..
+    } = pump;
+    if cancels {
+        // The client's message could not finish (its sender closed, broke
+        // or left): end it with a last fragment that keeps it valid, so the
+        // cancel that follows is a message of its own.
+        if let Some(rest) = client.completion() {
+            upstream.queue_fragment(true, frame::opcode::CONTINUATION, &rest);
+        }
+    }
+    if !upstream.at_boundary() {
+        // The upstream's message is cut short: the client gets the close
+        // (a control frame may go between fragments), not the event.
+        client_event = None;
+    }
+
+    let client_leg = close_leg(client, client_event, client_how, |_| {});
     let upstream_leg = async {
         if upstream_answers {
-            cancel_in_flight(&mut u_tx, &mut u_rx, tap).await;
+            cancel_in_flight(upstream, tap).await;
         }
-        close_leg(&mut u_tx, &mut u_rx, None, upstream, |t| {
-            tap.on_upstream_text(t)
-        })
-        .await;
+        close_leg(upstream, None, upstream_how, |t| tap.on_upstream_frame(t)).await;
     };
     tokio::join!(client_leg, upstream_leg);
     Spliced {
@@ -436,25 +614,6 @@ where
         client_code,
         upstream_code,
     }
-}
-
-/// The next frame from `rx`. When none is ready at once, `tx` is flushed
-/// first: frames that arrive in a burst are fed to `tx` and leave in one
-/// write, and nothing waits in the buffer while `rx` is idle. `None` when
-/// the flush failed (the peer of `tx` is gone).
-async fn next_or_flush<R, W>(
-    rx: &mut SplitStream<WebSocketStream<R>>,
-    tx: &mut SplitSink<WebSocketStream<W>, Message>,
-) -> Option<Option<Result<Message, WsError>>>
-where
-    R: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    W: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    if let Some(next) = rx.next().now_or_never() {
-        return Some(next);
-    }
-    tx.flush().await.ok()?;
-    Some(rx.next().await)
 }
 
 pub fn close(code: u16, reason: &str) -> CloseFrame {
@@ -477,23 +636,15 @@ fn sendable(frame: Option<CloseFrame>) -> Option<CloseFrame> {
     }
 }
 
-fn too_big(e: &WsError) -> bool {
-    matches!(e, WsError::Capacity(CapacityError::MessageTooLong { .. }))
-}
-
 /// What a read error on the client leg means: an oversize frame or message,
 /// a protocol violation (the client can still be told), or a connection
 /// that is gone.
-fn client_error(e: &WsError) -> End {
+fn client_error(e: &ReadError) -> End {
     match e {
-        e if too_big(e) => End::ClientTooBig,
-        WsError::Utf8(_) => End::ClientProtocolError(code::INVALID_PAYLOAD),
-        // A peer that vanished mid-handshake is gone, not misbehaving.
-        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => End::ClientGone,
-        WsError::Protocol(_) | WsError::Capacity(_) => {
-            End::ClientProtocolError(code::PROTOCOL_ERROR)
-        }
-        _ => End::ClientGone,
+        ReadError::Frame(FrameError::MessageTooBig { .. }) => End::ClientTooBig,
+        ReadError::Frame(f) => End::ClientProtocolError(f.close_code()),
+        // A connection that ended mid-frame is gone, not misbehaving.
+        ReadError::Truncated | ReadError::Io(_) => End::ClientGone,
     }
 }
 
@@ -509,19 +660,72 @@ pub fn cancel_event(response_id: Option<&str>) -> String {
     }
 }
 
+/// A connection to the upstream that events can be sent on and read from:
+/// a relay [`Leg`], or a call's sideband ([`WsLeg`]).
+pub(crate) trait EventLeg {
+    /// Sends each text; `false` when the connection is gone.
+    async fn send_texts(&mut self, texts: &[String]) -> bool;
+    /// Reads the next frame, giving a whole text message to `tap`; `false`
+    /// when the connection ended (a close, an error, EOF).
+    async fn read_into<T: Tap>(&mut self, tap: &mut T) -> bool;
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> EventLeg for Leg<S> {
+    async fn send_texts(&mut self, texts: &[String]) -> bool {
+        for t in texts {
+            self.queue_text(t);
+        }
+        self.flush().await.is_ok()
+    }
+
+    async fn read_into<T: Tap>(&mut self, tap: &mut T) -> bool {
+        let Ok(Some(f)) = self.next_frame().await else {
+            return false;
+        };
+        if f.role == FrameRole::Control {
+            return !matches!(self.answer(&f), Ok(Control::Close(_)) | Err(_));
+        }
+        if let Some(text) = self.text_of(&f) {
+            tap.on_upstream_frame(&text);
+        }
+        true
+    }
+}
+
+/// A tungstenite connection split in halves (a call's sideband).
+pub(crate) struct WsLeg<'a, S> {
+    pub tx: &'a mut SplitSink<WebSocketStream<S>, Message>,
+    pub rx: &'a mut SplitStream<WebSocketStream<S>>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> EventLeg for WsLeg<'_, S> {
+    async fn send_texts(&mut self, texts: &[String]) -> bool {
+        for t in texts {
+            if self.tx.feed(Message::text(t.as_str())).await.is_err() {
+                return false;
+            }
+        }
+        self.tx.flush().await.is_ok()
+    }
+
+    async fn read_into<T: Tap>(&mut self, tap: &mut T) -> bool {
+        match self.rx.next().await {
+            Some(Ok(Message::Text(t))) => {
+                tap.on_upstream_text(&t);
+                true
+            }
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => false,
+            Some(Ok(_)) => true,
+        }
+    }
+}
+
 /// Cancels every response in flight (and any that starts meanwhile) and
 /// reads the upstream, through the tap, until none is in flight, at most
 /// [`CLOSE_GRACE`]. Without the `response.done` that answers a cancel, the
 /// turn would be logged with unknown usage, and a client could end its
 /// session just before every `response.done` to spend without being charged.
-pub async fn cancel_in_flight<U, T>(
-    tx: &mut SplitSink<WebSocketStream<U>, Message>,
-    rx: &mut SplitStream<WebSocketStream<U>>,
-    tap: &mut T,
-) where
-    U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    T: Tap,
-{
+pub(crate) async fn cancel_in_flight<L: EventLeg, T: Tap>(leg: &mut L, tap: &mut T) {
     let mut cancelled: Vec<Option<String>> = Vec::new();
     let _ = tokio::time::timeout(CLOSE_GRACE, async {
         loop {
@@ -529,27 +733,20 @@ pub async fn cancel_in_flight<U, T>(
             if in_flight.is_empty() {
                 return;
             }
-            let mut sent = false;
-            for id in in_flight {
-                if !cancelled.contains(&id) {
-                    if tx
-                        .feed(Message::text(cancel_event(id.as_deref())))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    cancelled.push(id);
-                    sent = true;
+            let fresh: Vec<Option<String>> = in_flight
+                .into_iter()
+                .filter(|id| !cancelled.contains(id))
+                .collect();
+            if !fresh.is_empty() {
+                let events: Vec<String> =
+                    fresh.iter().map(|id| cancel_event(id.as_deref())).collect();
+                if !leg.send_texts(&events).await {
+                    return;
                 }
+                cancelled.extend(fresh);
             }
-            if sent && tx.flush().await.is_err() {
+            if !leg.read_into(tap).await {
                 return;
-            }
-            match rx.next().await {
-                Some(Ok(Message::Text(t))) => tap.on_upstream_text(&t),
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
-                Some(Ok(_)) => {}
             }
         }
     })
@@ -558,39 +755,27 @@ pub async fn cancel_in_flight<U, T>(
 
 /// Closes one leg within [`CLOSE_GRACE`]: sends `event` (if any) and the
 /// close, flushes, then reads until the peer's close reply or EOF, passing
-/// text frames to `on_text`. Reading the reply matters: closing a socket
+/// text messages to `on_text`. Reading the reply matters: closing a socket
 /// with unread data makes the kernel send a reset, which can destroy the
 /// close frame before the peer reads it. The bound matters as much: a peer
 /// that stopped reading would otherwise block the first write forever.
-async fn close_leg<S>(
-    tx: &mut SplitSink<WebSocketStream<S>, Message>,
-    rx: &mut SplitStream<WebSocketStream<S>>,
+async fn close_leg<S: AsyncRead + AsyncWrite + Unpin>(
+    leg: &mut Leg<S>,
     event: Option<String>,
     how: LegClose,
-    mut on_text: impl FnMut(&str),
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    if how == LegClose::Gone {
-        return;
-    }
+    on_text: impl FnMut(&[u8]),
+) {
+    let frame = match how {
+        LegClose::Gone => return,
+        // The leg queued its reply when the close arrived.
+        LegClose::Reply => None,
+        LegClose::Send(frame) => frame,
+    };
     let _ = tokio::time::timeout(CLOSE_GRACE, async {
         if let Some(event) = event {
-            let _ = tx.feed(Message::text(event)).await;
+            leg.queue_text(&event);
         }
-        match how {
-            LegClose::Send(frame) => {
-                let _ = tx.send(Message::Close(frame)).await;
-            }
-            LegClose::Reply | LegClose::Gone => {
-                let _ = tx.flush().await;
-            }
-        }
-        while let Some(Ok(msg)) = rx.next().await {
-            if let Message::Text(t) = &msg {
-                on_text(t);
-            }
-        }
+        leg.close(frame, on_text).await;
     })
     .await;
 }
@@ -744,18 +929,14 @@ mod tests {
 
     #[test]
     fn client_read_errors_map_to_their_cause() {
-        use tokio_tungstenite::tungstenite::error::CapacityError;
-        let big = WsError::Capacity(CapacityError::MessageTooLong {
-            size: 9,
-            max_size: 1,
-        });
+        let big = ReadError::Frame(FrameError::MessageTooBig { size: 9, max: 1 });
         assert_eq!(client_error(&big), End::ClientTooBig);
-        let masked = WsError::Protocol(ProtocolError::UnmaskedFrameFromClient);
-        assert_eq!(client_error(&masked), End::ClientProtocolError(1002));
-        let reset = WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake);
-        assert_eq!(client_error(&reset), End::ClientGone);
-        assert_eq!(client_error(&WsError::ConnectionClosed), End::ClientGone);
-        let io = WsError::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        let unmasked = ReadError::Frame(FrameError::Unmasked);
+        assert_eq!(client_error(&unmasked), End::ClientProtocolError(1002));
+        let utf8 = ReadError::Frame(FrameError::InvalidUtf8);
+        assert_eq!(client_error(&utf8), End::ClientProtocolError(1007));
+        assert_eq!(client_error(&ReadError::Truncated), End::ClientGone);
+        let io = ReadError::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
         assert_eq!(client_error(&io), End::ClientGone);
     }
 }

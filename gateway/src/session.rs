@@ -23,13 +23,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::protocol::Role;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
 
 use crate::admission::Permit;
 use crate::auth::KeyEntry;
@@ -39,8 +35,11 @@ use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
 use crate::metering::{EndReason, SessionMeta};
 use crate::metrics::{model, FailoverLabels, OutcomeLabels};
+use crate::relay::frame::FrameRole;
+use crate::relay::leg::{Control, Leg, Side};
+use crate::relay::reader::RawFrame;
 use crate::relay::{self, Kill, Limits, Tap};
-use crate::upstream::dial::{DialError, UpstreamSocket, Warm};
+use crate::upstream::dial::{DialError, UpstreamLeg, Warm};
 use crate::upstream::failover;
 
 /// Client frames held while the upstream is dialled; past either bound the
@@ -50,7 +49,7 @@ use crate::upstream::failover;
 const MAX_PENDING_FRAMES: usize = 64;
 const MAX_PENDING_BYTES: usize = 1 << 20;
 
-type ClientSocket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+type ClientSocket = Leg<TokioIo<hyper::upgrade::Upgraded>>;
 
 /// Client frames held until the upstream is ready, and their size.
 #[derive(Default)]
@@ -74,11 +73,8 @@ enum Hold<T> {
 /// within [`relay::CLOSE_GRACE`].
 async fn end_before_session(client: &mut ClientSocket, event: String, code: u16, reason: &str) {
     let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
-        let _ = client.feed(Message::text(event)).await;
-        let _ = client
-            .send(Message::Close(Some(relay::close(code, reason))))
-            .await;
-        while let Some(Ok(_)) = client.next().await {}
+        client.queue_text(&event);
+        client.close(Some(relay::close(code, reason)), |_| {}).await;
     })
     .await;
 }
@@ -86,7 +82,7 @@ async fn end_before_session(client: &mut ClientSocket, event: String, code: u16,
 /// Answers a client that left before its session started (its close, or
 /// nothing if the connection is gone), within [`relay::CLOSE_GRACE`].
 async fn client_left(client: &mut ClientSocket) {
-    let _ = tokio::time::timeout(relay::CLOSE_GRACE, client.close(None)).await;
+    let _ = tokio::time::timeout(relay::CLOSE_GRACE, client.close(None, |_| {})).await;
 }
 
 /// Closes a client 1001 because the gateway is shutting down before its
@@ -94,8 +90,30 @@ async fn client_left(client: &mut ClientSocket) {
 /// reading must not hold the drain).
 async fn going_away(client: &mut ClientSocket) {
     let frame = relay::close(relay::code::GOING_AWAY, "server shutting down");
-    let send = client.send(Message::Close(Some(frame)));
-    let _ = tokio::time::timeout(relay::CLOSE_GRACE, send).await;
+    client.queue_close(Some(frame));
+    let _ = tokio::time::timeout(relay::CLOSE_GRACE, client.flush()).await;
+}
+
+/// The client's next data frame, its pings answered meanwhile; `None` when
+/// it closed, broke the protocol or left.
+async fn next_client_data(client: &mut ClientSocket) -> Option<RawFrame> {
+    loop {
+        let next = std::future::poll_fn(|cx| {
+            // Pongs leave while the client is read; a failed write shows
+            // up as a failed read.
+            let _ = client.poll_flush(cx);
+            client.poll_frame(cx)
+        })
+        .await;
+        match next {
+            Ok(Some(f)) if f.role == FrameRole::Control => match client.answer(&f) {
+                Ok(Control::PingPong) => continue,
+                Ok(Control::Close(_)) | Err(_) => return None,
+            },
+            Ok(Some(f)) => return Some(f),
+            Ok(None) | Err(_) => return None,
+        }
+    }
 }
 
 async fn hold_client_while<F: std::future::Future>(
@@ -108,13 +126,12 @@ async fn hold_client_while<F: std::future::Future>(
     loop {
         tokio::select! {
             r = &mut work => return Hold::Done(r),
-            msg = client.next(), if held.frames.len() < MAX_PENDING_FRAMES && held.bytes < MAX_PENDING_BYTES => match msg {
-                Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => {
-                    held.bytes += m.len();
-                    held.frames.push(m);
+            f = next_client_data(client), if held.frames.len() < MAX_PENDING_FRAMES && held.bytes < MAX_PENDING_BYTES => match f {
+                Some(f) => {
+                    held.bytes += f.bytes.len();
+                    held.frames.push(f.bytes);
                 }
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Hold::ClientLeft,
-                Some(Ok(_)) => {}
+                None => return Hold::ClientLeft,
             },
             _ = shutdown.cancelled() => return Hold::Shutdown,
         }
@@ -149,10 +166,12 @@ impl Session {
                 return;
             }
         };
-        let ws_config = crate::relay::ws_config(gw.config.relay.max_message_bytes);
-        let mut client =
-            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(ws_config))
-                .await;
+        let mut client = Leg::new(
+            TokioIo::new(upgraded),
+            &[],
+            Side::Server,
+            gw.config.relay.max_message_bytes,
+        );
 
         let deadline = self.started + Duration::from_secs(gw.config.relay.max_session_secs);
         let mut held = Held::default();
@@ -275,7 +294,10 @@ impl Session {
         };
         // Bounded like every write before the splice: a fresh socket takes
         // this at once unless the client is gone or stuck.
-        let created = client.send(Message::Text(warm.session_created.clone()));
+        for frame in &warm.created_frames {
+            client.queue(frame.clone());
+        }
+        let created = client.flush();
         if !matches!(
             tokio::time::timeout(relay::CLOSE_GRACE, created).await,
             Ok(Ok(()))
@@ -293,9 +315,9 @@ impl Session {
         let applied = match &self.client_secret {
             Some(grant) => {
                 let applying =
-                    self.apply_minted_config(grant, &mut client, &mut warm.ws, &mut held, setup);
+                    self.apply_minted_config(grant, &mut client, &mut warm.leg, &mut held, setup);
                 match applying.await {
-                    Some(frames) => frames,
+                    Some(texts) => texts,
                     None => return,
                 }
             }
@@ -313,10 +335,8 @@ impl Session {
         let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
         gw.tasks.spawn(meter.run());
         tracker.on_upstream_text(&warm.session_created);
-        for frame in &applied {
-            if let Message::Text(t) = frame {
-                tracker.on_upstream_text(t);
-            }
+        for text in &applied {
+            tracker.on_upstream_text(text);
         }
         let kill = async move {
             tokio::select! {
@@ -329,7 +349,8 @@ impl Session {
                 },
             }
         };
-        let spliced = relay::splice(client, warm.ws, held.frames, limits, &mut tracker, kill).await;
+        let spliced =
+            relay::splice(client, warm.leg, held.frames, limits, &mut tracker, kill).await;
         tracker.finish(EndReason::from_end(&spliced.end));
         if spliced.end == relay::End::ClientGone {
             gw.metrics.client_disconnects.get_or_create(&label).inc();
@@ -344,16 +365,16 @@ impl Session {
 
     /// Sends a client secret's minted config upstream and waits for
     /// `session.updated` while holding client frames, then gives the client
-    /// what the upstream sent meanwhile. Returns those frames (for the
+    /// what the upstream sent meanwhile. Returns its text messages (for the
     /// tracker), or `None` when the session ended here (closed and logged).
     async fn apply_minted_config(
         &self,
         grant: &Grant,
         client: &mut ClientSocket,
-        upstream: &mut UpstreamSocket,
+        upstream: &mut UpstreamLeg,
         held: &mut Held,
         setup: Duration,
-    ) -> Option<Vec<Message>> {
+    ) -> Option<Vec<String>> {
         let gw = &self.gateway;
         let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
         let update = grant.session_update(self.route.config.protocol);
@@ -362,19 +383,21 @@ impl Session {
             Hold::Done(r) => r,
             Hold::ClientLeft => {
                 client_left(client).await;
-                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
+                let _ =
+                    tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None, |_| {})).await;
                 self.log_end("client_left_before_session", None, None, Some(setup));
                 return None;
             }
             Hold::Shutdown => {
                 going_away(client).await;
-                let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None)).await;
+                let _ =
+                    tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None, |_| {})).await;
                 self.log_end("shutdown", Some(1001), None, Some(setup));
                 return None;
             }
         };
-        let frames = match result {
-            Ok(frames) => frames,
+        let answered = match result {
+            Ok(answered) => answered,
             Err(e) => {
                 tracing::warn!(session_id = %self.id, client_secret_id = %grant.id, error = %e, "minted session config not applied");
                 let event = match e {
@@ -391,26 +414,24 @@ impl Session {
                     relay::code::INTERNAL,
                     "session config refused",
                 );
-                let upstream_leg = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None));
+                let upstream_leg =
+                    tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None, |_| {}));
                 let _ = tokio::join!(client_leg, upstream_leg);
                 self.log_end("session_config_refused", Some(1011), None, Some(setup));
                 return None;
             }
         };
-        let forward = async {
-            for frame in &frames {
-                client.feed(frame.clone()).await?;
-            }
-            client.flush().await
-        };
+        for frame in answered.frames {
+            client.queue(frame);
+        }
         if !matches!(
-            tokio::time::timeout(relay::CLOSE_GRACE, forward).await,
+            tokio::time::timeout(relay::CLOSE_GRACE, client.flush()).await,
             Ok(Ok(()))
         ) {
             self.log_end("client_gone", None, None, Some(setup));
             return None;
         }
-        Some(frames)
+        Some(answered.texts)
     }
 
     fn log_end(

@@ -193,7 +193,11 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                     _ => End::MaxDuration,
                 };
                 tracker.ending(&relay_end);
-                relay::cancel_in_flight(&mut tx, &mut rx, &mut tracker).await;
+                let mut leg = relay::WsLeg {
+                    tx: &mut tx,
+                    rx: &mut rx,
+                };
+                relay::cancel_in_flight(&mut leg, &mut tracker).await;
                 hang_up(&gw, &call, &end).await;
             } else if matches!(end, SidebandEnd::AttachFailed(_)) {
                 // The sideband could not be attached again: a call the

@@ -18,11 +18,12 @@
 
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite::Message;
+use bytes::Bytes;
 
 use crate::event::event_type;
-use crate::upstream::dial::UpstreamSocket;
+use crate::relay::frame::FrameRole;
+use crate::relay::leg::Control;
+use crate::upstream::dial::UpstreamLeg;
 
 /// Why the minted config could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -54,39 +55,57 @@ pub fn classify(frame: &str) -> Answer {
     }
 }
 
+/// What the upstream sent while the config was applied, `session.updated`
+/// last.
+#[derive(Debug, Default)]
+pub struct Answered {
+    /// Its frames as received, for the client.
+    pub frames: Vec<Bytes>,
+    /// Its text messages, for the tracker.
+    pub texts: Vec<String>,
+}
+
 /// Sends `update` upstream and waits up to `timeout` for `session.updated`;
 /// returns every upstream frame read, the `session.updated` last.
 pub async fn apply(
-    upstream: &mut UpstreamSocket,
+    upstream: &mut UpstreamLeg,
     update: String,
     timeout: Duration,
-) -> Result<Vec<Message>, ApplyError> {
+) -> Result<Answered, ApplyError> {
     let work = async {
+        upstream.queue_text(&update);
         upstream
-            .send(Message::text(update))
+            .flush()
             .await
             .map_err(|_| ApplyError::UpstreamGone)?;
-        let mut frames = Vec::new();
+        let mut answered = Answered::default();
         loop {
-            match upstream.next().await {
-                Some(Ok(Message::Text(t))) => match classify(&t) {
-                    Answer::Applied => {
-                        frames.push(Message::Text(t));
-                        return Ok(frames);
+            let Ok(Some(f)) = upstream.next_frame().await else {
+                return Err(ApplyError::UpstreamGone);
+            };
+            if f.role == FrameRole::Control {
+                match upstream.answer(&f) {
+                    Ok(Control::PingPong) => {
+                        let _ = upstream.flush().await;
+                        continue;
                     }
-                    Answer::Refused => {
-                        return Err(ApplyError::Refused {
-                            frame: t.to_string(),
-                        })
-                    }
-                    Answer::Other => frames.push(Message::Text(t)),
-                },
-                Some(Ok(m @ Message::Binary(_))) => frames.push(m),
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
-                    return Err(ApplyError::UpstreamGone)
+                    Ok(Control::Close(_)) | Err(_) => return Err(ApplyError::UpstreamGone),
                 }
-                // Pings are answered by tungstenite on the next read or write.
-                Some(Ok(_)) => {}
+            }
+            let text = upstream
+                .text_of(&f)
+                .map(|t| String::from_utf8_lossy(&t).into_owned());
+            answered.frames.push(f.bytes);
+            let Some(text) = text else {
+                continue;
+            };
+            match classify(&text) {
+                Answer::Applied => {
+                    answered.texts.push(text);
+                    return Ok(answered);
+                }
+                Answer::Refused => return Err(ApplyError::Refused { frame: text }),
+                Answer::Other => answered.texts.push(text),
             }
         }
     };

@@ -442,6 +442,22 @@ impl Tap for TurnTracker {
         self.ending = Some(EndReason::from_end(end));
     }
 
+    /// Most upstream messages are deltas: when the leading bytes name a
+    /// type metering has no use for, the message is skipped without
+    /// validating it as UTF-8.
+    fn on_upstream_frame(&mut self, text: &[u8]) {
+        if let Some(t) = crate::event::leading_event_type_bytes(text) {
+            match classify(t) {
+                Sniffed::Other => return,
+                Sniffed::Delta if self.waiting_ttft == 0 => return,
+                _ => {}
+            }
+        }
+        if let Ok(text) = std::str::from_utf8(text) {
+            self.on_upstream_text(text);
+        }
+    }
+
     fn on_upstream_text(&mut self, text: &str) {
         match sniff(text) {
             Sniffed::Created => self.on_created(text),

@@ -81,6 +81,10 @@ pub enum FrameError {
     MessageTooBig { size: u64, max: u64 },
     #[error("text is not valid UTF-8")]
     InvalidUtf8,
+    #[error("unmasked frame from a client")]
+    Unmasked,
+    #[error("masked frame from a server")]
+    Masked,
 }
 
 impl FrameError {
@@ -308,6 +312,27 @@ impl Utf8Stream {
             }
             Err(_) => Err(FrameError::InvalidUtf8),
         }
+    }
+
+    /// The bytes that complete the character left unfinished (empty when
+    /// none is): the smallest valid continuation of the pending prefix.
+    pub fn completion(&self) -> Vec<u8> {
+        let have = &self.pending[..usize::from(self.pending_len)];
+        let Some(&lead) = have.first() else {
+            return Vec::new();
+        };
+        let total = match lead {
+            0xF0..=0xF4 => 4,
+            0xE0..=0xEF => 3,
+            _ => 2,
+        };
+        (have.len()..total)
+            .map(|i| match (i, lead) {
+                (1, 0xE0) => 0xA0,
+                (1, 0xF0) => 0x90,
+                _ => 0x80,
+            })
+            .collect()
     }
 
     /// The message ended: a character left unfinished is invalid.
@@ -621,6 +646,35 @@ mod tests {
                 "{s:?} cut at {cuts:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_completion_finishes_every_unfinished_prefix_validly() {
+        let mut chars = 0;
+        for c in [
+            'é',
+            'ࠀ',
+            '€',
+            '\u{D7FF}',
+            '\u{E000}',
+            '𐀀',
+            '𝄞',
+            '\u{10FFFF}',
+        ] {
+            let mut bytes = [0u8; 4];
+            let encoded = c.encode_utf8(&mut bytes).as_bytes();
+            for cut in 1..encoded.len() {
+                let mut v = Utf8Stream::default();
+                v.feed(&[b"ok ", &encoded[..cut]].concat()).unwrap();
+                let rest = v.completion();
+                assert_eq!(rest.len(), encoded.len() - cut, "{c:?} cut {cut}");
+                v.feed(&rest).unwrap();
+                assert_eq!(v.finish(), Ok(()), "{c:?} cut {cut}");
+                chars += 1;
+            }
+        }
+        assert!(chars > 10);
+        assert!(Utf8Stream::default().completion().is_empty());
     }
 
     #[test]

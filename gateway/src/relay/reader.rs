@@ -21,8 +21,11 @@
 //! Caveat: a frame is delivered whole, so a large frame waits until all of
 //! it has arrived (as it did through tungstenite's decoder).
 
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::AsyncRead;
 
 use super::frame::{self, FrameError, FrameHeader, FrameRole, Message, Utf8Stream};
 
@@ -68,10 +71,19 @@ pub enum ReadError {
 }
 
 /// Frames of one leg, in order.
+///
+/// Cancel-safe: everything read, and the header of the frame being read,
+/// are kept in the reader, so a [`Self::poll_next`] that is not polled again
+/// (a `select!` that took another branch) loses nothing.
 #[derive(Debug)]
 pub struct FrameReader {
     buf: BytesMut,
+    /// The header of the frame being read and the message state it leads
+    /// to, committed when the frame is returned.
+    current: Option<(FrameHeader, FrameRole, Message)>,
+    /// The message state of the frames returned so far.
     message: Message,
+    /// The UTF-8 state of the text returned so far.
     utf8: Utf8Stream,
     check: Utf8Check,
     max_message_bytes: u64,
@@ -80,10 +92,11 @@ pub struct FrameReader {
 impl FrameReader {
     /// `already_read`: bytes read from the socket past the handshake.
     pub fn new(already_read: &[u8], check: Utf8Check, max_message_bytes: u64) -> Self {
-        let mut buf = BytesMut::with_capacity(MIN_READ_BYTES.max(already_read.len()));
+        let mut buf = BytesMut::new();
         buf.extend_from_slice(already_read);
         Self {
             buf,
+            current: None,
             message: Message::default(),
             utf8: Utf8Stream::default(),
             check,
@@ -91,10 +104,19 @@ impl FrameReader {
         }
     }
 
-    /// No fragmented message is passing through: the gateway may inject a
-    /// frame into the leg this reader feeds.
+    /// No fragmented message is open among the frames returned so far: the
+    /// gateway may inject a frame into the leg they are forwarded to.
     pub fn at_boundary(&self) -> bool {
         self.message.at_boundary()
+    }
+
+    /// The payload of a last continuation frame that would end the open
+    /// message validly (`None` at a boundary): empty for binary, and for
+    /// text the bytes that complete a character left unfinished. Used only
+    /// when the sender of a fragmented message is gone and the gateway must
+    /// still write into the leg its fragments went to.
+    pub fn completion(&self) -> Option<Vec<u8>> {
+        (!self.at_boundary()).then(|| self.utf8.completion())
     }
 
     /// A whole frame is already buffered: [`Self::next`] returns it without
@@ -109,75 +131,101 @@ impl FrameReader {
         &mut self,
         io: &mut R,
     ) -> Result<Option<RawFrame>, ReadError> {
-        let header = loop {
-            if let Some(h) = frame::parse_header(&self.buf)? {
-                break h;
-            }
-            if !self.fill(io, frame::MAX_HEADER_BYTES).await? {
-                return if self.buf.is_empty() {
+        std::future::poll_fn(|cx| self.poll_next(cx, io)).await
+    }
+
+    /// [`Self::next`] as a poll.
+    pub fn poll_next<R: AsyncRead + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        io: &mut R,
+    ) -> Poll<Result<Option<RawFrame>, ReadError>> {
+        loop {
+            let Some((header, role, message)) = self.current else {
+                if let Some(h) = frame::parse_header(&self.buf)? {
+                    let mut message = self.message;
+                    let role = message.on_header(&h, self.max_message_bytes)?;
+                    self.current = Some((h, role, message));
+                    continue;
+                }
+                if ready!(self.poll_fill(cx, io, frame::MAX_HEADER_BYTES))? {
+                    continue;
+                }
+                return Poll::Ready(if self.buf.is_empty() {
                     Ok(None)
                 } else {
                     Err(ReadError::Truncated)
-                };
+                });
+            };
+            // Bounded by max_message_bytes (checked above) or 125 (control).
+            let len = header.frame_len() as usize;
+            if self.buf.len() < len {
+                let want = len - self.buf.len();
+                if ready!(self.poll_fill(cx, io, want))? {
+                    continue;
+                }
+                return Poll::Ready(Err(ReadError::Truncated));
             }
-        };
-        let role = self.message.on_header(&header, self.max_message_bytes)?;
-        // Bounded by max_message_bytes (checked above) or 125 (control).
-        let len = header.frame_len() as usize;
-        while self.buf.len() < len {
-            let want = len - self.buf.len();
-            if !self.fill(io, want).await? {
-                return Err(ReadError::Truncated);
+            let bytes = self.buf.split_to(len).freeze();
+            self.current = None;
+            let raw = RawFrame {
+                header,
+                role,
+                bytes,
+            };
+            if let (Utf8Check::Validate, FrameRole::Data { text: true, last }) = (self.check, role)
+            {
+                let mut utf8 = self.utf8;
+                validate(&mut utf8, &raw)?;
+                if last {
+                    utf8.finish()?;
+                }
+                self.utf8 = utf8;
             }
+            self.message = message;
+            return Poll::Ready(Ok(Some(raw)));
         }
-        let bytes = self.buf.split_to(len).freeze();
-        let raw = RawFrame {
-            header,
-            role,
-            bytes,
-        };
-        if let (Utf8Check::Validate, FrameRole::Data { text: true, last }) = (self.check, role) {
-            self.validate(&raw)?;
-            if last {
-                self.utf8.finish()?;
-            }
-        }
-        Ok(Some(raw))
     }
 
-    /// Reads at least once into the buffer's spare capacity, reserving for
-    /// `want` more bytes (at least [`MIN_READ_BYTES`]); `false` at EOF.
-    async fn fill<R: AsyncRead + Unpin>(
+    /// Reads once into the buffer's spare capacity, reserving for `want`
+    /// more bytes (at least [`MIN_READ_BYTES`]); `false` at EOF.
+    fn poll_fill<R: AsyncRead + Unpin>(
         &mut self,
+        cx: &mut Context<'_>,
         io: &mut R,
         want: usize,
-    ) -> Result<bool, ReadError> {
+    ) -> Poll<Result<bool, ReadError>> {
         self.buf.reserve(want.max(MIN_READ_BYTES));
-        Ok(io.read_buf(&mut self.buf).await? > 0)
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(io),
+            cx,
+            &mut self.buf
+        ))?;
+        Poll::Ready(Ok(n > 0))
     }
+}
 
-    fn validate(&mut self, raw: &RawFrame) -> Result<(), FrameError> {
-        let payload = raw.payload();
-        let Some(mask) = raw.header.mask else {
-            return self.utf8.feed(payload);
-        };
-        let mut scratch = [0u8; UNMASK_CHUNK_BYTES];
-        for (i, chunk) in payload.chunks(UNMASK_CHUNK_BYTES).enumerate() {
-            let piece = &mut scratch[..chunk.len()];
-            piece.copy_from_slice(chunk);
-            frame::unmask(piece, mask, (i * UNMASK_CHUNK_BYTES) as u64);
-            self.utf8.feed(piece)?;
-        }
-        Ok(())
+/// Feeds a text frame's payload to `utf8`, unmasking through a small stack
+/// buffer (the frame's bytes are never modified).
+fn validate(utf8: &mut Utf8Stream, raw: &RawFrame) -> Result<(), FrameError> {
+    let payload = raw.payload();
+    let Some(mask) = raw.header.mask else {
+        return utf8.feed(payload);
+    };
+    let mut scratch = [0u8; UNMASK_CHUNK_BYTES];
+    for (i, chunk) in payload.chunks(UNMASK_CHUNK_BYTES).enumerate() {
+        let piece = &mut scratch[..chunk.len()];
+        piece.copy_from_slice(chunk);
+        frame::unmask(piece, mask, (i * UNMASK_CHUNK_BYTES) as u64);
+        utf8.feed(piece)?;
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Cursor;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
     use tokio::io::ReadBuf;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
     use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader as WsHeader};

@@ -19,28 +19,28 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::either::Either;
 use url::Url;
 
 use crate::config::{Protocol, Provider, RouteConfig, UpstreamConfig};
 use crate::event::event_type;
+use crate::relay::frame::FrameRole;
+use crate::relay::leg::{Control, Leg, Side};
 use crate::secret::Secret;
+use crate::upstream::handshake::{self, HandshakeError, REFUSAL_BODY_MAX};
 use crate::upstream::key::UpstreamKey;
 use crate::upstream::tls;
 
 pub type UpstreamIo = Either<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
+/// A tungstenite connection to the upstream (a call's sideband).
 pub type UpstreamSocket = WebSocketStream<UpstreamIo>;
-
-/// How much of a refusal's body is kept for the client's error message.
-const REFUSAL_BODY_MAX: usize = 512;
+/// The relay's raw connection to the upstream.
+pub type UpstreamLeg = Leg<UpstreamIo>;
 
 /// Query parameters a client may pass through to the upstream: they select
 /// what kind of session the upstream starts (`intent=transcription`). Every
@@ -67,9 +67,12 @@ pub fn session_params(query: &str) -> Vec<(String, String)> {
 
 /// An upstream socket that has received `session.created` and nothing else.
 pub struct Warm {
-    pub ws: UpstreamSocket,
-    /// The `session.created` frame exactly as the upstream sent it.
-    pub session_created: Utf8Bytes,
+    pub leg: UpstreamLeg,
+    /// The text of `session.created`.
+    pub session_created: String,
+    /// Its frames exactly as the upstream sent them (valid frames for the
+    /// client as they are).
+    pub created_frames: Vec<Bytes>,
     /// When the upstream session started (its expiry clock runs from here).
     pub connected_at: Instant,
 }
@@ -104,8 +107,8 @@ pub enum DialError {
     #[error("upstream's first event was {} instead of session.created", .event_type.as_deref().unwrap_or("not an event"))]
     FirstEvent {
         event_type: Option<String>,
-        /// The offending text frame, forwarded to the client as is.
-        frame: Option<Utf8Bytes>,
+        /// The offending text message, forwarded to the client as is.
+        frame: Option<String>,
     },
     #[error("upstream closed before session.created (code {code:?})")]
     ClosedEarly { code: Option<u16> },
@@ -161,7 +164,7 @@ pub struct Upstream {
     host: String,
     port: u16,
     timeout: Duration,
-    ws_config: WebSocketConfig,
+    max_message_bytes: usize,
 }
 
 impl fmt::Debug for Upstream {
@@ -209,7 +212,6 @@ impl Upstream {
         } else {
             None
         };
-        let ws_config = crate::relay::ws_config(max_message_bytes);
         Ok(Self {
             url,
             headers,
@@ -219,7 +221,7 @@ impl Upstream {
             host,
             port,
             timeout,
-            ws_config,
+            max_message_bytes,
         })
     }
 
@@ -233,8 +235,8 @@ impl Upstream {
     /// ([`session_params`]) added to the route's URL.
     pub async fn dial_with(&self, params: &[(String, String)]) -> Result<Warm, DialError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let ws = self.connect(deadline, params).await?;
-        read_session_created(ws, deadline).await
+        let leg = self.connect(deadline, params).await?;
+        read_session_created(leg, deadline).await
     }
 
     /// Connects and upgrades by `deadline`; the first event is not read yet.
@@ -242,7 +244,7 @@ impl Upstream {
         &self,
         deadline: tokio::time::Instant,
         params: &[(String, String)],
-    ) -> Result<UpstreamSocket, DialError> {
+    ) -> Result<UpstreamLeg, DialError> {
         let authority = format!("{}:{}", self.host, self.port);
         let tcp = by(deadline, "connect", TcpStream::connect(&authority))
             .await?
@@ -252,7 +254,7 @@ impl Upstream {
             })?;
         // Nagle would hold small frames back; never fatal if it fails.
         let _ = tcp.set_nodelay(true);
-        let io = match &self.tls {
+        let mut io = match &self.tls {
             Some((connector, name)) => {
                 let tls = by(deadline, "tls", connector.connect(name.clone(), tcp))
                     .await?
@@ -262,14 +264,15 @@ impl Upstream {
             None => Either::Left(tcp),
         };
         let request = self.request(params)?;
-        let (ws, _response) = by(
-            deadline,
-            "upgrade",
-            tokio_tungstenite::client_async_with_config(request, io, Some(self.ws_config)),
-        )
-        .await?
-        .map_err(handshake_error)?;
-        Ok(ws)
+        let already_read = by(deadline, "upgrade", handshake::client(&mut io, &request))
+            .await?
+            .map_err(handshake_error)?;
+        Ok(Leg::new(
+            io,
+            &already_read,
+            Side::Client,
+            self.max_message_bytes,
+        ))
     }
 
     fn request(&self, params: &[(String, String)]) -> Result<Request<()>, DialError> {
@@ -277,12 +280,12 @@ impl Upstream {
         if !params.is_empty() {
             url.query_pairs_mut().extend_pairs(params);
         }
-        let mut request = url
-            .as_str()
-            .into_client_request()
-            .map_err(|e| DialError::Handshake {
-                message: e.to_string(),
-            })?;
+        let mut request =
+            Request::get(url.as_str())
+                .body(())
+                .map_err(|e| DialError::Handshake {
+                    message: e.to_string(),
+                })?;
         for (name, value) in &self.headers {
             request.headers_mut().insert(name.clone(), value.clone());
         }
@@ -304,26 +307,18 @@ async fn by<F: std::future::Future>(
         .map_err(|_| DialError::Timeout { phase })
 }
 
-fn handshake_error(e: WsError) -> DialError {
+fn handshake_error(e: HandshakeError) -> DialError {
     match e {
-        WsError::Http(response) => {
-            let retry_after = response
-                .headers()
-                .get(http::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let body = response
-                .body()
-                .as_deref()
-                .map(|b| {
-                    let end = b.len().min(REFUSAL_BODY_MAX);
-                    String::from_utf8_lossy(&b[..end]).trim().to_string()
-                })
-                .unwrap_or_default();
+        HandshakeError::Refused {
+            status,
+            retry_after,
+            body,
+        } => {
+            let end = body.len().min(REFUSAL_BODY_MAX);
             DialError::Refused {
-                status: response.status().as_u16(),
+                status,
                 retry_after,
-                body,
+                body: String::from_utf8_lossy(&body[..end]).trim().to_string(),
             }
         }
         other => DialError::Handshake {
@@ -333,50 +328,81 @@ fn handshake_error(e: WsError) -> DialError {
 }
 
 /// Reads the first event by `deadline`; it must start a session
-/// ([`SESSION_STARTED`]). Pings
-/// before it are answered (tungstenite queues the pong) and skipped.
+/// ([`SESSION_STARTED`]). Pings before it are answered and skipped; the
+/// event may come in fragments.
 async fn read_session_created(
-    mut ws: UpstreamSocket,
+    mut leg: UpstreamLeg,
     deadline: tokio::time::Instant,
 ) -> Result<Warm, DialError> {
+    let timeout = || DialError::Timeout {
+        phase: "session.created",
+    };
+    let mut frames = Vec::new();
     loop {
-        let next = tokio::time::timeout_at(deadline, ws.next())
+        let next = tokio::time::timeout_at(deadline, leg.next_frame())
             .await
-            .map_err(|_| DialError::Timeout {
-                phase: "session.created",
-            })?;
-        match next {
-            Some(Ok(Message::Text(text))) => {
-                return match event_type(&text).as_deref() {
-                    Some(t) if SESSION_STARTED.contains(&t) => Ok(Warm {
-                        ws,
-                        session_created: text,
-                        connected_at: Instant::now(),
-                    }),
-                    other => Err(DialError::FirstEvent {
-                        event_type: other.map(str::to_string),
-                        frame: Some(text),
-                    }),
-                };
-            }
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            Some(Ok(Message::Close(frame))) => {
-                return Err(DialError::ClosedEarly {
-                    code: frame.map(|f| u16::from(f.code)),
+            .map_err(|_| timeout())?;
+        let f = match next {
+            Ok(Some(f)) => f,
+            Ok(None) => return Err(DialError::ClosedEarly { code: None }),
+            Err(e) => {
+                return Err(DialError::Handshake {
+                    message: e.to_string(),
                 })
             }
-            Some(Ok(Message::Binary(_) | Message::Frame(_))) => {
+        };
+        match f.role {
+            FrameRole::Control => match leg.answer(&f) {
+                Ok(Control::PingPong) => {
+                    tokio::time::timeout_at(deadline, leg.flush())
+                        .await
+                        .map_err(|_| timeout())?
+                        .map_err(|e| DialError::Handshake {
+                            message: e.to_string(),
+                        })?;
+                }
+                Ok(Control::Close(frame)) => {
+                    return Err(DialError::ClosedEarly {
+                        code: frame.map(|f| u16::from(f.code)),
+                    })
+                }
+                Err(code) => {
+                    return Err(DialError::Handshake {
+                        message: format!("invalid close frame (would close {code})"),
+                    })
+                }
+            },
+            FrameRole::Data { text: false, .. } => {
                 return Err(DialError::FirstEvent {
                     event_type: None,
                     frame: None,
                 })
             }
-            Some(Err(e)) => {
-                return Err(DialError::Handshake {
-                    message: e.to_string(),
-                })
+            FrameRole::Data { text: true, .. } => {
+                let text = leg.text_of(&f).map(|t| t.into_owned());
+                frames.push(f.bytes);
+                let Some(text) = text else {
+                    continue;
+                };
+                let Ok(text) = String::from_utf8(text) else {
+                    return Err(DialError::FirstEvent {
+                        event_type: None,
+                        frame: None,
+                    });
+                };
+                return match event_type(&text).as_deref() {
+                    Some(t) if SESSION_STARTED.contains(&t) => Ok(Warm {
+                        leg,
+                        session_created: text,
+                        created_frames: frames,
+                        connected_at: Instant::now(),
+                    }),
+                    other => Err(DialError::FirstEvent {
+                        event_type: other.map(str::to_string),
+                        frame: Some(text.clone()),
+                    }),
+                };
             }
-            None => return Err(DialError::ClosedEarly { code: None }),
         }
     }
 }

@@ -143,7 +143,7 @@ mod tests {
     fn first(event: &str) -> DialError {
         DialError::FirstEvent {
             event_type: Some("error".into()),
-            frame: Some(event.to_string().into()),
+            frame: Some(event.to_string()),
         }
     }
 

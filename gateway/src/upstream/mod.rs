@@ -4,6 +4,7 @@
 pub mod breaker;
 pub mod dial;
 pub mod failover;
+pub mod handshake;
 pub mod key;
 pub mod pool;
 pub mod select;

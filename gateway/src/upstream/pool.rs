@@ -10,7 +10,7 @@
 //!
 //! Liveness without awaiting: a pooled socket is polled once with a no-op
 //! waker. Pending means nothing arrived (alive); Ping/Pong are alive (the pong
-//! tungstenite queues is flushed on the same poll); a text, binary or close
+//! the leg queues is flushed on the same poll); a text, binary or close
 //! frame, an error or EOF mean dead (an upstream `session_expired` error is
 //! exactly such a frame). The replenisher does the same check on every tick,
 //! so pings are answered while a socket waits and dead sockets are reaped
@@ -38,15 +38,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{model, Metrics, ReasonLabels, ResultLabels, UpstreamLabels};
+use crate::relay::frame::FrameRole;
+use crate::relay::leg::Control;
 use crate::upstream::breaker::Breaker;
 use crate::upstream::dial::{DialError, Upstream, Warm};
 
@@ -426,14 +426,17 @@ impl Pool {
 fn check(w: &mut Warm) -> Health {
     let mut cx = Context::from_waker(Waker::noop());
     loop {
-        match w.ws.poll_next_unpin(&mut cx) {
+        match w.leg.poll_frame(&mut cx) {
             Poll::Pending => break,
-            Poll::Ready(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+            Poll::Ready(Ok(Some(f))) if f.role == FrameRole::Control => match w.leg.answer(&f) {
+                Ok(Control::PingPong) => continue,
+                Ok(Control::Close(_)) | Err(_) => return Health::Dead,
+            },
             Poll::Ready(_) => return Health::Dead,
         }
     }
-    // Push out any pong tungstenite queued.
-    match w.ws.poll_flush_unpin(&mut cx) {
+    // Push out any pong queued.
+    match w.leg.poll_flush(&mut cx) {
         Poll::Ready(Err(_)) => Health::Dead,
         _ => Health::Alive,
     }
@@ -447,7 +450,7 @@ fn close_in_background(sockets: Vec<Warm>) {
 
 async fn close_all(sockets: Vec<Warm>) {
     let closes = sockets.into_iter().map(|mut w| async move {
-        let _ = tokio::time::timeout(DISCARD_CLOSE_TIMEOUT, w.ws.close(None)).await;
+        let _ = tokio::time::timeout(DISCARD_CLOSE_TIMEOUT, w.leg.close(None, |_| {})).await;
     });
     futures_util::future::join_all(closes).await;
 }

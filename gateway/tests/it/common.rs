@@ -527,3 +527,34 @@ impl DelayRelay {
         DelayRelay { addr, delay }
     }
 }
+
+/// The server side of a WebSocket upgrade on `tcp`, as the gateway's HTTP
+/// server does it, giving the relay's raw client leg.
+pub async fn accept_leg(
+    mut tcp: tokio::net::TcpStream,
+    max_message_bytes: usize,
+) -> patchbay_gateway::relay::leg::Leg<tokio::net::TcpStream> {
+    use patchbay_gateway::relay::leg::{Leg, Side};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tcp.read_exact(&mut b).await.unwrap();
+        head.push(b[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let key = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("sec-websocket-key")
+                .then(|| value.trim().to_string())
+        })
+        .expect("an upgrade request");
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let reply = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    );
+    tcp.write_all(reply.as_bytes()).await.unwrap();
+    Leg::new(tcp, &[], Side::Server, max_message_bytes)
+}

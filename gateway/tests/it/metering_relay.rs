@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use http::HeaderValue;
 use patchbay_gateway::auth::{KeySet, KeyStore};
 use patchbay_gateway::config::{MeteringConfig, PriceRow, RouteConfig};
 use patchbay_gateway::event::event_type;
@@ -22,10 +21,11 @@ use patchbay_gateway::sim::{
     self, usage_for, SimConfig, SimFault, SimHandle, AUDIO_TOKENS_PER_DELTA,
 };
 use patchbay_gateway::store::MemoryStore;
+use patchbay_gateway::upstream::dial::Upstream;
+use patchbay_gateway::upstream::key::UpstreamKey;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
@@ -151,26 +151,21 @@ async fn session(
     key: patchbay_gateway::auth::KeyEntry,
     limited: Limited,
 ) -> Spliced {
-    let ws_config = relay::ws_config(limited.max_message_bytes);
-    let mut client = tokio_tungstenite::accept_async_with_config(tcp, Some(ws_config))
-        .await
-        .unwrap();
-    let mut request = upstream_url.into_client_request().unwrap();
-    request.headers_mut().insert(
-        "authorization",
-        HeaderValue::from_str(&format!("Bearer {UPSTREAM_KEY}")).unwrap(),
-    );
-    let host = request.uri().authority().unwrap().as_str().to_string();
-    let (mut upstream, _) =
-        tokio_tungstenite::client_async(request, TcpStream::connect(host).await.unwrap())
-            .await
-            .unwrap();
-    let Some(Ok(Message::Text(created))) = upstream.next().await else {
-        panic!("no session.created");
+    let client = crate::common::accept_leg(tcp, limited.max_message_bytes).await;
+    let route = RouteConfig {
+        upstream_url: upstream_url.to_string(),
+        api_key: UpstreamKey::new(Secret::new(UPSTREAM_KEY)),
+        ..RouteConfig::default()
     };
-    client.send(Message::Text(created.clone())).await.unwrap();
+    let up = Upstream::new(&route, WAIT, limited.max_message_bytes).unwrap();
+    let warm = up.dial().await.expect("session.created");
+    let mut client = client;
+    for f in &warm.created_frames {
+        client.queue(f.clone());
+    }
+    client.flush().await.unwrap();
+    let created = warm.session_created.clone();
 
-    let route = RouteConfig::default();
     let (mut tracker, meter, kill) =
         metering.start_session(SessionMeta::new(session_id, &key, &route));
     let meter = tokio::spawn(meter.run());
@@ -181,7 +176,7 @@ async fn session(
     };
     let spliced = relay::splice(
         client,
-        upstream,
+        warm.leg,
         Vec::new(),
         limits,
         &mut tracker,

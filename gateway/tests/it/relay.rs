@@ -562,16 +562,19 @@ async fn upstream_that_floods_then_closes(message_bytes: usize) -> std::net::Soc
 }
 
 #[tokio::test]
-async fn an_upstream_close_reaches_a_client_that_stopped_reading_within_the_close_grace() {
+async fn a_client_that_stopped_reading_holds_bounded_memory_and_gets_its_close_within_the_grace() {
     // The client asks for a response and stops reading; the upstream sends
-    // 32 MiB (far past the socket buffers) and closes. Forwarding that close
-    // to the stalled client is bounded like every other end step, so the
-    // session ends as `upstream_closed` at once instead of waiting for the
-    // idle timeout (60 s here).
+    // a 32 MiB message (far past the socket buffers) and closes. The relay
+    // stops reading the upstream once its queue towards the client is full
+    // (it holds that queue and one message, never all the upstream sends),
+    // so nothing more is read from either leg and the session ends at its
+    // idle timeout (2 s here); the close to the stalled client is then
+    // bounded like every other end step (an unbounded send would wait
+    // forever).
     let upstream = upstream_that_floods_then_closes(32 << 20).await;
     let gw = gateway(&gateway_toml(
         &format!("ws://{upstream}/v1/realtime"),
-        "[relay]\nidle_timeout_secs = 60\nmax_message_bytes = 67108864\n",
+        "[relay]\nidle_timeout_secs = 2\nmax_message_bytes = 67108864\n",
     ))
     .await;
     let mut ws = connect(gw.addr).await;
@@ -581,7 +584,7 @@ async fn an_upstream_close_reaches_a_client_that_stopped_reading_within_the_clos
             let n = metric(
                 gw.admin_addr,
                 "patchbay_realtime_sessions_total",
-                "outcome=\"upstream_closed\"",
+                "outcome=\"idle_timeout\"",
             )
             .await;
             if n >= 1.0 {
@@ -592,7 +595,7 @@ async fn an_upstream_close_reaches_a_client_that_stopped_reading_within_the_clos
     };
     tokio::time::timeout(WAIT, ended)
         .await
-        .expect("the session ended within the close grace, not at the idle timeout");
+        .expect("the session ended at its idle timeout, its close to the client bounded");
     drop(ws);
 }
 
