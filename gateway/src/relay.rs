@@ -60,7 +60,11 @@
 
 pub mod frame;
 pub mod leg;
+#[cfg(test)]
+mod passthrough_tests;
 pub mod reader;
+#[cfg(test)]
+mod testing;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};

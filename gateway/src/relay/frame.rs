@@ -350,23 +350,10 @@ impl Utf8Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relay::testing::Rng;
     use std::io::Cursor;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
     use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader as WsHeader};
-
-    /// A small deterministic generator (xorshift64*), so failures replay.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
 
     fn frame_bytes(fin: bool, op: u8, mask: Option<[u8; 4]>, payload: &[u8]) -> Vec<u8> {
         let mut h = [0u8; MAX_HEADER_BYTES];

@@ -225,25 +225,11 @@ fn validate(utf8: &mut Utf8Stream, raw: &RawFrame) -> Result<(), FrameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Cursor;
+    use crate::relay::testing::{frame, random_stream, reference_messages, Rng};
     use tokio::io::ReadBuf;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
-    use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader as WsHeader};
-    use tokio_tungstenite::tungstenite::protocol::{Role, WebSocket, WebSocketConfig};
+    use tokio_tungstenite::tungstenite::protocol::Role;
     use tokio_tungstenite::tungstenite::Message as WsMessage;
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
 
     /// Gives its bytes in reads of at most `step` bytes, and fails any read
     /// past `limit` (to prove what was not read).
@@ -286,20 +272,6 @@ mod tests {
         }
     }
 
-    fn frame(fin: bool, op: OpCode, mask: Option<[u8; 4]>, payload: Vec<u8>) -> Vec<u8> {
-        let h = WsHeader {
-            is_final: fin,
-            opcode: op,
-            mask,
-            ..WsHeader::default()
-        };
-        let mut out = Vec::new();
-        Frame::from_payload(h, payload.into())
-            .format(&mut out)
-            .unwrap();
-        out
-    }
-
     async fn read_all(
         bytes: Vec<u8>,
         step: usize,
@@ -316,91 +288,6 @@ mod tests {
                 Err(e) => return (frames, Err(e.to_string())),
             }
         }
-    }
-
-    /// Reads from a buffer and discards what is written (tungstenite's
-    /// pongs), so writes cannot overwrite input not yet read.
-    struct ReadOnly(Cursor<Vec<u8>>);
-    impl std::io::Read for ReadOnly {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            std::io::Read::read(&mut self.0, buf)
-        }
-    }
-    impl std::io::Write for ReadOnly {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// Decodes `bytes` with tungstenite in `role` (the reference decoder).
-    fn reference_messages(bytes: Vec<u8>, role: Role) -> Vec<WsMessage> {
-        let cfg = WebSocketConfig::default().max_message_size(None);
-        let mut ws = WebSocket::from_raw_socket(ReadOnly(Cursor::new(bytes)), role, Some(cfg));
-        let mut out = Vec::new();
-        while let Ok(m) = ws.read() {
-            out.push(m);
-        }
-        out
-    }
-
-    /// A random sequence of messages, some fragmented with control frames
-    /// between the fragments, framed masked (from a client) or not.
-    fn random_stream(rng: &mut Rng, masked: bool) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mask = |rng: &mut Rng| masked.then(|| (rng.next() as u32).to_be_bytes());
-        for _ in 0..rng.below(12) + 1 {
-            let text = rng.below(2) == 0;
-            let len = match rng.below(6) {
-                0 => 0,
-                1 => 125,
-                2 => 126,
-                3 => 65535,
-                4 => 65536,
-                _ => rng.below(3000),
-            } as usize;
-            let payload: Vec<u8> = if text {
-                // Multi-byte characters, so fragments split some of them.
-                let mut s = String::with_capacity(len);
-                for c in "aé€𝄞".chars().cycle() {
-                    if s.len() + c.len_utf8() > len {
-                        break;
-                    }
-                    s.push(c);
-                }
-                while s.len() < len {
-                    s.push('x');
-                }
-                s.into_bytes()
-            } else {
-                (0..len).map(|_| rng.next() as u8).collect()
-            };
-            let pieces = rng.below(4) as usize + 1;
-            let mut cuts: Vec<usize> = (0..pieces - 1)
-                .map(|_| rng.below(len as u64 + 1) as usize)
-                .collect();
-            cuts.sort_unstable();
-            cuts.push(len);
-            let mut from = 0;
-            for (i, &c) in cuts.iter().enumerate() {
-                let op = match (i, text) {
-                    (0, true) => OpCode::Data(Data::Text),
-                    (0, false) => OpCode::Data(Data::Binary),
-                    _ => OpCode::Data(Data::Continue),
-                };
-                let m = mask(rng);
-                out.extend(frame(i + 1 == cuts.len(), op, m, payload[from..c].to_vec()));
-                from = c;
-                if rng.below(3) == 0 {
-                    let m = mask(rng);
-                    let ping = (0..rng.below(126)).map(|_| rng.next() as u8).collect();
-                    out.extend(frame(true, OpCode::Control(Control::Ping), m, ping));
-                }
-            }
-        }
-        out
     }
 
     /// Messages reassembled from our frames: payloads unmasked, data

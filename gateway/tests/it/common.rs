@@ -528,13 +528,9 @@ impl DelayRelay {
     }
 }
 
-/// The server side of a WebSocket upgrade on `tcp`, as the gateway's HTTP
-/// server does it, giving the relay's raw client leg.
-pub async fn accept_leg(
-    mut tcp: tokio::net::TcpStream,
-    max_message_bytes: usize,
-) -> patchbay_gateway::relay::leg::Leg<tokio::net::TcpStream> {
-    use patchbay_gateway::relay::leg::{Leg, Side};
+/// The server side of a WebSocket upgrade on `tcp` (the request read up
+/// to its blank line, a 101 with the accept key written).
+pub async fn accept_raw(tcp: &mut tokio::net::TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut head = Vec::new();
     let mut b = [0u8; 1];
@@ -556,5 +552,15 @@ pub async fn accept_leg(
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
     );
     tcp.write_all(reply.as_bytes()).await.unwrap();
+}
+
+/// [`accept_raw`], giving the relay's raw client leg, as the gateway's HTTP
+/// server does.
+pub async fn accept_leg(
+    mut tcp: tokio::net::TcpStream,
+    max_message_bytes: usize,
+) -> patchbay_gateway::relay::leg::Leg<tokio::net::TcpStream> {
+    use patchbay_gateway::relay::leg::{Leg, Side};
+    accept_raw(&mut tcp).await;
     Leg::new(tcp, &[], Side::Server, max_message_bytes)
 }

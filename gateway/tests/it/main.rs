@@ -14,6 +14,7 @@ mod log_secrets;
 mod metering;
 mod metering_relay;
 mod metering_store;
+mod passthrough;
 mod pool;
 mod redis_server;
 mod redis_url_file;
