@@ -16,7 +16,8 @@
 //!   zero-fill before a read); a frame is split off that buffer without a
 //!   copy. Memory held per leg: what was read past the last whole frame,
 //!   and the frame being assembled (at most `max_message_bytes` plus a
-//!   header).
+//!   header); at a frame boundary the buffer is let go, so an idle leg holds
+//!   one read's buffer ([`MIN_READ_BYTES`]).
 //!
 //! Caveat: a frame is delivered whole, so a large frame waits until all of
 //! it has arrived (as it did through tungstenite's decoder).
@@ -167,6 +168,12 @@ impl FrameReader {
                 return Poll::Ready(Err(ReadError::Truncated));
             }
             let bytes = self.buf.split_to(len).freeze();
+            if self.buf.is_empty() {
+                // Let go of the allocation the frame came in (the frame
+                // keeps it until written): an idle leg then holds only the
+                // next read's buffer, not the last large frame's.
+                self.buf = BytesMut::new();
+            }
             self.current = None;
             let raw = RawFrame {
                 header,
