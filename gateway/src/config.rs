@@ -17,16 +17,37 @@
 //! by `redis_url_env` or `redis_url_file`, and client keys live in the keys
 //! file (hashed) or `PATCHBAY_MASTER_KEY`. Every validation error names the offending key;
 //! `main` turns it into exit code 2.
+//!
+//! The types of the sections the operator renders (`[[routes]]`, `[pool]`, `[relay]`, `[limits]`,
+//! `[metering]`, `[[prices]]`, `[store]`, `[keys]`, `[drain]`, `[client_secrets]`), their enums,
+//! the bounds on their seconds and the upstream-URL rules are the `patchbay-config` crate's, which
+//! the operator builds the file from; this module re-exports them and keeps what needs the
+//! gateway's runtime: `[server]`, the document, env overrides, secrets and validation.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use patchbay_config::{validate_upstream_url, MIN_DRAIN_WAIT_SECS, MIN_POOL_MAX_IDLE_SECS};
 use serde::Deserialize;
 use url::Url;
 
 use crate::secret::Secret;
 use crate::upstream::key::{key_from_file_text, UpstreamKey};
+
+/// The sections a renderer writes, their enums and bounds, and the upstream-URL rules live in
+/// `patchbay-config`, shared with the operator that renders this file.
+pub use patchbay_config::{
+    BudgetPeriod, ClientSecretsConfig, DrainConfig, DrainMode, KeysConfig, LimitsConfig,
+    MeteringConfig, PoolConfig, PriceRow, Protocol, Provider, RelayConfig, Unpriced, MAX_SECS,
+};
+
+/// A `[[routes]]` entry, with its upstream key resolved while loading.
+pub type RouteConfig = patchbay_config::RouteConfig<UpstreamKey>;
+/// A `[[routes.upstreams]]` entry, with its key resolved while loading.
+pub type UpstreamConfig = patchbay_config::UpstreamConfig<UpstreamKey>;
+/// `[store]`, with its Redis URL resolved while loading.
+pub type StoreConfig = patchbay_config::StoreConfig<Secret>;
 
 /// The file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "patchbay.toml";
@@ -153,349 +174,6 @@ impl ServerConfig {
             max_open: std::time::Duration::from_secs(self.breaker_max_open_secs),
             // A probe reports within its dial's deadline, or never.
             probe_timeout: std::time::Duration::from_secs(self.upgrade_timeout_secs),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Provider {
-    Openai,
-    Azure,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    Ga,
-    Beta,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum BudgetPeriod {
-    Daily,
-    Monthly,
-    #[default]
-    Total,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteConfig {
-    /// What clients put in `?model=`.
-    pub model: String,
-    /// The single-upstream shorthand: `provider`, `upstream_url`,
-    /// `upstream_model`, `api_key_env` and `ca_file` describe one upstream
-    /// named after the route's model. Leave them out and list
-    /// `[[routes.upstreams]]` instead for several.
-    #[serde(default = "default_provider")]
-    pub provider: Provider,
-    #[serde(default)]
-    pub upstream_url: String,
-    /// Model (OpenAI) or deployment (Azure) sent upstream; defaults to `model`.
-    pub upstream_model: Option<String>,
-    #[serde(default = "default_protocol")]
-    pub protocol: Protocol,
-    /// Environment variable holding the upstream key (or use `api_key_file`).
-    #[serde(default)]
-    pub api_key_env: String,
-    /// File holding the upstream key (a mounted Secret), re-read when it changes.
-    pub api_key_file: Option<PathBuf>,
-    /// Extra trust root (PEM) for a wss upstream.
-    pub ca_file: Option<PathBuf>,
-    pub budget_usd: Option<f64>,
-    #[serde(default)]
-    pub budget_period: BudgetPeriod,
-    /// Resolved from `api_key_env` or `api_key_file` during validation; swapped when the file
-    /// changes.
-    #[serde(skip)]
-    pub api_key: UpstreamKey,
-    /// The route's upstreams; after validation never empty (the shorthand
-    /// becomes a list of one).
-    #[serde(default)]
-    pub upstreams: Vec<UpstreamConfig>,
-}
-
-/// One upstream of a route (`[[routes.upstreams]]`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamConfig {
-    /// Appears in rows, logs and metric labels; unique within the route.
-    pub name: String,
-    #[serde(default = "default_provider")]
-    pub provider: Provider,
-    pub upstream_url: String,
-    /// Model (OpenAI) or deployment (Azure); defaults to the route's model.
-    pub upstream_model: Option<String>,
-    /// Must equal the route's `protocol` (clients must not see event names
-    /// change between sessions); may be left out.
-    pub protocol: Option<Protocol>,
-    /// Environment variable holding this upstream's key (or use
-    /// `api_key_file`).
-    #[serde(default)]
-    pub api_key_env: String,
-    /// File holding this upstream's key (a mounted Secret), re-read when it
-    /// changes.
-    pub api_key_file: Option<PathBuf>,
-    pub ca_file: Option<PathBuf>,
-    /// Lower is preferred; upstreams of equal priority share by weight.
-    #[serde(default)]
-    pub priority: u32,
-    #[serde(default = "default_weight")]
-    pub weight: u32,
-    /// Resolved during validation; shared with the dialler, swapped when the
-    /// key file changes.
-    #[serde(skip)]
-    pub api_key: UpstreamKey,
-}
-
-fn default_weight() -> u32 {
-    1
-}
-
-impl UpstreamConfig {
-    /// The model or deployment sent upstream.
-    pub fn upstream_model<'a>(&'a self, route: &'a RouteConfig) -> &'a str {
-        self.upstream_model.as_deref().unwrap_or(&route.model)
-    }
-}
-
-fn default_provider() -> Provider {
-    Provider::Openai
-}
-
-fn default_protocol() -> Protocol {
-    Protocol::Ga
-}
-
-impl Default for RouteConfig {
-    fn default() -> Self {
-        Self {
-            model: "gpt-realtime".into(),
-            provider: Provider::Openai,
-            upstream_url: "wss://api.openai.com/v1/realtime".into(),
-            upstream_model: None,
-            protocol: Protocol::Ga,
-            api_key_env: "OPENAI_API_KEY".into(),
-            api_key_file: None,
-            ca_file: None,
-            budget_usd: None,
-            budget_period: BudgetPeriod::Total,
-            api_key: UpstreamKey::default(),
-            upstreams: Vec::new(),
-        }
-    }
-}
-
-impl RouteConfig {
-    pub fn upstream_model(&self) -> &str {
-        self.upstream_model.as_deref().unwrap_or(&self.model)
-    }
-
-    /// The route's upstreams: the validated list, or (for a route built in
-    /// code without validation) the shorthand as a list of one.
-    pub fn upstream_list(&self) -> std::borrow::Cow<'_, [UpstreamConfig]> {
-        if self.upstreams.is_empty() {
-            std::borrow::Cow::Owned(vec![self.shorthand_upstream()])
-        } else {
-            std::borrow::Cow::Borrowed(&self.upstreams)
-        }
-    }
-
-    /// The single-upstream keys as one upstream named after the model.
-    fn shorthand_upstream(&self) -> UpstreamConfig {
-        UpstreamConfig {
-            name: self.model.clone(),
-            provider: self.provider,
-            upstream_url: self.upstream_url.clone(),
-            upstream_model: self.upstream_model.clone(),
-            protocol: Some(self.protocol),
-            api_key_env: self.api_key_env.clone(),
-            api_key_file: self.api_key_file.clone(),
-            ca_file: self.ca_file.clone(),
-            priority: 0,
-            weight: 1,
-            api_key: self.api_key.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PoolConfig {
-    /// Warm sockets per route; 0 disables the pool.
-    pub size: usize,
-    pub max_idle_secs: u64,
-    /// Hard cap on `size`, whatever the size file says.
-    pub max_size: usize,
-    /// File holding the live size (a bare number or `REALTIME_POOL_SIZE=N`).
-    pub size_file: Option<PathBuf>,
-    /// `/readyz` waits this long at most for the pool to first fill.
-    pub warmup_timeout_secs: u64,
-}
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        Self {
-            size: 4,
-            max_idle_secs: 30,
-            max_size: 512,
-            size_file: None,
-            warmup_timeout_secs: 10,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RelayConfig {
-    pub idle_timeout_secs: u64,
-    pub max_session_secs: u64,
-    pub max_message_bytes: usize,
-}
-
-impl Default for RelayConfig {
-    fn default() -> Self {
-        Self {
-            idle_timeout_secs: 300,
-            max_session_secs: 3600,
-            max_message_bytes: 16 * 1024 * 1024,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitsConfig {
-    /// Concurrent sessions per process.
-    pub max_sessions: usize,
-}
-
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        Self { max_sessions: 1000 }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Unpriced {
-    Block,
-    #[default]
-    Allow,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MeteringConfig {
-    /// 0 = flush after every turn, budgets re-read every second.
-    pub flush_secs: u64,
-    pub unpriced: Unpriced,
-    /// Cap of the Redis request-log stream (`XADD MAXLEN ~`).
-    pub stream_maxlen: usize,
-}
-
-impl Default for MeteringConfig {
-    fn default() -> Self {
-        Self {
-            flush_secs: 15,
-            unpriced: Unpriced::Allow,
-            stream_maxlen: 1_000_000,
-        }
-    }
-}
-
-/// USD per 1M tokens for one model.
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct PriceRow {
-    pub model: String,
-    /// Prices only sessions on the route upstream of this name (several
-    /// upstreams per route); a row without it prices every upstream.
-    #[serde(default)]
-    pub upstream: Option<String>,
-    #[serde(default)]
-    pub text_input: f64,
-    #[serde(default)]
-    pub cached_text_input: f64,
-    #[serde(default)]
-    pub audio_input: f64,
-    #[serde(default)]
-    pub cached_audio_input: f64,
-    #[serde(default)]
-    pub text_output: f64,
-    #[serde(default)]
-    pub audio_output: f64,
-}
-
-#[derive(Debug, Clone, Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct StoreConfig {
-    /// Env var holding the Redis URL; unset (and no `redis_url_file`) = in-memory store.
-    pub redis_url_env: Option<String>,
-    /// File holding the Redis URL (a mounted Secret).
-    pub redis_url_file: Option<PathBuf>,
-    /// PEM file of the CA(s) a `rediss://` server's certificate must chain
-    /// to (private CAs); unset = the public webpki roots. Verification is
-    /// always on.
-    pub ca_file: Option<PathBuf>,
-    /// Resolved from `redis_url_env` or `redis_url_file` during validation.
-    #[serde(skip)]
-    pub redis_url: Option<Secret>,
-}
-
-#[derive(Debug, Clone, Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct KeysConfig {
-    /// TOML file of `[[keys]]` (and `[[teams]]`); re-read when it changes.
-    pub file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum DrainMode {
-    #[default]
-    Close,
-    Linger,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DrainConfig {
-    pub wait_secs: u64,
-    pub mode: DrainMode,
-    pub linger_secs: u64,
-}
-
-impl Default for DrainConfig {
-    fn default() -> Self {
-        Self {
-            wait_secs: 10,
-            mode: DrainMode::Close,
-            linger_secs: 0,
-        }
-    }
-}
-
-/// `[client_secrets]`: the keys that sign and verify client secrets, and
-/// the longest life a secret may be given.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClientSecretsConfig {
-    /// Files each holding one signing key (at least 32 bytes, whitespace
-    /// trimmed): the first signs, all verify; re-read live. Empty: a random
-    /// key made at start, so secrets work on this process only.
-    pub signing_key_files: Vec<PathBuf>,
-    /// Cap on `expires_after.seconds` (10..=7200).
-    pub max_ttl_secs: u64,
-}
-
-impl Default for ClientSecretsConfig {
-    fn default() -> Self {
-        Self {
-            signing_key_files: Vec::new(),
-            max_ttl_secs: crate::client_secret::request::MAX_TTL_SECS,
         }
     }
 }
@@ -637,7 +315,7 @@ impl Config {
                 }
                 up.protocol = Some(route.protocol);
                 validate_upstream_url(up.provider, &up.upstream_url)
-                    .map_err(|m| ConfigError::new(prefix(j, "upstream_url"), m))?;
+                    .map_err(|e| ConfigError::new(prefix(j, "upstream_url"), e.to_string()))?;
                 let secret = upstream_key(&up.api_key_env, up.api_key_file.as_deref(), env)
                     .map_err(|(k, m)| ConfigError::new(prefix(j, k), m))?;
                 up.api_key = UpstreamKey::new(secret);
@@ -679,8 +357,11 @@ impl Config {
         if self.pool.size > self.pool.max_size {
             self.pool.size = self.pool.max_size;
         }
-        if self.pool.max_idle_secs == 0 {
-            return Err(ConfigError::new("pool.max_idle_secs", "must be at least 1"));
+        if self.pool.max_idle_secs < MIN_POOL_MAX_IDLE_SECS {
+            return Err(ConfigError::new(
+                "pool.max_idle_secs",
+                format!("must be at least {MIN_POOL_MAX_IDLE_SECS}"),
+            ));
         }
         if self.relay.max_message_bytes < 1024 {
             return Err(ConfigError::new(
@@ -734,8 +415,11 @@ impl Config {
             }
             _ => {}
         }
-        if self.drain.wait_secs == 0 {
-            return Err(ConfigError::new("drain.wait_secs", "must be at least 1"));
+        if self.drain.wait_secs < MIN_DRAIN_WAIT_SECS {
+            return Err(ConfigError::new(
+                "drain.wait_secs",
+                format!("must be at least {MIN_DRAIN_WAIT_SECS}"),
+            ));
         }
         if let Some(bad) = self.server.cors_origins.iter().find(|o| !valid_origin(o)) {
             return Err(ConfigError::new(
@@ -744,12 +428,14 @@ impl Config {
             ));
         }
         {
-            use crate::client_secret::request::{MAX_TTL_SECS, MIN_TTL_SECS};
+            use patchbay_config::{MAX_CLIENT_SECRET_TTL_SECS, MIN_CLIENT_SECRET_TTL_SECS};
             let ttl = self.client_secrets.max_ttl_secs;
-            if !(MIN_TTL_SECS..=MAX_TTL_SECS).contains(&ttl) {
+            if !(MIN_CLIENT_SECRET_TTL_SECS..=MAX_CLIENT_SECRET_TTL_SECS).contains(&ttl) {
                 return Err(ConfigError::new(
                     "client_secrets.max_ttl_secs",
-                    format!("must be from {MIN_TTL_SECS} to {MAX_TTL_SECS}"),
+                    format!(
+                        "must be from {MIN_CLIENT_SECRET_TTL_SECS} to {MAX_CLIENT_SECRET_TTL_SECS}"
+                    ),
                 ));
             }
             for (i, f) in self.client_secrets.signing_key_files.iter().enumerate() {
@@ -991,28 +677,11 @@ pub fn balances_from_toml(text: &str) -> Result<Vec<Balance>, ConfigError> {
                 route: model.to_string(),
                 upstream: name.to_string(),
                 priority: number("priority", 0)?,
-                weight: number("weight", default_weight())?,
+                weight: number("weight", patchbay_config::DEFAULT_UPSTREAM_WEIGHT)?,
             });
         }
     }
     Ok(out)
-}
-
-fn validate_upstream_url(provider: Provider, upstream_url: &str) -> Result<(), String> {
-    let url = Url::parse(upstream_url).map_err(|e| format!("invalid URL: {e}"))?;
-    if !matches!(url.scheme(), "ws" | "wss") {
-        return Err(format!("scheme must be ws or wss, not {}", url.scheme()));
-    }
-    if url.host_str().is_none() {
-        return Err("URL has no host".into());
-    }
-    if provider == Provider::Azure
-        && !url.path().ends_with("/openai/v1/realtime")
-        && !url.query_pairs().any(|(k, _)| k == "api-version")
-    {
-        return Err("an Azure /openai/realtime URL needs ?api-version=…".into());
-    }
-    Ok(())
 }
 
 /// Applies `PATCHBAY_<SECTION>_<KEY>` and the well-known pool variables.
@@ -1110,9 +779,6 @@ fn unknown_field(msg: &str) -> Option<&str> {
     let rest = msg.strip_prefix("unknown field `")?;
     rest.find('`').map(|end| &rest[..end])
 }
-
-/// Upper bound of every `*_secs` setting: one year.
-pub const MAX_SECS: u64 = 366 * 24 * 3600;
 
 /// `scheme://host[:port]` with an http(s) scheme and nothing after: what a
 /// browser sends in `Origin`.
@@ -1561,6 +1227,15 @@ mod tests {
         let e = Config::from_toml_with_env("[store]\nredis_url_env = \"REDIS\"\n", &env_of(&env))
             .unwrap_err();
         assert_eq!(e.key, "store.ca_file", "the env override reaches ca_file");
+    }
+
+    #[test]
+    fn a_mint_requests_ttl_bounds_are_the_configs() {
+        // `client_secret::request` keeps its own names for the bounds it holds a mint request
+        // to; they must be the ones `client_secrets.max_ttl_secs` is checked against.
+        use crate::client_secret::request::{MAX_TTL_SECS, MIN_TTL_SECS};
+        assert_eq!(MIN_TTL_SECS, patchbay_config::MIN_CLIENT_SECRET_TTL_SECS);
+        assert_eq!(MAX_TTL_SECS, patchbay_config::MAX_CLIENT_SECRET_TTL_SECS);
     }
 
     #[test]

@@ -20,10 +20,12 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
+/// The enums are the gateway's own (`patchbay-config`), so the CRD accepts exactly the words
+/// `gateway.toml` does; and the upstream URL used when an OpenAI route does not name one.
+pub use patchbay_config::{DrainMode, Protocol, Provider, Unpriced, OPENAI_REALTIME_URL};
+
 /// API group of the resource.
 pub const GROUP: &str = "patchbay.dev";
-/// Upstream URL used when an OpenAI route does not name one.
-pub const OPENAI_REALTIME_URL: &str = "wss://api.openai.com/v1/realtime";
 
 pub const DEFAULT_REPLICAS_MIN: i32 = 1;
 pub const DEFAULT_POOL_MAX_IDLE_SECONDS: i32 = 30;
@@ -112,11 +114,15 @@ pub const UPSTREAMS_UNIQUE_NAMES_RULE: &str = "self.all(u, self.exists_one(v, v.
 
 /// The most upstreams one route may list (`spec.upstreams` `maxItems`).
 pub const MAX_UPSTREAMS: usize = 16;
-/// Bounds of `clientSecrets.maxTTLSeconds`, as the gateway's `[client_secrets] max_ttl_secs`.
-pub const MIN_CLIENT_SECRET_TTL_SECONDS: i32 = 10;
-pub const MAX_CLIENT_SECRET_TTL_SECONDS: i32 = 7200;
-/// Default `weight` of a listed upstream, as the gateway's.
-pub const DEFAULT_UPSTREAM_WEIGHT: i32 = 1;
+/// Bounds of `clientSecrets.maxTTLSeconds`: the gateway's `[client_secrets] max_ttl_secs`.
+pub const MIN_CLIENT_SECRET_TTL_SECONDS: i32 = int32(patchbay_config::MIN_CLIENT_SECRET_TTL_SECS);
+pub const MAX_CLIENT_SECRET_TTL_SECONDS: i32 = int32(patchbay_config::MAX_CLIENT_SECRET_TTL_SECS);
+/// Least `pool.maxIdleSeconds`: the gateway's `[pool] max_idle_secs`.
+pub const MIN_POOL_MAX_IDLE_SECONDS: i32 = int32(patchbay_config::MIN_POOL_MAX_IDLE_SECS);
+/// Least `drain.waitSeconds`: the gateway's `[drain] wait_secs`.
+pub const MIN_DRAIN_WAIT_SECONDS: i32 = int32(patchbay_config::MIN_DRAIN_WAIT_SECS);
+/// Default `weight` of a listed upstream: the gateway's.
+pub const DEFAULT_UPSTREAM_WEIGHT: i32 = int32(patchbay_config::DEFAULT_UPSTREAM_WEIGHT as u64);
 
 /// One of several upstreams of a route (`spec.upstreams[]`), rendered as a
 /// `[[routes.upstreams]]` entry of the gateway config.
@@ -168,7 +174,7 @@ pub struct ClientSecrets {
         rename = "maxTTLSeconds",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schemars(range(min = 10, max = 7200))]
+    #[schemars(range(min = MIN_CLIENT_SECRET_TTL_SECONDS, max = MAX_CLIENT_SECRET_TTL_SECONDS))]
     pub max_ttl_seconds: Option<i32>,
 }
 
@@ -214,22 +220,6 @@ pub struct Upstream {
     pub protocol: Protocol,
     /// Secret key holding the upstream API key.
     pub api_key_secret_ref: SecretKeyRef,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Provider {
-    #[default]
-    Openai,
-    Azure,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    #[default]
-    Ga,
-    Beta,
 }
 
 /// A key in a Secret in the route's namespace.
@@ -302,7 +292,7 @@ pub struct Pool {
     pub size: Option<i32>,
     /// A warm socket older than this is closed (upstream sessions expire).
     #[serde(default = "default_pool_max_idle_seconds")]
-    #[schemars(range(min = 1, max = 31_622_400))]
+    #[schemars(range(min = MIN_POOL_MAX_IDLE_SECONDS, max = MAX_SECONDS))]
     pub max_idle_seconds: i32,
     /// Upper bound of the per-pod size.
     #[serde(default = "default_pool_max_size")]
@@ -326,7 +316,7 @@ impl Default for Pool {
 pub struct Metering {
     /// Seconds between flushes of usage records; 0 flushes every turn.
     #[serde(default = "default_metering_flush_seconds")]
-    #[schemars(range(min = 0, max = 31_622_400))]
+    #[schemars(range(min = 0, max = MAX_SECONDS))]
     pub flush_seconds: i32,
     /// Secret key holding a Redis URL; without it counters live in each pod's memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -348,14 +338,6 @@ impl Default for Metering {
             prices: Vec::new(),
         }
     }
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Unpriced {
-    #[default]
-    Allow,
-    Block,
 }
 
 /// Prices of one model, USD per 1M tokens.
@@ -386,15 +368,15 @@ pub struct Price {
 pub struct Drain {
     /// Seconds the gateway drains live sessions after SIGTERM (at least 1).
     #[serde(default = "default_drain_wait_seconds")]
-    #[schemars(range(min = 1, max = 31_622_400))]
+    #[schemars(range(min = MIN_DRAIN_WAIT_SECONDS, max = MAX_SECONDS))]
     pub wait_seconds: i32,
     #[serde(default = "default_pre_stop_sleep_seconds")]
-    #[schemars(range(min = 0, max = 31_622_400))]
+    #[schemars(range(min = 0, max = MAX_SECONDS))]
     pub pre_stop_sleep_seconds: i32,
     #[serde(default)]
     pub mode: DrainMode,
     #[serde(default)]
-    #[schemars(range(min = 0, max = 31_622_400))]
+    #[schemars(range(min = 0, max = MAX_SECONDS))]
     pub linger_seconds: i32,
 }
 
@@ -407,14 +389,6 @@ impl Default for Drain {
             linger_seconds: 0,
         }
     }
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum DrainMode {
-    #[default]
-    Close,
-    Linger,
 }
 
 /// Pod-level overrides of the gateway Deployment.
@@ -515,10 +489,18 @@ impl RealtimeRoute {
     }
 }
 
-/// Upper bound of every `*Seconds` field (one year), as the gateway's own
-/// bound on its `*_secs` settings; the schema's `maximum` repeats it as a
-/// literal (a test keeps the two equal).
-pub const MAX_SECONDS: i32 = 31_622_400;
+/// Upper bound of every `*Seconds` field (one year): the gateway's own bound on its `*_secs`
+/// settings, published as the schema's `maximum`.
+pub const MAX_SECONDS: i32 = int32(patchbay_config::MAX_SECS);
+
+/// A bound of the gateway's as the CRD's `int32`; one that does not fit fails to compile.
+const fn int32(bound: u64) -> i32 {
+    assert!(
+        bound <= i32::MAX as u64,
+        "the CRD publishes bounds as int32"
+    );
+    bound as i32
+}
 
 /// The CRD as YAML, exactly what `patchbay-operator crd` prints and `crds/realtimeroute.yaml` holds.
 pub fn crd_yaml() -> String {

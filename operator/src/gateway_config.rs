@@ -1,10 +1,14 @@
 //! Rendering a route's `gateway.toml`, the file the gateway pod is started with.
 //!
-//! This is the one contract the operator shares with the gateway: the keys are exactly the ones the
-//! gateway's loader accepts (it rejects unknown keys), and no secret is ever written here. Secrets
-//! reach the pod as files of mounted Secret volumes, which the gateway re-reads when they change:
-//! `api_key_file` (the upstream key, or one per `[[routes.upstreams]]` entry, with its `ca_file`),
-//! `[store] redis_url_file`, `[keys] file` and `[client_secrets] signing_key_files`.
+//! This is the one contract the operator shares with the gateway, and it is built from the
+//! gateway's own types: every section but `[server]` is a `patchbay-config` type the gateway's
+//! loader deserialises (rejecting unknown keys), with the same enums, so no key or word is spelled
+//! twice; `tests/gateway_contract.rs` loads what this renders with the gateway's loader.
+//!
+//! No secret is ever written here. Secrets reach the pod as files of mounted Secret volumes, which
+//! the gateway re-reads when they change: `api_key_file` (the upstream key, or one per
+//! `[[routes.upstreams]]` entry, with its `ca_file`), `[store] redis_url_file`, `[keys] file` and
+//! `[client_secrets] signing_key_files`.
 //!
 //! What is live and what needs a restart follows the gateway: `[metering]`, `[[prices]]` and the
 //! `priority` and `weight` of each listed upstream are re-read from the file, so they are left out
@@ -18,11 +22,13 @@
 //! the pod template: editing them, or an HPA scale event, never restarts the gateway pods and the
 //! sessions they carry.
 
+use patchbay_config::{
+    BudgetPeriod, ClientSecretsConfig, DrainConfig, KeysConfig, LimitsConfig, MeteringConfig,
+    PoolConfig, PriceRow, RelayConfig, RouteConfig, StoreConfig, UpstreamConfig,
+};
 use serde::Serialize;
 
-use crate::crd::{
-    DrainMode, Protocol, Provider, RealtimeRouteSpec, SecretKeyRef, Unpriced, OPENAI_REALTIME_URL,
-};
+use crate::crd::{NamedUpstream, Provider, RealtimeRouteSpec, SecretKeyRef, OPENAI_REALTIME_URL};
 
 /// Port clients connect to (Service port `http`).
 pub const HTTP_PORT: u16 = 8080;
@@ -109,11 +115,8 @@ pub fn signing_keys_mount(spec: &RealtimeRouteSpec) -> Option<SecretMount> {
     })
 }
 
+/// `[server] upgrade_timeout_secs`: the gateway's default, written out.
 const UPGRADE_TIMEOUT_SECS: u32 = 10;
-const RELAY_IDLE_TIMEOUT_SECS: u32 = 300;
-const RELAY_MAX_SESSION_SECS: u32 = 3600;
-const RELAY_MAX_MESSAGE_BYTES: u64 = 16 * 1024 * 1024;
-const MAX_SESSIONS_PER_POD: u32 = 1000;
 
 /// Full path of the config file inside the pod.
 pub fn config_path() -> String {
@@ -121,36 +124,31 @@ pub fn config_path() -> String {
 }
 
 /// `[pool] size` in the rendered file; see the module doc.
-pub const POOL_SIZE_FALLBACK: i32 = 1;
+pub const POOL_SIZE_FALLBACK: u32 = 1;
 
 /// Full path of the pool size file inside the pod.
 pub fn pool_size_path() -> String {
     format!("{POOL_DIR}/{POOL_SIZE_KEY}")
 }
 
+/// The document: the sections are the gateway's own types; only `[server]`, whose type belongs
+/// to the gateway's runtime, is the operator's.
 #[derive(Serialize)]
-struct GatewayToml<'a> {
+struct GatewayToml {
     server: Server,
-    routes: Vec<Route<'a>>,
-    pool: PoolSection,
-    relay: Relay,
-    limits: Limits,
-    metering: MeteringSection,
+    routes: Vec<RouteConfig>,
+    pool: PoolConfig,
+    relay: RelayConfig,
+    limits: LimitsConfig,
+    metering: MeteringConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    prices: Vec<PriceRow<'a>>,
+    prices: Vec<PriceRow>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    store: Option<Store>,
-    keys: Keys,
-    drain: DrainSection,
+    store: Option<StoreConfig>,
+    keys: KeysConfig,
+    drain: DrainConfig,
     #[serde(skip_serializing_if = "Option::is_none")]
-    client_secrets: Option<ClientSecretsSection>,
-}
-
-#[derive(Serialize)]
-struct ClientSecretsSection {
-    signing_key_files: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_ttl_secs: Option<i32>,
+    client_secrets: Option<ClientSecretsConfig>,
 }
 
 #[derive(Serialize)]
@@ -160,148 +158,70 @@ struct Server {
     upgrade_timeout_secs: u32,
 }
 
-/// A `[[routes]]` entry: the single-upstream shorthand, or `protocol` plus `upstreams`.
-#[derive(Serialize)]
-struct Route<'a> {
-    model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    provider: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    upstream_url: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    upstream_model: Option<&'a str>,
-    protocol: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    api_key_file: Option<String>,
-    /// Last: TOML writes arrays of tables after the plain keys.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    upstreams: Vec<UpstreamRow<'a>>,
-}
-
-/// A `[[routes.upstreams]]` entry.
-#[derive(Serialize)]
-struct UpstreamRow<'a> {
-    name: &'a str,
-    provider: &'static str,
-    upstream_url: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    upstream_model: Option<&'a str>,
-    api_key_file: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ca_file: Option<String>,
-    priority: i32,
-    weight: i32,
-}
-
-fn provider_name(p: Provider) -> &'static str {
-    match p {
-        Provider::Openai => "openai",
-        Provider::Azure => "azure",
-    }
-}
-
-fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Ga => "ga",
-        Protocol::Beta => "beta",
-    }
+/// A count or a number of seconds of the spec (an `int32`) as the gateway's unsigned type. The
+/// schema admits no negative one, and validation holds each to the gateway's bounds; were one
+/// negative all the same, it would render as 0.
+fn unsigned<T: TryFrom<i32> + Default>(v: i32) -> T {
+    T::try_from(v).unwrap_or_default()
 }
 
 /// The `[[routes]]` entry of a spec. Validation has made sure exactly one of `upstream` and
-/// `upstreams` is set and that the listed upstreams share one protocol.
-fn route_entry(spec: &RealtimeRouteSpec) -> Route<'_> {
-    match &spec.upstream {
-        Some(up) => Route {
-            model: &spec.model,
-            provider: Some(provider_name(up.provider)),
-            upstream_url: Some(default_url(up.url.as_deref(), up.provider).unwrap_or_default()),
-            upstream_model: up.model.as_deref(),
-            protocol: protocol_name(up.protocol),
-            api_key_file: Some(format!("{UPSTREAM_KEY_DIR}/{}", up.api_key_secret_ref.key)),
-            upstreams: Vec::new(),
-        },
-        None => Route {
-            model: &spec.model,
-            provider: None,
-            upstream_url: None,
-            upstream_model: None,
-            protocol: protocol_name(
-                spec.upstreams
-                    .first()
-                    .map(|u| u.protocol)
-                    .unwrap_or_default(),
-            ),
-            api_key_file: None,
-            upstreams: spec
-                .upstreams
-                .iter()
-                .map(|u| UpstreamRow {
-                    name: &u.name,
-                    provider: provider_name(u.provider),
-                    upstream_url: default_url(u.url.as_deref(), u.provider).unwrap_or_default(),
-                    upstream_model: u.model.as_deref(),
-                    api_key_file: upstreams_file(&u.api_key_secret_ref),
-                    ca_file: u.ca_secret_ref.as_ref().map(upstreams_file),
-                    priority: u.priority,
-                    weight: u.weight,
-                })
-                .collect(),
-        },
+/// `upstreams` is set and that the listed upstreams share one protocol. Every key is chosen here
+/// (no `..`), so a key the gateway adds to a route fails to compile until it is rendered or left
+/// out on purpose; the single-upstream keys of a listed route are not written.
+fn route_entry(spec: &RealtimeRouteSpec) -> RouteConfig {
+    let (provider, upstream_url, upstream_model, protocol, api_key_file) = match &spec.upstream {
+        Some(up) => (
+            up.provider,
+            default_url(up.url.as_deref(), up.provider).unwrap_or_default(),
+            up.model.clone(),
+            up.protocol,
+            Some(format!("{UPSTREAM_KEY_DIR}/{}", up.api_key_secret_ref.key).into()),
+        ),
+        None => (
+            Provider::default(),
+            "",
+            None,
+            spec.upstreams
+                .first()
+                .map(|u| u.protocol)
+                .unwrap_or_default(),
+            None,
+        ),
+    };
+    RouteConfig {
+        model: spec.model.clone(),
+        provider,
+        upstream_url: upstream_url.into(),
+        upstream_model,
+        protocol,
+        api_key_env: String::new(),
+        api_key_file,
+        ca_file: None,
+        budget_usd: None,
+        budget_period: BudgetPeriod::default(),
+        api_key: (),
+        upstreams: spec.upstreams.iter().map(upstream_entry).collect(),
     }
 }
 
-#[derive(Serialize)]
-struct PoolSection {
-    size: i32,
-    max_idle_secs: i32,
-    max_size: i32,
-    size_file: String,
-}
-
-#[derive(Serialize)]
-struct Relay {
-    idle_timeout_secs: u32,
-    max_session_secs: u32,
-    max_message_bytes: u64,
-}
-
-#[derive(Serialize)]
-struct Limits {
-    max_sessions: u32,
-}
-
-#[derive(Serialize)]
-struct MeteringSection {
-    flush_secs: i32,
-    unpriced: &'static str,
-}
-
-#[derive(Serialize)]
-struct PriceRow<'a> {
-    model: &'a str,
-    text_input: f64,
-    cached_text_input: f64,
-    audio_input: f64,
-    cached_audio_input: f64,
-    text_output: f64,
-    audio_output: f64,
-}
-
-#[derive(Serialize)]
-struct Store {
-    redis_url_file: String,
-}
-
-#[derive(Serialize)]
-struct Keys {
-    file: String,
-}
-
-#[derive(Serialize)]
-struct DrainSection {
-    wait_secs: i32,
-    mode: &'static str,
-    linger_secs: i32,
+/// A `[[routes.upstreams]]` entry; its protocol is the route's.
+fn upstream_entry(u: &NamedUpstream) -> UpstreamConfig {
+    UpstreamConfig {
+        name: u.name.clone(),
+        provider: u.provider,
+        upstream_url: default_url(u.url.as_deref(), u.provider)
+            .unwrap_or_default()
+            .into(),
+        upstream_model: u.model.clone(),
+        protocol: None,
+        api_key_env: String::new(),
+        api_key_file: Some(upstreams_file(&u.api_key_secret_ref).into()),
+        ca_file: u.ca_secret_ref.as_ref().map(|r| upstreams_file(r).into()),
+        priority: unsigned(u.priority),
+        weight: unsigned(u.weight),
+        api_key: (),
+    }
 }
 
 /// Sections of `gateway.toml` the gateway applies while running (it re-reads the file): editing
@@ -352,33 +272,28 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
             upgrade_timeout_secs: UPGRADE_TIMEOUT_SECS,
         },
         routes: vec![route_entry(spec)],
-        pool: PoolSection {
-            size: POOL_SIZE_FALLBACK,
-            max_idle_secs: spec.pool.max_idle_seconds,
-            max_size: spec.pool.max_size,
-            size_file: pool_size_path(),
+        pool: PoolConfig {
+            size: POOL_SIZE_FALLBACK as usize,
+            max_idle_secs: unsigned(spec.pool.max_idle_seconds),
+            max_size: unsigned(spec.pool.max_size),
+            size_file: Some(pool_size_path().into()),
+            ..PoolConfig::default()
         },
-        relay: Relay {
-            idle_timeout_secs: RELAY_IDLE_TIMEOUT_SECS,
-            max_session_secs: RELAY_MAX_SESSION_SECS,
-            max_message_bytes: RELAY_MAX_MESSAGE_BYTES,
-        },
-        limits: Limits {
-            max_sessions: MAX_SESSIONS_PER_POD,
-        },
-        metering: MeteringSection {
-            flush_secs: spec.metering.flush_seconds,
-            unpriced: match spec.metering.unpriced {
-                Unpriced::Allow => "allow",
-                Unpriced::Block => "block",
-            },
+        // Not in the spec: the gateway's defaults, written out.
+        relay: RelayConfig::default(),
+        limits: LimitsConfig::default(),
+        metering: MeteringConfig {
+            flush_secs: unsigned(spec.metering.flush_seconds),
+            unpriced: spec.metering.unpriced,
+            ..MeteringConfig::default()
         },
         prices: spec
             .metering
             .prices
             .iter()
             .map(|p| PriceRow {
-                model: &p.model,
+                model: p.model.clone(),
+                upstream: None,
                 text_input: p.text_input,
                 cached_text_input: p.cached_text_input,
                 audio_input: p.audio_input,
@@ -387,28 +302,32 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
                 audio_output: p.audio_output,
             })
             .collect(),
-        store: spec.metering.redis_url_secret_ref.as_ref().map(|r| Store {
-            redis_url_file: format!("{REDIS_URL_DIR}/{}", r.key),
-        }),
-        keys: Keys {
-            file: format!("{KEYS_DIR}/{}", spec.client_keys_secret_ref.key),
+        store: spec
+            .metering
+            .redis_url_secret_ref
+            .as_ref()
+            .map(|r| StoreConfig {
+                redis_url_file: Some(format!("{REDIS_URL_DIR}/{}", r.key).into()),
+                ..StoreConfig::default()
+            }),
+        keys: KeysConfig {
+            file: Some(format!("{KEYS_DIR}/{}", spec.client_keys_secret_ref.key).into()),
         },
-        drain: DrainSection {
-            wait_secs: spec.drain.wait_seconds,
-            mode: match spec.drain.mode {
-                DrainMode::Close => "close",
-                DrainMode::Linger => "linger",
-            },
-            linger_secs: spec.drain.linger_seconds,
+        drain: DrainConfig {
+            wait_secs: unsigned(spec.drain.wait_seconds),
+            mode: spec.drain.mode,
+            linger_secs: unsigned(spec.drain.linger_seconds),
         },
-        client_secrets: spec.client_secrets.as_ref().map(|c| ClientSecretsSection {
+        client_secrets: spec.client_secrets.as_ref().map(|c| ClientSecretsConfig {
             signing_key_files: c
                 .signing_keys_secret_ref
                 .key_list()
                 .into_iter()
-                .map(|k| format!("{SIGNING_KEYS_DIR}/{k}"))
+                .map(|k| format!("{SIGNING_KEYS_DIR}/{k}").into())
                 .collect(),
-            max_ttl_secs: c.max_ttl_seconds,
+            max_ttl_secs: c
+                .max_ttl_seconds
+                .map_or(ClientSecretsConfig::default().max_ttl_secs, unsigned),
         }),
     };
     toml::to_string(&doc).expect("the gateway config always serialises")

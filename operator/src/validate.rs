@@ -1,7 +1,9 @@
 //! Stage 1 of a reconcile: is the route servable?
 //!
 //! The schema already enforces types, minimums, enums and `replicas.min <= max`; what is left is
-//! what a schema cannot say ([`check_route`], pure). Whether the referenced Secrets exist is not
+//! what a schema cannot say ([`check_route`], pure), and the gateway's own rules again (upstream
+//! URLs, the bounds on what renders into `gateway.toml`, all from `patchbay-config`), so a route
+//! accepted here renders a config the gateway loads. Whether the referenced Secrets exist is not
 //! checked here: the operator has no access to Secrets at all. A missing one keeps the gateway
 //! pods from starting, which [`crate::pods`] reports from the pods and their events.
 
@@ -9,7 +11,8 @@ use kube::ResourceExt;
 
 use crate::crd::{
     Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef, MAX_CLIENT_SECRET_TTL_SECONDS,
-    MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS,
+    MAX_SECONDS, MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS, MIN_DRAIN_WAIT_SECONDS,
+    MIN_POOL_MAX_IDLE_SECONDS,
 };
 use crate::error::{Error, Result};
 
@@ -41,9 +44,10 @@ fn is_dns_label(name: &str) -> bool {
         && name.chars().all(|c| alnum(c) || c == '-')
 }
 
-/// The rules the gateway's own config loader applies to `upstream_url`, so that a route the
-/// operator accepts never renders a config its pods refuse (and crash-loop on). `field` names
-/// the URL's place in the spec (`upstream.url`, `upstreams[1].url`).
+/// The gateway's own rules for `upstream_url` (`patchbay-config`), so that a route the operator
+/// accepts never renders a config its pods refuse (and crash-loop on); a missing URL is
+/// OpenAI's for an OpenAI upstream. `field` names the URL's place in the spec (`upstream.url`,
+/// `upstreams[1].url`).
 fn check_upstream_url(field: &str, url: Option<&str>, provider: Provider) -> Result<()> {
     let Some(url) = url else {
         return match provider {
@@ -53,24 +57,42 @@ fn check_upstream_url(field: &str, url: Option<&str>, provider: Provider) -> Res
             Provider::Openai => Ok(()),
         };
     };
-    let invalid = |why: String| Err(Error::InvalidSpec(format!("{field} {url:?}: {why}")));
-    // The same parser as the gateway's loader (`url`), so ports, hosts and escapes are judged
-    // the same way.
-    let parsed = match url::Url::parse(url) {
-        Ok(u) => u,
-        Err(e) => return invalid(format!("not a valid URL ({e})")),
-    };
-    if !matches!(parsed.scheme(), "ws" | "wss") {
-        return invalid("must be a ws:// or wss:// URL".into());
+    patchbay_config::validate_upstream_url(provider, url)
+        .map_err(|e| Error::InvalidSpec(format!("{field} {url:?}: {e}")))
+}
+
+/// `value` of the spec's `field` within `min..=max`: the gateway's bounds on the key it renders
+/// to, which the schema publishes too. Checked here as well because an object stored under an
+/// older schema is not admitted again, and a value out of bounds would render a config the pods
+/// refuse.
+fn check_bounds(field: &str, value: i32, min: i32, max: i32) -> Result<()> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(Error::InvalidSpec(format!(
+            "{field} {value} must be from {min} to {max}"
+        )))
     }
-    if parsed.host_str().is_none_or(str::is_empty) {
-        return invalid("has no host".into());
-    }
-    if provider == Provider::Azure
-        && !parsed.path().ends_with("/openai/v1/realtime")
-        && !parsed.query_pairs().any(|(k, _)| k == "api-version")
-    {
-        return invalid("an Azure /openai/realtime URL needs ?api-version=…".into());
+}
+
+/// Every number of seconds the spec renders into `gateway.toml`, within the gateway's bounds.
+fn check_seconds(spec: &RealtimeRouteSpec) -> Result<()> {
+    let seconds = [
+        (
+            "pool.maxIdleSeconds",
+            spec.pool.max_idle_seconds,
+            MIN_POOL_MAX_IDLE_SECONDS,
+        ),
+        ("metering.flushSeconds", spec.metering.flush_seconds, 0),
+        (
+            "drain.waitSeconds",
+            spec.drain.wait_seconds,
+            MIN_DRAIN_WAIT_SECONDS,
+        ),
+        ("drain.lingerSeconds", spec.drain.linger_seconds, 0),
+    ];
+    for (field, value, min) in seconds {
+        check_bounds(field, value, min, MAX_SECONDS)?;
     }
     Ok(())
 }
@@ -152,20 +174,21 @@ fn check_client_secrets(spec: &RealtimeRouteSpec) -> Result<()> {
             ));
         }
     }
-    if let Some(ttl) = cs.max_ttl_seconds {
-        if !(MIN_CLIENT_SECRET_TTL_SECONDS..=MAX_CLIENT_SECRET_TTL_SECONDS).contains(&ttl) {
-            return invalid(format!(
-                "clientSecrets.maxTTLSeconds {ttl} must be from \
-                 {MIN_CLIENT_SECRET_TTL_SECONDS} to {MAX_CLIENT_SECRET_TTL_SECONDS}"
-            ));
-        }
+    match cs.max_ttl_seconds {
+        Some(ttl) => check_bounds(
+            "clientSecrets.maxTTLSeconds",
+            ttl,
+            MIN_CLIENT_SECRET_TTL_SECONDS,
+            MAX_CLIENT_SECRET_TTL_SECONDS,
+        ),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Problems a schema cannot express.
 pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
     check_upstreams(spec)?;
+    check_seconds(spec)?;
     check_client_secrets(spec)?;
     let gw = &spec.gateway;
     let overrides = [
@@ -303,7 +326,8 @@ mod tests {
     fn an_http_upstream_url_is_refused() {
         let mut spec = fixtures::minimal_spec();
         fixtures::single(&mut spec).url = Some("https://api.openai.com/v1/realtime".into());
-        assert!(check_spec(&spec).unwrap_err().to_string().contains("ws://"));
+        let err = check_spec(&spec).unwrap_err().to_string();
+        assert!(err.contains("scheme must be ws or wss, not https"), "{err}");
     }
 
     #[test]
@@ -333,6 +357,45 @@ mod tests {
         ] {
             fixtures::single(&mut spec).url = Some(ok.into());
             check_spec(&spec).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+    }
+
+    #[test]
+    fn seconds_outside_the_gateways_bounds_are_refused_naming_the_field() {
+        type Field = fn(&mut RealtimeRouteSpec) -> &mut i32;
+        let edits: [(&str, Field, i32); 4] = [
+            (
+                "pool.maxIdleSeconds",
+                |s| &mut s.pool.max_idle_seconds,
+                MIN_POOL_MAX_IDLE_SECONDS,
+            ),
+            (
+                "metering.flushSeconds",
+                |s| &mut s.metering.flush_seconds,
+                0,
+            ),
+            (
+                "drain.waitSeconds",
+                |s| &mut s.drain.wait_seconds,
+                MIN_DRAIN_WAIT_SECONDS,
+            ),
+            ("drain.lingerSeconds", |s| &mut s.drain.linger_seconds, 0),
+        ];
+        for (field, at, min) in edits {
+            for ok in [min, MAX_SECONDS] {
+                let mut spec = fixtures::full_spec();
+                *at(&mut spec) = ok;
+                check_spec(&spec).unwrap_or_else(|e| panic!("{field} {ok}: {e}"));
+            }
+            for bad in [min - 1, MAX_SECONDS + 1] {
+                let mut spec = fixtures::full_spec();
+                *at(&mut spec) = bad;
+                let msg = invalid(&spec);
+                assert!(
+                    msg.contains(&format!("{field} {bad} must be from")),
+                    "{msg}"
+                );
+            }
         }
     }
 

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use patchbay_gateway::auth::KeySet;
-use patchbay_gateway::config::Config;
+use patchbay_gateway::config::{Config, ConfigError};
 use patchbay_operator::crd::{DrainMode, Protocol, RealtimeRoute, SecretKeyRef, MAX_SECONDS};
 use patchbay_operator::gateway_config;
 use serde::Deserialize;
@@ -123,10 +123,20 @@ fn assert_loads(what: &str, route: &RealtimeRoute, keys_file: &Path) -> Config {
             "{what}: redis_url_file is the Redis Secret's mount path"
         );
     }
+    match load_rendered(what, &text, keys_file) {
+        Ok(config) => config,
+        Err(e) => panic!("{what}: the gateway rejects the rendered config: {e}\n---\n{text}"),
+    }
+}
+
+/// Writes a stand-in for each Secret file `text` names under a temporary directory and loads
+/// `text` with the gateway's loader, pointed at them.
+fn load_rendered(what: &str, text: &str, keys_file: &Path) -> Result<Config, ConfigError> {
+    let doc: toml::Table = toml::from_str(text).expect("TOML");
     let dir = keys_file
         .parent()
         .expect("temp dir")
-        .join(what.replace('/', "-"));
+        .join(what.replace(|c: char| !c.is_ascii_alphanumeric() && c != '.', "-"));
     for (path, kind) in rendered_files(&doc) {
         let rest = path
             .strip_prefix("/etc/patchbay/")
@@ -141,10 +151,27 @@ fn assert_loads(what: &str, route: &RealtimeRoute, keys_file: &Path) -> Config {
         "PATCHBAY_KEYS_FILE" => Some(keys_file.clone()),
         _ => None,
     };
-    match Config::from_toml_with_env(&text, &env) {
-        Ok(config) => config,
-        Err(e) => panic!("{what}: the gateway rejects the rendered config: {e}\n---\n{text}"),
-    }
+    Config::from_toml_with_env(&text, &env)
+}
+
+/// `route` with the field at JSON pointer `pointer` set to `value`, decoded as the operator
+/// decodes what the API server stored.
+fn with_field(route: &RealtimeRoute, pointer: &str, value: serde_json::Value) -> RealtimeRoute {
+    let mut json = serde_json::to_value(route).expect("a route serialises");
+    let (parent, key) = pointer.rsplit_once('/').expect("a JSON pointer");
+    json.pointer_mut(parent)
+        .and_then(|p| p.as_object_mut())
+        .unwrap_or_else(|| panic!("{parent} is an object of the route"))
+        .insert(key.into(), value);
+    serde_json::from_value(json).unwrap_or_else(|e| panic!("{pointer}: {e}"))
+}
+
+/// The schema of the route's spec in the generated CRD: what the API server admits.
+fn spec_schema() -> serde_json::Value {
+    let crd: serde_json::Value =
+        serde_yaml::from_str(&patchbay_operator::crd::crd_yaml()).expect("the CRD parses");
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        .clone()
 }
 
 #[test]
@@ -320,4 +347,191 @@ fn the_gateway_loads_client_secrets_with_every_signing_key_file() {
 fn the_example_client_keys_file_parses_with_the_gateway() {
     let text = std::fs::read_to_string(example_keys_file()).expect("keys file");
     KeySet::parse(&text).expect("the gateway accepts the example key file");
+}
+
+/// Reads one setting of a loaded gateway config as the word or number it was written as.
+type Loaded = fn(&Config) -> serde_json::Value;
+
+fn word<T: serde::Serialize>(v: T) -> serde_json::Value {
+    serde_json::to_value(v).expect("an enum serialises")
+}
+
+#[test]
+fn every_word_the_crd_accepts_renders_to_a_config_the_gateway_loads_with_that_word() {
+    let keys = example_keys_file();
+    let single = example_route("realtimeroute-full.yaml");
+    let listed = example_route("realtimeroute-upstreams.yaml");
+    let schema = spec_schema();
+    let azure_url = "wss://eastus.openai.azure.com/openai/v1/realtime";
+    // (route, the enum's schema, where the word goes in the spec, what the gateway loaded)
+    let fields: [(&RealtimeRoute, &serde_json::Value, &[&str], Loaded); 6] = [
+        (
+            &single,
+            &schema["upstream"]["properties"]["provider"],
+            &["/spec/upstream/provider"],
+            |c| word(c.routes[0].upstreams[0].provider),
+        ),
+        (
+            &single,
+            &schema["upstream"]["properties"]["protocol"],
+            &["/spec/upstream/protocol"],
+            |c| word(c.routes[0].protocol),
+        ),
+        (
+            &listed,
+            &schema["upstreams"]["items"]["properties"]["provider"],
+            &["/spec/upstreams/0/provider"],
+            |c| word(c.routes[0].upstreams[0].provider),
+        ),
+        (
+            &listed,
+            &schema["upstreams"]["items"]["properties"]["protocol"],
+            &["/spec/upstreams/0/protocol", "/spec/upstreams/1/protocol"],
+            |c| word(c.routes[0].upstreams[1].protocol),
+        ),
+        (
+            &single,
+            &schema["metering"]["properties"]["unpriced"],
+            &["/spec/metering/unpriced"],
+            |c| word(c.metering.unpriced),
+        ),
+        (
+            &single,
+            &schema["drain"]["properties"]["mode"],
+            &["/spec/drain/mode"],
+            |c| word(c.drain.mode),
+        ),
+    ];
+    for (route, enum_schema, pointers, loaded) in fields {
+        let words = enum_schema["enum"].as_array().expect("an enum in the CRD");
+        assert!(words.len() >= 2, "{enum_schema}");
+        for w in words {
+            let mut route = route.clone();
+            for pointer in pointers {
+                route = with_field(&route, pointer, w.clone());
+                if *w == "azure" {
+                    let url = pointer.replace("/provider", "/url");
+                    route = with_field(&route, &url, azure_url.into());
+                }
+            }
+            patchbay_operator::validate::check_spec(&route.spec)
+                .unwrap_or_else(|e| panic!("{pointers:?} = {w}: {e}"));
+            let what = format!("{}-{}", pointers[0], w.as_str().expect("a word"));
+            let config = assert_loads(&what, &route, &keys);
+            assert_eq!(&loaded(&config), w, "{pointers:?}");
+        }
+    }
+}
+
+#[test]
+fn each_seconds_bound_is_the_crds_the_operators_and_the_gateways() {
+    let keys = example_keys_file();
+    let route = example_route("realtimeroute-full.yaml");
+    let schema = spec_schema();
+    // (CRD section and field, gateway section and key, what the gateway loaded)
+    let bounds: [(&str, &str, &str, &str, Loaded); 5] = [
+        ("pool", "maxIdleSeconds", "pool", "max_idle_secs", |c| {
+            c.pool.max_idle_secs.into()
+        }),
+        ("metering", "flushSeconds", "metering", "flush_secs", |c| {
+            c.metering.flush_secs.into()
+        }),
+        ("drain", "waitSeconds", "drain", "wait_secs", |c| {
+            c.drain.wait_secs.into()
+        }),
+        ("drain", "lingerSeconds", "drain", "linger_secs", |c| {
+            c.drain.linger_secs.into()
+        }),
+        (
+            "clientSecrets",
+            "maxTTLSeconds",
+            "client_secrets",
+            "max_ttl_secs",
+            |c| c.client_secrets.max_ttl_secs.into(),
+        ),
+    ];
+    for (section, field, gw_section, gw_key, loaded) in bounds {
+        let published = &schema[section]["properties"][field];
+        let bound = |k: &str| {
+            let v = published[k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{section}.{field} has a {k}"));
+            v as i64
+        };
+        let (min, max) = (bound("minimum"), bound("maximum"));
+        let pointer = format!("/spec/{section}/{field}");
+        for edge in [min, max] {
+            let at_edge = with_field(&route, &pointer, edge.into());
+            patchbay_operator::validate::check_spec(&at_edge.spec)
+                .unwrap_or_else(|e| panic!("the operator refuses {section}.{field} = {edge}: {e}"));
+            let config = assert_loads(&format!("{gw_key}-{edge}"), &at_edge, &keys);
+            assert_eq!(loaded(&config), serde_json::Value::from(edge), "{gw_key}");
+            let past = if edge == min { min - 1 } else { max + 1 };
+            let beyond = with_field(&route, &pointer, past.into());
+            let Err(err) = patchbay_operator::validate::check_spec(&beyond.spec) else {
+                panic!("the operator accepts {section}.{field} = {past}");
+            };
+            assert!(
+                err.to_string().contains(&format!("{section}.{field}")),
+                "{err}"
+            );
+            // The gateway, given the value past the edge in the file, refuses it by name.
+            let mut doc: toml::Table =
+                toml::from_str(&gateway_config::render(&at_edge.spec)).unwrap();
+            doc[gw_section]
+                .as_table_mut()
+                .unwrap()
+                .insert(gw_key.into(), past.into());
+            let text = toml::to_string(&doc).unwrap();
+            let Err(err) = load_rendered(&format!("{gw_key}-{past}"), &text, &keys) else {
+                panic!("the gateway accepts {gw_section}.{gw_key} = {past}");
+            };
+            assert_eq!(err.key, format!("{gw_section}.{gw_key}"), "{err}");
+        }
+    }
+}
+
+#[test]
+fn upstream_urls_are_judged_alike_by_the_operator_and_the_gateway() {
+    let keys = example_keys_file();
+    let route = example_route("realtimeroute-full.yaml");
+    for (provider, url, ok) in [
+        ("openai", "wss://api.openai.com/v1/realtime", true),
+        ("openai", "ws://127.0.0.1:8081/v1/realtime", true),
+        ("openai", "https://api.openai.com/v1/realtime", false),
+        ("openai", "wss://", false),
+        ("openai", "wss:// /x", false),
+        ("openai", "wss://host:99999/v1/realtime", false),
+        ("openai", "wss://host:abc/v1/realtime", false),
+        ("openai", "not a url", false),
+        ("azure", "wss://r.openai.azure.com/openai/v1/realtime", true),
+        (
+            "azure",
+            "wss://r.openai.azure.com/openai/realtime?api-version=2025-04-01-preview&deployment=d",
+            true,
+        ),
+        (
+            "azure",
+            "wss://r.openai.azure.com/openai/realtime?deployment=d",
+            false,
+        ),
+    ] {
+        let r = with_field(&route, "/spec/upstream/provider", provider.into());
+        let r = with_field(&r, "/spec/upstream/url", url.into());
+        let operator = patchbay_operator::validate::check_spec(&r.spec);
+        let text = gateway_config::render(&r.spec);
+        let gateway = load_rendered(&format!("url-{provider}"), &text, &keys);
+        assert_eq!(
+            operator.is_ok(),
+            ok,
+            "the operator on {provider} {url}: {operator:?}"
+        );
+        match gateway {
+            Ok(_) => assert!(ok, "the gateway accepts {provider} {url}"),
+            Err(e) => {
+                assert!(!ok, "the gateway refuses {provider} {url}: {e}");
+                assert_eq!(e.key, "routes[0].upstream_url", "{e}");
+            }
+        }
+    }
 }

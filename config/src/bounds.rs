@@ -1,0 +1,23 @@
+//! Bounds on the numbers of `gateway.toml` that a route's spec sets: the gateway's loader refuses
+//! a value outside them (naming the key), the operator's CRD schema publishes them as `minimum`
+//! and `maximum`, and the operator's validation refuses a route whose value is outside them. A
+//! bound not listed here is the type's own (`0` for a `u64`).
+
+/// Upper bound of every `*_secs` setting: one year. Every duration is added to a clock reading
+/// somewhere; past a year it is a typo, and near `u64::MAX` seconds the addition would overflow
+/// at run time instead of failing at load.
+pub const MAX_SECS: u64 = 366 * 24 * 3600;
+
+/// Least `pool.max_idle_secs`: a warm socket is kept at least a second.
+pub const MIN_POOL_MAX_IDLE_SECS: u64 = 1;
+
+/// Least `drain.wait_secs`: a drain lasts at least a second.
+pub const MIN_DRAIN_WAIT_SECS: u64 = 1;
+
+/// Least `client_secrets.max_ttl_secs`, and the shortest life a minted client secret may ask for
+/// (`expires_after.seconds`), as OpenAI's API.
+pub const MIN_CLIENT_SECRET_TTL_SECS: u64 = 10;
+
+/// Most `client_secrets.max_ttl_secs`, its default, and the longest life of a minted client
+/// secret, as OpenAI's API.
+pub const MAX_CLIENT_SECRET_TTL_SECS: u64 = 7200;
