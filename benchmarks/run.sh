@@ -23,9 +23,9 @@
 #    by MANY_MODEL_MS of model time before each one's first audio, one turn
 #    each. Its report gives success %, and in the CPU table the gateway's
 #    RSS before, at peak and per live session, and CPU-s per 1000 sessions
-#    (= per 1000 turns). The gateway holds two sockets per session, so
-#    MANY_N is capped at what the hard `nofile` limit allows (said so when
-#    it is).
+#    (= per 1000 turns). The gateway holds two sockets per session and its
+#    pool's, so MANY_N is capped at what the hard `nofile` limit allows
+#    (said so when it is).
 # Every bench reports the CPU of tcp-relay and both gateways over its
 # window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
 # tcp-relay); the simulator's is printed after each report.
@@ -265,9 +265,11 @@ fi
 
 if stage many; then
   hard=$(ulimit -Hn)
-  if [ "$hard" != unlimited ] && [ $((2 * MANY_N + FD_SPARE)) -gt "$hard" ]; then
-    capped=$(((hard - FD_SPARE) / 2))
-    echo "note: the hard nofile limit is $hard: the gateway's two sockets per session allow $capped sessions, not $MANY_N" >&2
+  # Two sockets per session, plus the warm pool's (refilled while the
+  # sessions live), plus the spare.
+  if [ "$hard" != unlimited ] && [ $((2 * MANY_N + MANY_POOL_SIZE + FD_SPARE)) -gt "$hard" ]; then
+    capped=$(((hard - MANY_POOL_SIZE - FD_SPARE) / 2))
+    echo "note: the hard nofile limit is $hard: the gateway's two sockets per session and its pool of $MANY_POOL_SIZE allow $capped sessions, not $MANY_N" >&2
     MANY_N=$capped
   fi
   STACK=many

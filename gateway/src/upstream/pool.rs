@@ -12,9 +12,9 @@
 //! waker. Pending means nothing arrived (alive); Ping/Pong are alive (the pong
 //! the leg queues is flushed on the same poll); a text, binary or close
 //! frame, an error or EOF mean dead (an upstream `session_expired` error is
-//! exactly such a frame). The replenisher does the same check on every tick,
-//! so pings are answered while a socket waits and dead sockets are reaped
-//! before a client could get them.
+//! exactly such a frame). The replenisher does the same check every
+//! [`HEALTH_EVERY_TICKS`] ticks (2 s), so pings are answered while a socket
+//! waits and dead sockets are reaped before a client could get them.
 //!
 //! Refill: every `take` wakes the replenisher at once; missing sockets are
 //! dialled concurrently (at most [`MAX_DIALS_IN_FLIGHT`] at a time); a
@@ -51,6 +51,12 @@ use crate::upstream::breaker::Breaker;
 use crate::upstream::dial::{DialError, Upstream, Warm};
 
 pub const REPLENISH_TICK: Duration = Duration::from_millis(250);
+/// Every how many ticks the pooled sockets are polled for liveness (2 s):
+/// often enough to answer an upstream's pings long before it gives up on
+/// them, rarely enough that a large idle pool costs next to nothing (each
+/// poll registers a waker; 500 sockets polled every tick cost ~3 ms of CPU
+/// per second). `take` polls the socket it hands out in any case.
+pub const HEALTH_EVERY_TICKS: u64 = 8;
 pub const BACKOFF_BASE: Duration = Duration::from_millis(500);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// Bound on concurrent pool dials per route.
@@ -285,15 +291,17 @@ impl Pool {
         self.gauge.set(self.len() as i64);
     }
 
-    /// Drops stale and dead sockets and, past the target, the oldest ones.
-    fn reap(&self) {
+    /// Drops stale sockets, dead ones when `poll_health` (see
+    /// [`HEALTH_EVERY_TICKS`]) and, past the target, the oldest ones.
+    fn reap(&self, poll_health: bool) {
         let target = self.target();
         let discarded: Vec<Warm> = {
             let mut warm = self.lock();
             let mut out = Vec::new();
             let mut keep = VecDeque::with_capacity(warm.len());
             for mut w in warm.drain(..) {
-                if w.connected_at.elapsed() >= self.max_idle || check(&mut w) == Health::Dead {
+                let stale = w.connected_at.elapsed() >= self.max_idle;
+                if stale || (poll_health && check(&mut w) == Health::Dead) {
                     out.push(w);
                 } else {
                     keep.push_back(w);
@@ -363,11 +371,15 @@ impl Pool {
         let mut generation = 0u64;
         let mut backoff = Duration::ZERO;
         let mut backoff_until: Option<tokio::time::Instant> = None;
+        let mut ticks = 0u64;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = self.wake.notified() => {}
-                _ = tick.tick() => self.reap(),
+                _ = tick.tick() => {
+                    ticks += 1;
+                    self.reap(ticks.is_multiple_of(HEALTH_EVERY_TICKS));
+                }
                 Some(done) = dials.join_next(), if !dials.is_empty() => {
                     self.in_flight.fetch_sub(1, Ordering::AcqRel);
                     // A dial whose task panicked counts as failed, so a
@@ -565,7 +577,7 @@ mod tests {
         // Each reap polls the pooled socket: once the ping has arrived, the
         // reap reads it and flushes the pong.
         until(|| {
-            p.reap();
+            p.reap(true);
             sim.stats.pongs.load(Ordering::Relaxed) == 1
         })
         .await;
