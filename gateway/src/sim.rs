@@ -110,6 +110,9 @@ pub struct SimConfig {
     pub caller_turns: usize,
     /// Time before each of the caller's turns.
     pub caller_turn_interval: Duration,
+    /// How long the calls API takes to answer an `accept` it has already
+    /// carried out (a slow upstream whose answer comes too late).
+    pub accept_answer_delay: Duration,
 }
 
 impl Default for SimConfig {
@@ -128,6 +131,7 @@ impl Default for SimConfig {
             record: false,
             caller_turns: 0,
             caller_turn_interval: Duration::from_millis(50),
+            accept_answer_delay: Duration::ZERO,
         }
     }
 }

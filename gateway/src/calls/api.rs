@@ -587,7 +587,10 @@ async fn accept(
     let answer =
         match upstream::post(&route.config, &url, Some("application/json"), body, timeout).await {
             Ok(a) => a,
-            Err(e) => return refuse(gw, &model, unreachable_refusal(&e)),
+            Err(e) => {
+                hang_up_unanswered(gw, &route, call_id, timeout);
+                return refuse(gw, &model, unreachable_refusal(&e));
+            }
         };
     if !answer.status.is_success() {
         return refuse(gw, &model, upstream_refusal(answer.status));
@@ -607,6 +610,32 @@ async fn accept(
     )
     .await;
     relay_answer(answer, None)
+}
+
+/// Hangs up a call whose `accept` got no answer in time (best effort,
+/// bounded, in the background): the upstream may have accepted it, and a
+/// call the gateway neither meters nor governs must not run on.
+fn hang_up_unanswered(gw: &Gateway, route: &Arc<Route>, call_id: &str, timeout: Duration) {
+    let (route, call_id) = (route.clone(), call_id.to_string());
+    gw.tasks.spawn(async move {
+        let result = match upstream::action_url(&route.config, &call_id, "hangup") {
+            Ok(url) => upstream::post(&route.config, &url, None, Vec::new(), timeout)
+                .await
+                .map(|a| a.status),
+            Err(e) => Err(e.into()),
+        };
+        match result {
+            Ok(s) if s.is_success() => {
+                tracing::warn!(call_id = %call_id, "accept unanswered: the call was hung up")
+            }
+            Ok(s) => {
+                tracing::warn!(call_id = %call_id, status = s.as_u16(), "accept unanswered: the upstream refused the hangup")
+            }
+            Err(e) => {
+                tracing::warn!(call_id = %call_id, error = %e, "accept unanswered: the hangup failed")
+            }
+        }
+    });
 }
 
 /// Adopts, every [`ADOPT_POLL`], the calls of this gateway's routes that no

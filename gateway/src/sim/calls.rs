@@ -276,6 +276,9 @@ async fn route(
         body: body_json,
         key,
     });
+    if action == "accept" {
+        tokio::time::sleep(config.accept_answer_delay).await;
+    }
     Response::new(Full::new(Bytes::new()))
 }
 

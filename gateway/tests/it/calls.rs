@@ -397,6 +397,41 @@ async fn a_sip_call_accepted_through_the_gateway_is_metered_over_its_sideband() 
 }
 
 #[tokio::test]
+async fn a_sip_accept_answered_too_late_is_hung_up_so_no_call_runs_unmetered() {
+    // The upstream carries out the accept but answers after the gateway's
+    // 5-s timeout: the caller is connected to a session nobody meters. The
+    // gateway refuses the accept and hangs the call up.
+    let (sim, gw) = sim_and_gateway(
+        SimConfig {
+            accept_answer_delay: Duration::from_secs(7),
+            ..callers(0)
+        },
+        PRICES,
+    )
+    .await;
+    let call_id = sim.stats.calls.incoming_sip_call();
+    let body = json!({"type": "realtime", "model": MODEL});
+    let a = act(gw.addr, CLIENT_KEY, &call_id, "accept", &body.to_string()).await;
+    assert!(a.status >= 500, "{} {}", a.status, a.body);
+    let actions = || -> Vec<String> {
+        sim.stats
+            .calls
+            .actions()
+            .iter()
+            .filter(|x| x.call_id == call_id)
+            .map(|x| x.action.clone())
+            .collect()
+    };
+    assert!(
+        eventually(|| actions() == ["accept", "hangup"]).await,
+        "{:?}",
+        actions()
+    );
+    assert_eq!(sidebands(&sim, &call_id), 0);
+    assert_eq!(gw.gateway.sessions.active(), 0);
+}
+
+#[tokio::test]
 async fn bad_offers_are_refused_with_openai_errors_before_anything_goes_upstream() {
     let (sim, gw) = sim_and_gateway(SimConfig::default(), PRICES).await;
     let big = format!("{OFFER}{}", "a=x\r\n".repeat(14_000));
