@@ -14,8 +14,10 @@
 //! - The gateway's own frames are masked with a fresh random key on a leg
 //!   where it is the client (the upstream), and unmasked where it is the
 //!   server (the client leg).
-//! - Ping is answered with a pong carrying its payload; a received close is
-//!   answered with the same code (once: nothing is queued after a close).
+//! - Ping is answered with a pong carrying its payload (unless
+//!   [`PONG_BACKLOG_BYTES`] are already waiting to be written); a received
+//!   close is answered with the same code (once: nothing is queued after a
+//!   close).
 //!   Both are control frames, which may go between the fragments of a
 //!   message.
 //! - Cancel-safe: all state lives in the leg, so a poll that is dropped
@@ -37,6 +39,10 @@ use super::reader::{FrameReader, RawFrame, ReadError, Utf8Check};
 
 /// Most frames handed to one vectored write.
 pub const MAX_WRITE_SLICES: usize = 64;
+/// Past this many bytes queued and unwritten, a ping is not answered: a
+/// peer that sends pings without reading cannot grow the queue with pongs
+/// (RFC 6455 §5.5.3 lets an endpoint answer only some of several pings).
+pub const PONG_BACKLOG_BYTES: usize = 64 * 1024;
 
 /// What the gateway is on a leg.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +150,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
         }
         match f.header.opcode {
             opcode::PING => {
-                if !self.close_queued {
+                if !self.close_queued && self.out_bytes < PONG_BACKLOG_BYTES {
                     self.queue_frame(opcode::PONG, &payload);
                 }
                 Ok(Control::PingPong)
@@ -346,6 +352,39 @@ fn parse_close(payload: &[u8]) -> Result<Option<CloseFrame>, u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relay::testing::frame as ws_frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control as WsControl, OpCode};
+
+    #[tokio::test]
+    async fn pings_from_a_peer_that_does_not_read_cannot_grow_the_queue() {
+        // The peer's end of the pipe is never read: nothing queued leaves.
+        let (ours, _theirs) = tokio::io::duplex(64);
+        let ping = ws_frame(
+            true,
+            OpCode::Control(WsControl::Ping),
+            Some([1, 2, 3, 4]),
+            vec![7; 125],
+        );
+        let mut pings = Vec::new();
+        for _ in 0..10_000 {
+            pings.extend_from_slice(&ping);
+        }
+        let mut leg = Leg::new(ours, &pings, Side::Server, 1 << 20);
+        let mut answered = 0;
+        for _ in 0..10_000 {
+            let f = leg.next_frame().await.unwrap().unwrap();
+            assert_eq!(leg.answer(&f), Ok(Control::PingPong));
+            answered += 1;
+        }
+        assert_eq!(answered, 10_000);
+        // 10,000 pongs of 127 bytes would be 1.27 MB.
+        assert!(
+            leg.queued_bytes() < PONG_BACKLOG_BYTES + 200,
+            "{}",
+            leg.queued_bytes()
+        );
+        assert!(leg.queued_bytes() >= PONG_BACKLOG_BYTES - 200);
+    }
 
     #[test]
     fn close_payloads_are_checked_as_the_rfc_says() {
