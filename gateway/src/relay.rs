@@ -88,8 +88,9 @@ use reader::ReadError;
 /// also the bound on waiting for cancelled responses' `response.done`.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// Read buffer of a tungstenite WebSocket (a call's sideband), which is
-/// also the most tungstenite reads at once. tungstenite's default (128 KiB) costs ~300 KB of memory
-/// per idle session, 16 KiB ~88 KB, 4 KiB ~65 KB. 4 KiB holds every control
+/// also the most tungstenite reads at once. tungstenite's default
+/// (128 KiB) cost ~300 KB of memory per idle session when the relay still
+/// used it, 16 KiB ~88 KB, 4 KiB ~65 KB. 4 KiB holds every control
 /// frame and small delta in one read and a 22 KB audio delta takes a few
 /// reads, yet measured in one interleaved run against 16 KiB it used ~3 %
 /// *less* CPU: tungstenite zero-fills the buffer's free space up to this
@@ -683,16 +684,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventLeg for Leg<S> {
     }
 
     async fn read_into<T: Tap>(&mut self, tap: &mut T) -> bool {
-        let Ok(Some(f)) = self.next_frame().await else {
-            return false;
-        };
-        if f.role == FrameRole::Control {
-            return !matches!(self.answer(&f), Ok(Control::Close(_)) | Err(_));
-        }
-        if let Some(text) = self.text_of(&f) {
-            tap.on_upstream_frame(&text);
-        }
-        true
+        self.read_text(|t| tap.on_upstream_frame(t)).await
     }
 }
 

@@ -105,10 +105,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
         }
     }
 
-    pub fn side(&self) -> Side {
-        self.side
-    }
-
     /// The next frame read; `Ok(None)` at EOF on a frame boundary.
     pub fn poll_frame(
         &mut self,
@@ -256,10 +252,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
         self.close_queued = true;
     }
 
-    pub fn close_queued(&self) -> bool {
-        self.close_queued
-    }
-
     /// Bytes queued and not yet written.
     pub fn queued_bytes(&self) -> usize {
         self.out_bytes
@@ -311,21 +303,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
         if self.flush().await.is_err() {
             return;
         }
-        loop {
-            match self.next_frame().await {
-                Ok(Some(f)) if f.role == FrameRole::Control => {
-                    if f.header.opcode == opcode::CLOSE {
-                        return;
-                    }
-                }
-                Ok(Some(f)) => {
-                    if let Some(t) = self.text_of(&f) {
-                        on_text(&t);
-                    }
-                }
-                Ok(None) | Err(_) => return,
-            }
+        while self.read_text(&mut on_text).await {}
+    }
+
+    /// Reads the next frame, answering a control frame and giving a whole
+    /// text message to `on_text`; `false` when the leg ended (a close, a
+    /// protocol error, EOF).
+    pub async fn read_text(&mut self, mut on_text: impl FnMut(&[u8])) -> bool {
+        let Ok(Some(f)) = self.next_frame().await else {
+            return false;
+        };
+        if f.role == FrameRole::Control {
+            return !matches!(self.answer(&f), Ok(Control::Close(_)) | Err(_));
         }
+        if let Some(text) = self.text_of(&f) {
+            on_text(&text);
+        }
+        true
     }
 }
 

@@ -390,16 +390,17 @@ async fn read_session_created(
                         frame: None,
                     });
                 };
-                return match event_type(&text).as_deref() {
-                    Some(t) if SESSION_STARTED.contains(&t) => Ok(Warm {
+                let kind = event_type(&text).map(|t| t.into_owned());
+                return match kind {
+                    Some(t) if SESSION_STARTED.contains(&t.as_str()) => Ok(Warm {
                         leg,
                         session_created: text,
                         created_frames: frames,
                         connected_at: Instant::now(),
                     }),
-                    other => Err(DialError::FirstEvent {
-                        event_type: other.map(str::to_string),
-                        frame: Some(text.clone()),
+                    event_type => Err(DialError::FirstEvent {
+                        event_type,
+                        frame: Some(text),
                     }),
                 };
             }
