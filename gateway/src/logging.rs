@@ -16,30 +16,29 @@
 //! - **A log line never blocks the runtime.** An event is formatted on the
 //!   thread that emits it and handed to a bounded queue of
 //!   [`DEFAULT_LOG_QUEUE_LINES`] lines (`PATCHBAY_LOG_QUEUE_LINES` to
-//!   change), which one writer thread drains to stderr
-//!   (`tracing-appender`'s non-blocking writer, lossy mode). When the queue
+//!   change), which one writer thread drains to stderr in batches
+//!   ([`queue::LineQueue`]: only the first line after it went idle wakes
+//!   it, and when lines come often it lingers up to [`queue::LINGER`] so
+//!   that the lines of that moment leave with one write). When the queue
 //!   is full (a stalled collector, a pipe nobody reads) the line is dropped
 //!   and counted: [`lines_dropped`], exported as
 //!   `patchbay_log_lines_dropped_total`. Relays and meters keep running.
 //! - **Flushed on exit.** [`init`] returns a [`LogGuard`]; `main` calls
 //!   [`LogGuard::flush`] last, which waits until every queued line is
 //!   written, at most [`FLUSH_LIMIT`], and then lets the process exit
-//!   anyway: a stalled stderr never turns a shutdown into a hang. (It counts
-//!   lines in and out rather than dropping `tracing-appender`'s guard, whose
-//!   shutdown prints a complaint to stdout, the request-log rows' stream,
-//!   when the queue is full.)
+//!   anyway: a stalled stderr never turns a shutdown into a hang.
 //!
 //! Caveat: lines written with `eprintln!` before the runtime starts
 //! (configuration errors) bypass the queue, so they can interleave with
 //! queued lines; they are written once, at start, when nothing else runs.
 
+mod queue;
+
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tracing::Level;
-use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::filter::{filter_fn, FilterExt, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -75,20 +74,13 @@ const FLUSH_POLL: Duration = Duration::from_millis(5);
 
 const WRITER_THREAD: &str = "patchbay-log-writer";
 
-/// The writer's drop counter, set once by [`init`].
-static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
-
-/// Lines offered to the queue (kept or dropped), and lines the writer
-/// thread has written (or failed to write) to stderr.
-static OFFERED: AtomicU64 = AtomicU64::new(0);
-static WRITTEN: AtomicU64 = AtomicU64::new(0);
+/// The queue to stderr, set once by [`init`].
+static QUEUE: OnceLock<Arc<queue::LineQueue>> = OnceLock::new();
 
 /// Log lines dropped because the queue to stderr was full, since start (0
 /// when logging was never initialised, as in in-process tests).
 pub fn lines_dropped() -> u64 {
-    DROPPED
-        .get()
-        .map_or(0, |c| u64::try_from(c.dropped_lines()).unwrap_or(u64::MAX))
+    QUEUE.get().map_or(0, |q| q.dropped())
 }
 
 /// Whether an event of `level` from `target` may reach the log at all
@@ -118,29 +110,24 @@ pub fn queue_lines(value: Option<&str>) -> Result<usize, String> {
     }
 }
 
-/// Lines still queued: offered, neither dropped nor written yet.
-pub fn pending(offered: u64, dropped: u64, written: u64) -> u64 {
-    offered.saturating_sub(dropped.saturating_add(written))
-}
-
-/// The queue's writer, counting each line offered. `fmt` writes one event
-/// with one `write_all`, which `NonBlocking` sends as one message.
+/// The queue's writer: `fmt` writes one event with one `write_all`, which
+/// becomes one queued line.
 #[derive(Clone)]
-struct Offer(NonBlocking);
+struct Offer(Arc<queue::LineQueue>);
 
 impl Write for Offer {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        OFFERED.fetch_add(1, Ordering::Relaxed);
-        self.0.write(buf)
+        self.0.offer(buf);
+        Ok(buf.len())
     }
 
     fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        OFFERED.fetch_add(1, Ordering::Relaxed);
-        self.0.write_all(buf)
+        self.0.offer(buf);
+        Ok(())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
+        Ok(())
     }
 }
 
@@ -152,53 +139,27 @@ impl<'a> MakeWriter<'a> for Offer {
     }
 }
 
-/// stderr for the writer thread, counting each line it took off the queue
-/// (the thread writes a line with one `write_all`).
-struct Stderr;
-
-impl Write for Stderr {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        std::io::stderr().write(buf)
-    }
-
-    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        let written = std::io::stderr().write_all(buf);
-        WRITTEN.fetch_add(1, Ordering::Release);
-        written
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
-    }
-}
-
 fn json_requested() -> bool {
     std::env::var(LOG_FORMAT_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("json"))
 }
 
 /// Flushes queued log lines when the process ends; see [`LogGuard::flush`].
-#[must_use = "dropping the guard at once stops the log writer"]
-pub struct LogGuard(Option<WorkerGuard>);
+#[must_use = "call `flush` last, or lines queued at exit are lost"]
+pub struct LogGuard(Option<Arc<queue::LineQueue>>);
 
 impl LogGuard {
-    /// Waits until every queued line is written, at most [`FLUSH_LIMIT`].
-    /// The writer thread is left running (the process is about to exit):
-    /// see the module doc for why its guard is not dropped.
+    /// Ends the writer's linger and waits until every queued line is
+    /// written, at most [`FLUSH_LIMIT`]. The writer thread is left running
+    /// (the process is about to exit).
     pub fn flush(mut self) {
-        let Some(guard) = self.0.take() else {
+        let Some(queue) = self.0.take() else {
             return;
         };
+        queue.hurry();
         let deadline = Instant::now() + FLUSH_LIMIT;
-        while pending(
-            OFFERED.load(Ordering::Relaxed),
-            lines_dropped(),
-            WRITTEN.load(Ordering::Acquire),
-        ) > 0
-            && Instant::now() < deadline
-        {
+        while queue.pending() > 0 && Instant::now() < deadline {
             std::thread::sleep(FLUSH_POLL);
         }
-        std::mem::forget(guard);
     }
 }
 
@@ -206,15 +167,10 @@ impl LogGuard {
 /// first) and returns the guard that flushes it.
 pub fn init() -> LogGuard {
     let queue = queue_lines(std::env::var(LOG_QUEUE_ENV).ok().as_deref());
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(*queue.as_ref().unwrap_or(&DEFAULT_LOG_QUEUE_LINES))
-        .thread_name(WRITER_THREAD)
-        .finish(Stderr);
-    let dropped = writer.error_counter();
+    let lines = queue::LineQueue::new(*queue.as_ref().unwrap_or(&DEFAULT_LOG_QUEUE_LINES));
     let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LEVEL));
     let cap = filter_fn(|meta| allowed(meta.target(), meta.level()));
-    let format = tracing_subscriber::fmt::layer().with_writer(Offer(writer));
+    let format = tracing_subscriber::fmt::layer().with_writer(Offer(lines.clone()));
     let format = if json_requested() {
         format.json().boxed()
     } else {
@@ -224,11 +180,18 @@ pub fn init() -> LogGuard {
         .with(format.with_filter(env.and(cap)))
         .try_init();
     if installed.is_ok() {
-        let _ = DROPPED.set(dropped);
+        let _ = QUEUE.set(lines.clone());
+        let writer = lines.clone();
+        let spawned = std::thread::Builder::new()
+            .name(WRITER_THREAD.into())
+            .spawn(move || writer.run(&mut std::io::stderr()));
+        if let Err(e) = spawned {
+            eprintln!("cannot start the log writer thread ({e}); log lines are dropped");
+        }
         if let Err(e) = queue {
             tracing::warn!(default = DEFAULT_LOG_QUEUE_LINES, "{e}; using the default");
         }
-        LogGuard(Some(guard))
+        LogGuard(Some(lines))
     } else {
         LogGuard(None)
     }
@@ -237,17 +200,6 @@ pub fn init() -> LogGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pending_lines_are_those_neither_dropped_nor_written() {
-        assert_eq!(pending(0, 0, 0), 0);
-        assert_eq!(pending(10, 0, 0), 10);
-        assert_eq!(pending(10, 3, 5), 2);
-        assert_eq!(pending(10, 3, 7), 0);
-        // Counters read one after the other may overtake each other.
-        assert_eq!(pending(10, 4, 7), 0);
-        assert_eq!(pending(u64::MAX, u64::MAX, u64::MAX), 0);
-    }
 
     #[test]
     fn queue_length_is_a_positive_whole_number_or_the_default() {

@@ -15,7 +15,15 @@
 //! Rows never block the runtime. [`RequestLog::write`] serialises the rows
 //! and appends them to a bounded queue (a short lock, never I/O); one
 //! writer thread (`patchbay-rows`) takes everything queued and writes it
-//! with one `write_all`, so rows never interleave mid-line. A stalled
+//! with one `write_all`, so rows never interleave mid-line. The thread is
+//! woken only by the first row after it went idle; when rows come often
+//! (its last write was less than [`LINGER`] ago) it then lingers
+//! ([`LINGER`], or until [`LINGER_BYTES`] are queued) so that the rows of
+//! that moment leave together: one wake-up and one write for many rows
+//! rather than a thread hand-off per row (a measurable share of a short
+//! session's CPU, see `benchmarks/README.md`). A row therefore reaches
+//! stdout at most [`LINGER`] after its turn ended; the drain's
+//! [`RequestLog::settle`] cuts the linger short. A stalled
 //! stdout reader (a slow log collector) therefore stalls only that thread:
 //! rows wait in the queue, counted by `patchbay_outbox_rows{sink="stdout"}`,
 //! up to [`crate::metering::outbox::MAX_ROWS`] rows or
@@ -27,6 +35,7 @@
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -36,6 +45,12 @@ use crate::metering::outbox::{Bounds, Lane, SETTLE_POLL};
 use crate::metrics::{sink, Metrics};
 
 /// The row's field names, in the order they are written.
+/// How long the writer thread waits, once woken, for more rows before it
+/// writes.
+pub const LINGER: Duration = Duration::from_millis(100);
+/// Queued bytes at which the writer thread stops lingering.
+pub const LINGER_BYTES: usize = 256 * 1024;
+
 pub const FIELDS: [&str; 28] = [
     "request_id",
     "session_id",
@@ -207,6 +222,10 @@ struct PipeState {
     writing: usize,
     /// Every [`RequestLog`] handle is gone: the thread ends.
     closed: bool,
+    /// The thread sleeps until the first row (not lingering).
+    idle: bool,
+    /// Write without lingering from now on ([`RequestLog::settle`]).
+    hurry: bool,
 }
 
 /// Owned by every clone of a piped [`RequestLog`]; the last one dropped
@@ -245,14 +264,27 @@ impl Pipe {
     /// The writer thread: takes everything queued, writes it, repeats.
     fn run(&self, mut out: Box<dyn Write + Send>) {
         let mut failing = false;
+        let mut last_write: Option<Instant> = None;
         loop {
             let (batch, rows) = {
                 let mut s = self.lock();
                 while s.lane.is_empty() && !s.closed {
+                    s.idle = true;
                     s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
                 }
+                s.idle = false;
                 if s.lane.is_empty() {
                     return;
+                }
+                // Rows queued meanwhile do not wake the thread: it comes
+                // back for them when the linger is over.
+                if last_write.is_some_and(|t| t.elapsed() < LINGER) {
+                    (s, _) = self
+                        .wake
+                        .wait_timeout_while(s, LINGER, |s| {
+                            !s.closed && !s.hurry && s.lane.bytes() < LINGER_BYTES
+                        })
+                        .unwrap_or_else(|p| p.into_inner());
                 }
                 let items = s.lane.take_all();
                 let rows: usize = items.iter().map(|(_, r)| r).sum();
@@ -262,6 +294,7 @@ impl Pipe {
             };
             let buf: String = batch.into_iter().map(|(t, _)| t).collect();
             let result = out.write_all(buf.as_bytes()).and_then(|()| out.flush());
+            last_write = Some(Instant::now());
             match result {
                 Ok(()) => failing = false,
                 Err(e) => {
@@ -294,6 +327,8 @@ impl RequestLog {
                 lane: Lane::new(bounds),
                 writing: 0,
                 closed: false,
+                idle: false,
+                hurry: false,
             }),
             wake: Condvar::new(),
             rows_gauge: metrics.outbox_rows.get_or_create(&label).clone(),
@@ -345,13 +380,19 @@ impl RequestLog {
             buf.push('\n');
         }
         let bytes = buf.len();
-        let dropped = {
+        let (dropped, wake) = {
             let mut s = pipe.lock();
+            let before = s.lane.bytes();
             let (_, dropped) = s.lane.push(buf, rows.len(), bytes);
             pipe.gauges(&s);
-            dropped
+            // The idle thread for the first row; the lingering one when
+            // this row filled the batch.
+            let filled = before < LINGER_BYTES && s.lane.bytes() >= LINGER_BYTES;
+            (dropped, s.idle || filled)
         };
-        pipe.wake.notify_one();
+        if wake {
+            pipe.wake.notify_one();
+        }
         if !dropped.is_empty() {
             let n: usize = dropped.iter().map(|(_, r)| r).sum();
             pipe.dropped.inc_by(n as u64);
@@ -376,6 +417,10 @@ impl RequestLog {
     /// Waits until every queued row was written, or `deadline`; true when
     /// nothing is left. Polls, so it never blocks a runtime thread.
     pub async fn settle(&self, deadline: tokio::time::Instant) -> bool {
+        if let Sink::Pipe(h) = &self.sink {
+            h.0.lock().hurry = true;
+            h.0.wake.notify_all();
+        }
         loop {
             if self.pending() == 0 {
                 return true;
