@@ -17,7 +17,10 @@
 #    simulator whose every response is CPU_DELTAS audio deltas of
 #    CPU_DELTA_BYTES, CPU_DELTA_INTERVAL_MS apart, after CPU_INFERENCE_MS
 #    of model time; CPU_N_PER_TARGET sessions per target at CPU_C, pools
-#    of CPU_POOL_SIZE. Its report's CPU table is the cost comparison.
+#    of CPU_POOL_SIZE, plus a fifth target: ws-relay (a relay that does the
+#    two WebSocket handshakes itself, with its own upstream key, and then
+#    copies bytes: the least a key-swapping WebSocket gateway can do). Its
+#    report's CPU table is the cost comparison, against both floors.
 # 6. Many-sessions run (stage "many", not in the default STAGES): MANY_N
 #    sessions at once through one gateway (pool MANY_POOL_SIZE), held open
 #    by MANY_MODEL_MS of model time before each one's first audio, one turn
@@ -71,6 +74,7 @@ SIM_PORT=$((BASE_PORT + 100))
 GW_OFF_PORT=$((BASE_PORT + 81))
 GW_ON_PORT=$((BASE_PORT + 82))
 RELAY_PORT=$((BASE_PORT + 83))
+WS_RELAY_PORT=$((BASE_PORT + 84))
 ADMIN_OFF_PORT=$((BASE_PORT + 91))
 ADMIN_ON_PORT=$((BASE_PORT + 92))
 
@@ -167,16 +171,22 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
 # bench NAME RELAY ARGS...: runs patchbay-bench with the targets direct,
 # pool-off and pool-on (RELAY=1: also tcp-relay, second, and a second ratio
-# table against it) and reports the CPU each process used meanwhile.
+# table against it; RELAY=2: also ws-relay, third, and a third table) and
+# reports the CPU each process used meanwhile.
 bench() {
   local name=$1 relay=$2
   shift 2
   local with_relay=()
-  if [ "$relay" = 1 ]; then
+  if [ "$relay" != 0 ]; then
     with_relay=(--target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY"
       --against tcp-relay --cpu-pid "tcp-relay=$PID_relay")
   fi
   local procs=(sim relay gw_off gw_on) before=() p i ticks
+  if [ "$relay" = 2 ]; then
+    with_relay+=(--target "ws-relay=ws://127.0.0.1:$WS_RELAY_PORT/v1/realtime"
+      --against ws-relay --cpu-pid "ws-relay=$PID_ws_relay")
+    procs+=(ws_relay)
+  fi
   ticks=$(getconf CLK_TCK)
   for p in "${procs[@]}"; do
     i="PID_$p"
@@ -257,8 +267,11 @@ if stage cpu; then
   start_stack "cpu" --upgrade-delay-ms 250 --session-delay-ms 7 \
     --inference-delay-ms "$CPU_INFERENCE_MS" --audio-deltas "$CPU_DELTAS" \
     --audio-delta-bytes "$CPU_DELTA_BYTES" --delta-interval-ms "$CPU_DELTA_INTERVAL_MS"
-  # Four targets, CPU_N_PER_TARGET sessions each.
-  bench cpu 1 -n $((4 * CPU_N_PER_TARGET)) -c "$CPU_C"
+  start ws-relay env WS_RELAY_CLIENT_KEY="$CLIENT_KEY" WS_RELAY_UPSTREAM_KEY="$UPSTREAM_KEY" \
+    "$BIN/ws-relay" "127.0.0.1:$WS_RELAY_PORT" "127.0.0.1:$SIM_PORT"
+  wait_port "$WS_RELAY_PORT"
+  # Five targets, CPU_N_PER_TARGET sessions each.
+  bench cpu 2 -n $((5 * CPU_N_PER_TARGET)) -c "$CPU_C"
   stop_all
   echo
 fi

@@ -54,19 +54,32 @@ def cpu_per_1000(doc, target):
 
 
 def cpu_row(name, doc):
-    """CPU per 1000 sessions of tcp-relay, pool-on and pool-off, and the
-    gateways' ratios to tcp-relay; None when the report has no CPU table."""
-    relay, on, off = (cpu_per_1000(doc, t) for t in ("tcp-relay", "pool-on", "pool-off"))
+    """CPU per 1000 sessions of tcp-relay, ws-relay, pool-on and pool-off,
+    and the gateways' ratios to each floor (n/a for a floor the run did not
+    have); None when the report has no CPU table."""
+    relay, ws, on, off = (
+        cpu_per_1000(doc, t) for t in ("tcp-relay", "ws-relay", "pool-on", "pool-off")
+    )
     if on is None and off is None:
         return None
 
     def fmt(v):
         return "n/a" if v is None else f"{v:.3f}"
 
-    def ratio(v):
-        return "n/a" if v is None or not relay else f"{v / relay:.3f}"
+    def ratio(v, floor):
+        return "n/a" if v is None or not floor else f"{v / floor:.3f}"
 
-    return [name, fmt(relay), fmt(on), ratio(on), fmt(off), ratio(off)]
+    return [
+        name,
+        fmt(relay),
+        fmt(ws),
+        fmt(on),
+        ratio(on, relay),
+        ratio(on, ws),
+        fmt(off),
+        ratio(off, relay),
+        ratio(off, ws),
+    ]
 
 
 def load(path):
@@ -180,10 +193,13 @@ def main(dirs):
         h = [
             "run",
             "tcp-relay CPU-s/1000",
+            "ws-relay CPU-s/1000",
             "pool-on CPU-s/1000",
-            "on/relay",
+            "on/tcp-relay",
+            "on/ws-relay",
             "pool-off CPU-s/1000",
-            "off/relay",
+            "off/tcp-relay",
+            "off/ws-relay",
         ]
         print("| " + " | ".join(h) + " |")
         print("|" + "---|" * len(h))

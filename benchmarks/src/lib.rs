@@ -23,6 +23,7 @@ pub mod scrape;
 pub mod session;
 pub mod stats;
 pub mod tcp_relay;
+pub mod ws_relay;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -142,3 +142,63 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
     gw.gateway.shutdown.cancel();
     sim.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_relay_upgrades_both_legs_and_relays_whole_sessions() {
+    let sim = sim::start(
+        loopback(),
+        SimConfig {
+            keys: vec![UPSTREAM_KEY.into()],
+            audio_deltas: 3,
+            audio_delta_bytes: 300,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(patchbay_bench::ws_relay::serve(
+        listener,
+        patchbay_bench::ws_relay::WsRelay {
+            upstream: sim.addr,
+            client_key: CLIENT_KEY.into(),
+            upstream_key: UPSTREAM_KEY.into(),
+        },
+    ));
+    let args: Vec<String> = [
+        "--target".into(),
+        format!("ws-relay=ws://{addr}/v1/realtime"),
+        "--target".into(),
+        format!("wrong-key=ws://{addr}/v1/realtime@not-the-key"),
+        "--key".into(),
+        CLIENT_KEY.into(),
+        "-n".into(),
+        "12".into(),
+        "-c".into(),
+        "4".into(),
+        "--timeout-secs".into(),
+        "10".into(),
+    ]
+    .into();
+    let outcome = patchbay_bench::execute(&cli(&args), false).await.unwrap();
+    for s in &outcome.result.samples {
+        if s.target == 0 {
+            assert!(s.error.is_none(), "through ws-relay: {s:?}");
+            assert_eq!(s.timings.audio_frames, 3);
+        } else {
+            assert_eq!(
+                s.error,
+                Some(patchbay_bench::session::SessionError::Refused(401)),
+                "a wrong client key is refused: {s:?}"
+            );
+        }
+    }
+    assert_eq!(
+        sim.stats
+            .responses_done
+            .load(std::sync::atomic::Ordering::Relaxed),
+        6,
+        "the six sessions with the right key reached the upstream, with its key"
+    );
+}
