@@ -44,13 +44,13 @@ use serde::Serialize;
 use crate::metering::outbox::{Bounds, Lane, SETTLE_POLL};
 use crate::metrics::{sink, Metrics};
 
-/// The row's field names, in the order they are written.
 /// How long the writer thread waits, once woken, for more rows before it
-/// writes.
+/// writes (only when its last write was less than this ago).
 pub const LINGER: Duration = Duration::from_millis(100);
 /// Queued bytes at which the writer thread stops lingering.
 pub const LINGER_BYTES: usize = 256 * 1024;
 
+/// The row's field names, in the order they are written.
 pub const FIELDS: [&str; 28] = [
     "request_id",
     "session_id",

@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How long the writer waits, once woken, for more lines before it writes.
+/// How long the writer waits, once woken, for more lines before it writes
+/// (only when its last write was less than this ago).
 pub const LINGER: Duration = Duration::from_millis(50);
 /// Queued bytes at which the writer stops lingering.
 pub const LINGER_BYTES: usize = 64 * 1024;
