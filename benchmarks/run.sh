@@ -41,6 +41,8 @@
 # BENCH_THREADS SKIP_BUILD=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/lib.sh
+. benchmarks/lib.sh
 
 N=${N:-5000}
 C=${C:-500}
@@ -96,19 +98,8 @@ mkdir -p "$OUT_DIR"
 
 tmp=$(mktemp -d)
 pids=()
-stop_all() {
-  local p
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do
-    # Gateways drain on SIGTERM; give them a bounded moment, then insist.
-    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
-  done
-  pids=()
-}
 cleanup() {
-  stop_all
+  stop_pids
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -125,21 +116,13 @@ start() {
   eval "PID_${name//-/_}=$!"
 }
 
-# wait_for URL_OR_PORT: until an HTTP 200 (or an open TCP port), 30 s at most.
+# wait_http URL: until an HTTP 200, 30 s at most (wait_port: lib.sh).
 wait_http() {
   for _ in $(seq 300); do
     curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
     sleep 0.1
   done
   echo "gave up waiting for $1" >&2
-  return 1
-}
-wait_port() {
-  for _ in $(seq 300); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "gave up waiting for port $1" >&2
   return 1
 }
 
@@ -250,7 +233,7 @@ if stage main || stage floor; then
   # The same load with a fourth target: a byte-copying TCP relay in front of
   # the simulator, the floor of what any one-hop proxy adds.
   if stage floor; then bench floor 1 -n "$N" -c "$C"; fi
-  stop_all
+  stop_pids
   echo
 fi
 
@@ -258,7 +241,7 @@ if stage small-frames; then
   start_stack "small frames" --upgrade-delay-ms 250 --session-delay-ms 7 \
     --audio-deltas "$SMALL_DELTAS" --audio-delta-bytes "$SMALL_DELTA_BYTES"
   bench small-frames 1 -n "$SMALL_N" -c "$SMALL_C"
-  stop_all
+  stop_pids
   echo
 fi
 
@@ -272,7 +255,7 @@ if stage cpu; then
   wait_port "$WS_RELAY_PORT"
   # Five targets, CPU_N_PER_TARGET sessions each.
   bench cpu 2 -n $((5 * CPU_N_PER_TARGET)) -c "$CPU_C"
-  stop_all
+  stop_pids
   echo
 fi
 
@@ -303,7 +286,7 @@ if stage many; then
     tee "$OUT_DIR/many.txt"
   awk -v t=$(($(cpu_ticks "$PID_sim") - sim_before)) -v hz="$(getconf CLK_TCK)" \
     'BEGIN { printf "simulator CPU during this bench: %.1f s\n", t / hz }' | tee -a "$OUT_DIR/many.txt"
-  stop_all
+  stop_pids
   echo
 fi
 

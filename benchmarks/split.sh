@@ -12,6 +12,8 @@
 # SKIP_BUILD=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/lib.sh
+. benchmarks/lib.sh
 
 N=${SPLIT_N_PER_TARGET:-1000}
 C=${SPLIT_C:-100}
@@ -31,26 +33,11 @@ mkdir -p "$OUT_DIR"
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
-  done
+  stop_pids
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-wait_port() {
-  for _ in $(seq 300); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "gave up waiting for port $1" >&2
-  return 1
-}
 
 targets=()
 i=0
@@ -112,5 +99,10 @@ for name in ("tcp-relay", "ws-relay", "gw-off"):
         continue
     per_frame = (high - lo) / (hi - 1) * 1000
     base = base or (lo, per_frame)
-    print(f"{name:10s} {lo:11.3f} {per_frame:9.1f} {lo / base[0]:20.3f} {per_frame / base[1]:18.3f}")
+
+    def ratio(v, b):
+        # Too short a run reads 0 CPU: no ratio.
+        return f"{v / b:.3f}" if b > 0 else "n/a"
+
+    print(f"{name:10s} {lo:11.3f} {per_frame:9.1f} {ratio(lo, base[0]):>20s} {ratio(per_frame, base[1]):>18s}")
 PY

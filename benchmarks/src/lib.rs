@@ -17,6 +17,7 @@
 
 pub mod args;
 pub mod process;
+pub mod relay_main;
 pub mod report;
 pub mod run;
 pub mod scrape;

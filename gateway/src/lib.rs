@@ -15,6 +15,7 @@ pub mod drain;
 pub mod event;
 pub mod gateway;
 pub mod ids;
+pub mod linger;
 pub mod logging;
 pub mod logs;
 pub mod metering;

@@ -16,14 +16,10 @@
 //! and appends them to a bounded queue (a short lock, never I/O); one
 //! writer thread (`patchbay-rows`) takes everything queued and writes it
 //! with one `write_all`, so rows never interleave mid-line. The thread is
-//! woken only by the first row after it went idle; when rows come often
-//! (its last write was less than [`LINGER`] ago) it then lingers
-//! ([`LINGER`], or until [`LINGER_BYTES`] are queued) so that the rows of
-//! that moment leave together: one wake-up and one write for many rows
-//! rather than a thread hand-off per row (a measurable share of a short
-//! session's CPU, see `benchmarks/README.md`). A row therefore reaches
-//! stdout at most [`LINGER`] after its turn ended; the drain's
-//! [`RequestLog::settle`] cuts the linger short. A stalled
+//! woken and lingers as [`crate::linger`] says (up to [`LINGER`] or
+//! [`LINGER_BYTES`]): one wake-up and one write for the rows of a moment. A
+//! row therefore reaches stdout at most [`LINGER`] after its turn ended;
+//! the drain's [`RequestLog::settle`] cuts the linger short. A stalled
 //! stdout reader (a slow log collector) therefore stalls only that thread:
 //! rows wait in the queue, counted by `patchbay_outbox_rows{sink="stdout"}`,
 //! up to [`crate::metering::outbox::MAX_ROWS`] rows or
@@ -41,6 +37,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
 
+use crate::linger::{self, Batching, Linger};
 use crate::metering::outbox::{Bounds, Lane, SETTLE_POLL};
 use crate::metrics::{sink, Metrics};
 
@@ -222,10 +219,26 @@ struct PipeState {
     writing: usize,
     /// Every [`RequestLog`] handle is gone: the thread ends.
     closed: bool,
-    /// The thread sleeps until the first row (not lingering).
-    idle: bool,
-    /// Write without lingering from now on ([`RequestLog::settle`]).
-    hurry: bool,
+    /// Ended by [`RequestLog::settle`].
+    linger: Linger,
+}
+
+impl Batching for PipeState {
+    fn linger(&mut self) -> &mut Linger {
+        &mut self.linger
+    }
+
+    fn ready(&self) -> bool {
+        !self.lane.is_empty() || self.closed
+    }
+
+    fn closed(&self) -> bool {
+        self.closed
+    }
+
+    fn queued_bytes(&self) -> usize {
+        self.lane.bytes()
+    }
 }
 
 /// Owned by every clone of a piped [`RequestLog`]; the last one dropped
@@ -267,24 +280,9 @@ impl Pipe {
         let mut last_write: Option<Instant> = None;
         loop {
             let (batch, rows) = {
-                let mut s = self.lock();
-                while s.lane.is_empty() && !s.closed {
-                    s.idle = true;
-                    s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
-                }
-                s.idle = false;
+                let mut s = linger::wait_for_batch(&self.wake, self.lock(), last_write);
                 if s.lane.is_empty() {
                     return;
-                }
-                // Rows queued meanwhile do not wake the thread: it comes
-                // back for them when the linger is over.
-                if last_write.is_some_and(|t| t.elapsed() < LINGER) {
-                    (s, _) = self
-                        .wake
-                        .wait_timeout_while(s, LINGER, |s| {
-                            !s.closed && !s.hurry && s.lane.bytes() < LINGER_BYTES
-                        })
-                        .unwrap_or_else(|p| p.into_inner());
                 }
                 let items = s.lane.take_all();
                 let rows: usize = items.iter().map(|(_, r)| r).sum();
@@ -327,8 +325,7 @@ impl RequestLog {
                 lane: Lane::new(bounds),
                 writing: 0,
                 closed: false,
-                idle: false,
-                hurry: false,
+                linger: Linger::new(LINGER, LINGER_BYTES),
             }),
             wake: Condvar::new(),
             rows_gauge: metrics.outbox_rows.get_or_create(&label).clone(),
@@ -385,10 +382,8 @@ impl RequestLog {
             let before = s.lane.bytes();
             let (_, dropped) = s.lane.push(buf, rows.len(), bytes);
             pipe.gauges(&s);
-            // The idle thread for the first row; the lingering one when
-            // this row filled the batch.
-            let filled = before < LINGER_BYTES && s.lane.bytes() >= LINGER_BYTES;
-            (dropped, s.idle || filled)
+            let after = s.lane.bytes();
+            (dropped, s.linger.wakes(before, after))
         };
         if wake {
             pipe.wake.notify_one();
@@ -418,7 +413,7 @@ impl RequestLog {
     /// nothing is left. Polls, so it never blocks a runtime thread.
     pub async fn settle(&self, deadline: tokio::time::Instant) -> bool {
         if let Sink::Pipe(h) = &self.sink {
-            h.0.lock().hurry = true;
+            h.0.lock().linger.hurry();
             h.0.wake.notify_all();
         }
         loop {

@@ -2,22 +2,18 @@
 //! the one thread that writes them, woken once per batch rather than once
 //! per line.
 //!
-//! A line is appended to one buffer under a short lock (never I/O). The
-//! writer thread is woken only by the first line after it went idle (never
-//! by the lines that follow while it is busy), and it writes everything
-//! queued with one `write_all`. When lines come often (its last write was
-//! less than [`LINGER`] ago) it first lingers, up to [`LINGER`] or until
-//! [`LINGER_BYTES`] are queued, so that the lines of that moment leave
-//! together: a thread hand-off costs two context switches and a futex call
-//! on each side, a measurable share of a short session's CPU
-//! (`benchmarks/README.md`). When lines are rare it writes at once, as the
-//! linger's own timer would cost another wake-up for nothing. Past `limit`
-//! queued lines a new line is dropped and counted.
+//! A line is appended to one buffer under a short lock (never I/O); the
+//! writer thread takes everything queued and writes it with one
+//! `write_all`. It is woken and lingers as [`crate::linger`] says: up to
+//! [`LINGER`] or [`LINGER_BYTES`]. Past `limit` queued lines a new line is
+//! dropped and counted.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use crate::linger::{self, Batching, Linger};
 
 /// How long the writer waits, once woken, for more lines before it writes
 /// (only when its last write was less than this ago).
@@ -25,14 +21,25 @@ pub const LINGER: Duration = Duration::from_millis(50);
 /// Queued bytes at which the writer stops lingering.
 pub const LINGER_BYTES: usize = 64 * 1024;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     buf: Vec<u8>,
     lines: usize,
-    /// The writer sleeps until the next line (not lingering).
-    idle: bool,
-    /// Write without lingering from now on (the process is ending).
-    hurry: bool,
+    linger: Linger,
+}
+
+impl Batching for State {
+    fn linger(&mut self) -> &mut Linger {
+        &mut self.linger
+    }
+
+    fn ready(&self) -> bool {
+        self.lines > 0
+    }
+
+    fn queued_bytes(&self) -> usize {
+        self.buf.len()
+    }
 }
 
 /// See the module doc. Counts lines offered, dropped and written, so a
@@ -42,7 +49,6 @@ pub struct LineQueue {
     state: Mutex<State>,
     wake: Condvar,
     limit: usize,
-    linger: Duration,
     offered: AtomicU64,
     dropped: AtomicU64,
     written: AtomicU64,
@@ -56,10 +62,13 @@ impl LineQueue {
 
     fn with_linger(limit: usize, linger: Duration) -> Arc<Self> {
         Arc::new(Self {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                buf: Vec::new(),
+                lines: 0,
+                linger: Linger::new(linger, LINGER_BYTES),
+            }),
             wake: Condvar::new(),
             limit: limit.max(1),
-            linger,
             offered: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             written: AtomicU64::new(0),
@@ -83,7 +92,7 @@ impl LineQueue {
             let before = s.buf.len();
             s.buf.extend_from_slice(line);
             s.lines += 1;
-            s.idle || (before < LINGER_BYTES && s.buf.len() >= LINGER_BYTES)
+            s.linger.wakes(before, s.buf.len())
         };
         if wake {
             self.wake.notify_one();
@@ -93,7 +102,7 @@ impl LineQueue {
     /// Stops lingering: whatever is queued, and every later line, is
     /// written as soon as the writer gets to it.
     pub fn hurry(&self) {
-        self.lock().hurry = true;
+        self.lock().linger.hurry();
         self.wake.notify_all();
     }
 
@@ -118,20 +127,7 @@ impl LineQueue {
         let mut last_write: Option<Instant> = None;
         loop {
             let (batch, lines) = {
-                let mut s = self.lock();
-                while s.lines == 0 {
-                    s.idle = true;
-                    s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
-                }
-                s.idle = false;
-                if last_write.is_some_and(|t| t.elapsed() < self.linger) {
-                    (s, _) = self
-                        .wake
-                        .wait_timeout_while(s, self.linger, |s| {
-                            !s.hurry && s.buf.len() < LINGER_BYTES
-                        })
-                        .unwrap_or_else(|p| p.into_inner());
-                }
+                let mut s = linger::wait_for_batch(&self.wake, self.lock(), last_write);
                 let lines = std::mem::take(&mut s.lines);
                 (std::mem::take(&mut s.buf), lines)
             };
@@ -223,9 +219,9 @@ mod tests {
         // A first line is written at once; the next, so soon after, lingers.
         q.offer(b"0\n");
         wait_until("the first line written", || q.pending() == 0);
-        wait_until("the writer idle", || q.lock().idle);
+        wait_until("the writer idle", || q.lock().linger.is_idle());
         q.offer(b"a\n");
-        wait_until("the writer lingering", || !q.lock().idle);
+        wait_until("the writer lingering", || !q.lock().linger.is_idle());
         q.offer(b"b\n");
         assert_eq!(q.pending(), 2, "nothing written while lingering");
         q.hurry();
@@ -245,7 +241,7 @@ mod tests {
         std::thread::spawn(move || tq.run(&mut tout));
         q.offer(b"0\n");
         wait_until("the first line written", || q.pending() == 0);
-        wait_until("the writer idle", || q.lock().idle);
+        wait_until("the writer idle", || q.lock().linger.is_idle());
         let line = [vec![b'x'; 1023], vec![b'\n']].concat();
         for _ in 0..(LINGER_BYTES / 1024) {
             q.offer(&line);
