@@ -20,6 +20,7 @@
 //! then the `session.updated`. If the upstream refuses the config, the
 //! client gets the upstream's `error` event as received and a close 1011.
 
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,8 +67,6 @@ enum Hold<T> {
     Shutdown,
 }
 
-/// Runs `work` while reading (and holding, within [`MAX_PENDING_FRAMES`]
-/// and [`MAX_PENDING_BYTES`]) the client's frames.
 /// Ends a session that never started: the `error` event, the close, and the
 /// client's close reply read (so the close is not lost to a reset), all
 /// within [`relay::CLOSE_GRACE`].
@@ -116,13 +115,18 @@ async fn next_client_data(client: &mut ClientSocket) -> Option<RawFrame> {
     }
 }
 
+/// Runs `work` while reading (and holding, within [`MAX_PENDING_FRAMES`]
+/// and [`MAX_PENDING_BYTES`]) the client's frames.
+///
+/// `work` is pinned by the caller: taken by value, it would be stored twice
+/// in this future (the argument, and the pinned local it is moved into),
+/// and the dial it runs is the biggest part of a session's future.
 async fn hold_client_while<F: std::future::Future>(
     client: &mut ClientSocket,
-    work: F,
+    mut work: Pin<&mut F>,
     held: &mut Held,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Hold<F::Output> {
-    tokio::pin!(work);
     loop {
         tokio::select! {
             r = &mut work => return Hold::Done(r),
@@ -219,7 +223,7 @@ impl Session {
                 Some(w) => Ok(w),
                 None => {
                     let dial_started = Instant::now();
-                    let dial = up.upstream.dial_with(&self.params);
+                    let dial = pin!(up.upstream.dial_with(&self.params));
                     let result =
                         match hold_client_while(&mut client, dial, &mut held, &shutdown).await {
                             Hold::Done(r) => r,
@@ -378,8 +382,11 @@ impl Session {
         let gw = &self.gateway;
         let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
         let update = grant.session_update(self.route.config.protocol);
-        let work = apply::apply(upstream, update, timeout);
-        let result = match hold_client_while(client, work, held, &gw.shutdown).await {
+        let applied = {
+            let work = pin!(apply::apply(upstream, update, timeout));
+            hold_client_while(client, work, held, &gw.shutdown).await
+        };
+        let result = match applied {
             Hold::Done(r) => r,
             Hold::ClientLeft => {
                 client_left(client).await;
@@ -498,5 +505,46 @@ pub fn dial_error_to_client(e: &DialError) -> (String, u16) {
             error_event("server_error", "upstream_unavailable", &e.client_message()),
             INTERNAL,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, RouteConfig};
+
+    /// A session's future is allocated and moved whole when its task is
+    /// spawned, and held for the session's life: it must stay small. It was
+    /// 31 KiB when the dial's futures held a 4 KiB read buffer and each
+    /// future passed by value was stored twice.
+    #[tokio::test]
+    async fn a_sessions_future_stays_small() {
+        let config = Config {
+            routes: vec![RouteConfig {
+                model: "gpt-realtime".into(),
+                upstream_url: "ws://127.0.0.1:9/v1/realtime".into(),
+                ..RouteConfig::default()
+            }],
+            ..Config::default()
+        };
+        let gateway = Arc::new(Gateway::new(config).expect("gateway"));
+        let route = gateway.route("gpt-realtime").cloned().expect("route");
+        let key: KeyEntry =
+            serde_json::from_value(serde_json::json!({"id": "k", "sha256": "00"})).expect("key");
+        let permit = gateway.admit(&key, &route, "s1").await.expect("admitted");
+        let session = Session {
+            id: "s1".into(),
+            gateway: gateway.clone(),
+            route,
+            key,
+            client_secret: None,
+            permit,
+            params: Vec::new(),
+            started: Instant::now(),
+        };
+        let mut request = http::Request::new(());
+        let run = session.run(hyper::upgrade::on(&mut request));
+        let size = std::mem::size_of_val(&run);
+        assert!(size <= 8 * 1024, "a session's future is {size} bytes");
     }
 }

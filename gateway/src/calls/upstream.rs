@@ -165,7 +165,7 @@ async fn connect(route: &RouteConfig, url: &Url) -> Result<UpstreamIo, UpstreamC
             .connect(name, tcp)
             .await
             .map_err(|e| UpstreamCallError::Tls(e.to_string()))?;
-        Ok(Either::Right(tls))
+        Ok(Either::Right(Box::new(tls)))
     } else {
         Ok(Either::Left(tcp))
     }

@@ -20,6 +20,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -36,7 +37,11 @@ use crate::upstream::handshake::{self, HandshakeError, REFUSAL_BODY_MAX};
 use crate::upstream::key::UpstreamKey;
 use crate::upstream::tls;
 
-pub type UpstreamIo = Either<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
+/// A connection to the upstream, plain or TLS. The TLS stream is boxed: it
+/// holds rustls's connection state inline (over 1 KiB), and this type sits
+/// in every upstream leg and in the futures that dial and splice it, which
+/// are moved whole when a session's task is spawned.
+pub type UpstreamIo = Either<TcpStream, Box<tokio_rustls::client::TlsStream<TcpStream>>>;
 /// A tungstenite connection to the upstream (a call's sideband).
 pub type UpstreamSocket = WebSocketStream<UpstreamIo>;
 /// The relay's raw connection to the upstream.
@@ -259,7 +264,7 @@ impl Upstream {
                 let tls = by(deadline, "tls", connector.connect(name.clone(), tcp))
                     .await?
                     .map_err(|source| DialError::Tls { source })?;
-                Either::Right(tls)
+                Either::Right(Box::new(tls))
             }
             None => Either::Left(tcp),
         };
@@ -297,14 +302,15 @@ impl Upstream {
     }
 }
 
-async fn by<F: std::future::Future>(
+/// `fut` bounded by `deadline`, its timeout named by `phase`. A combinator,
+/// not an `async fn`: an `async fn` would hold `fut` twice (its argument
+/// and the timeout it is moved into), doubling the dial's future.
+fn by<F: std::future::Future>(
     deadline: tokio::time::Instant,
     phase: &'static str,
     fut: F,
-) -> Result<F::Output, DialError> {
-    tokio::time::timeout_at(deadline, fut)
-        .await
-        .map_err(|_| DialError::Timeout { phase })
+) -> impl std::future::Future<Output = Result<F::Output, DialError>> {
+    tokio::time::timeout_at(deadline, fut).map(move |r| r.map_err(|_| DialError::Timeout { phase }))
 }
 
 fn handshake_error(e: HandshakeError) -> DialError {
@@ -578,6 +584,23 @@ mod tests {
             u.request(&[]).unwrap().uri().to_string(),
             "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview&deployment=dep-1"
         );
+    }
+
+    /// The dial runs inside every session's future (and every pool
+    /// refill's task): it must not hold buffers or futures twice. It was
+    /// 11.7 KiB with a 4 KiB read buffer on its stack and each phase's
+    /// future stored twice by an `async fn` wrapper.
+    #[test]
+    fn the_dials_future_stays_small() {
+        let r = route(
+            Provider::Openai,
+            "ws://127.0.0.1:9/v1/realtime",
+            Protocol::Ga,
+        );
+        let u = Upstream::new(&r, Duration::from_secs(1), 1 << 20).unwrap();
+        let dial = u.dial_with(&[]);
+        let size = std::mem::size_of_val(&dial);
+        assert!(size <= 2 * 1024, "the dial's future is {size} bytes");
     }
 
     #[test]

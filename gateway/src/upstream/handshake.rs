@@ -19,6 +19,8 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 /// The longest response head read (status line and headers).
 const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// What one read of the response asks for at least.
+const READ_BYTES: usize = 4096;
 /// Most response headers parsed.
 const MAX_HEADERS: usize = 64;
 /// How much of a refusal's body is read.
@@ -54,16 +56,17 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     io.write_all(&request_head(request, &key)?).await?;
     io.flush().await?;
 
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
+    // Read straight into the buffer's spare capacity: a stack array would
+    // live in this future (and in every future that awaits it).
+    let mut buf = Vec::with_capacity(READ_BYTES);
     let (head_len, status, headers) = loop {
-        let n = io.read(&mut chunk).await?;
+        buf.reserve(READ_BYTES);
+        let n = io.read_buf(&mut buf).await?;
         if n == 0 {
             return Err(HandshakeError::Invalid(
                 "connection closed during the handshake".into(),
             ));
         }
-        buf.extend_from_slice(&chunk[..n]);
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut response = httparse::Response::new(&mut slots);
         match response.parse(&buf) {
@@ -154,11 +157,11 @@ async fn refusal_body<S: AsyncRead + Unpin>(
         .unwrap_or(usize::MAX)
         .min(REFUSAL_BODY_MAX);
     let _ = tokio::time::timeout(BODY_GRACE, async {
-        let mut chunk = [0u8; 512];
         while body.len() < want {
-            match io.read(&mut chunk).await {
+            body.reserve(want - body.len());
+            match io.read_buf(&mut body).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => body.extend_from_slice(&chunk[..n]),
+                Ok(_) => {}
             }
         }
     })
