@@ -321,7 +321,7 @@ impl TurnTracker {
         self.waiting_ttft += 1;
     }
 
-    fn on_delta(&mut self, text: &str) {
+    fn on_delta(&mut self, text: &[u8]) {
         let named = response_id_of(text);
         let now = Instant::now();
         for t in &mut self.open {
@@ -450,6 +450,9 @@ impl Tap for TurnTracker {
             match classify(t) {
                 Sniffed::Other => return,
                 Sniffed::Delta if self.waiting_ttft == 0 => return,
+                // The first delta of a response: its payload is most of
+                // it, so only its `response_id` is read, in place.
+                Sniffed::Delta => return self.on_delta(text),
                 _ => {}
             }
         }
@@ -462,7 +465,7 @@ impl Tap for TurnTracker {
         match sniff(text) {
             Sniffed::Created => self.on_created(text),
             Sniffed::Done => self.on_done(text),
-            Sniffed::Delta if self.waiting_ttft > 0 => self.on_delta(text),
+            Sniffed::Delta if self.waiting_ttft > 0 => self.on_delta(text.as_bytes()),
             Sniffed::Transcription => self.on_transcription(text),
             Sniffed::Session => self.on_session(text),
             Sniffed::Delta | Sniffed::Other => {}
@@ -561,11 +564,12 @@ fn trailing_type(text: &str) -> Option<&str> {
     Some(&text[value_start..value_end])
 }
 
-/// The string value of a delta's `"response_id"`, found by substring.
-fn response_id_of(text: &str) -> Option<&str> {
-    const KEY: &str = "\"response_id\"";
-    let at = text.find(KEY)? + KEY.len();
-    let b = text.as_bytes();
+/// The string value of a delta's `"response_id"`, found by substring
+/// (`memmem`: the key may come after the delta's payload, tens of KB of
+/// base64) and read without validating the rest of the message.
+fn response_id_of(b: &[u8]) -> Option<&str> {
+    const KEY: &[u8] = b"\"response_id\"";
+    let at = memchr::memmem::find(b, KEY)? + KEY.len();
     let mut i = at;
     let ws = |i: &mut usize| {
         while matches!(b.get(*i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
@@ -586,7 +590,7 @@ fn response_id_of(text: &str) -> Option<&str> {
     if b[start + len] == b'\\' {
         return None;
     }
-    Some(&text[start..start + len])
+    std::str::from_utf8(&b[start..start + len]).ok()
 }
 
 /// A field that is `None` when absent, null or of an unexpected shape, so
@@ -824,6 +828,37 @@ mod tests {
         t.on_upstream_text(&delta("response.output_text.delta", None));
         t.on_upstream_text(&done("mine2", "completed"));
         assert!(drain(&mut rx)[0].ttft.is_some());
+    }
+
+    /// The relay's path: a first delta is read in place, whichever side of
+    /// its payload the `response_id` is on.
+    #[test]
+    fn a_frames_response_id_is_found_before_or_after_a_long_payload() {
+        let payload = "A".repeat(64 * 1024);
+        let frame = |r: &str, id_first: bool| {
+            let kind = "response.output_audio.delta";
+            if id_first {
+                format!(
+                    r#"{{"type":"{kind}","event_id":"e2","response_id":"{r}","delta":"{payload}"}}"#
+                )
+            } else {
+                format!(
+                    r#"{{"type":"{kind}","event_id":"e2","delta":"{payload}","response_id":"{r}"}}"#
+                )
+            }
+        };
+        for id_first in [true, false] {
+            let (mut t, mut rx, _) = tracker();
+            t.on_upstream_frame(created("mine").as_bytes());
+            t.on_upstream_frame(frame("other", id_first).as_bytes());
+            t.on_upstream_frame(done("mine", "completed").as_bytes());
+            assert_eq!(drain(&mut rx)[0].ttft, None, "id first: {id_first}");
+
+            t.on_upstream_frame(created("mine2").as_bytes());
+            t.on_upstream_frame(frame("mine2", id_first).as_bytes());
+            t.on_upstream_frame(done("mine2", "completed").as_bytes());
+            assert!(drain(&mut rx)[0].ttft.is_some(), "id first: {id_first}");
+        }
     }
 
     #[test]
