@@ -1,5 +1,6 @@
 //! Log lines: `tracing` to stderr (stdout carries request-log rows), human
-//! format by default, JSON lines when `PATCHBAY_LOG_FORMAT=json`. Level from
+//! format by default (coloured only on a terminal, and never with `NO_COLOR`),
+//! JSON lines when `PATCHBAY_LOG_FORMAT=json`. Level from
 //! `RUST_LOG` (default `info`).
 //!
 //! Guarantees:
@@ -34,7 +35,7 @@
 
 mod queue;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -163,6 +164,12 @@ impl LogGuard {
     }
 }
 
+/// Colours (ANSI escapes) in the text format only on a terminal, and not
+/// when `NO_COLOR` is set: log files and collectors get plain text.
+fn colors_wanted() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
 /// Installs the global subscriber (a second call, as in tests, keeps the
 /// first) and returns the guard that flushes it.
 pub fn init() -> LogGuard {
@@ -170,7 +177,9 @@ pub fn init() -> LogGuard {
     let lines = queue::LineQueue::new(*queue.as_ref().unwrap_or(&DEFAULT_LOG_QUEUE_LINES));
     let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LEVEL));
     let cap = filter_fn(|meta| allowed(meta.target(), meta.level()));
-    let format = tracing_subscriber::fmt::layer().with_writer(Offer(lines.clone()));
+    let format = tracing_subscriber::fmt::layer()
+        .with_ansi(colors_wanted())
+        .with_writer(Offer(lines.clone()));
     let format = if json_requested() {
         format.json().boxed()
     } else {

@@ -113,6 +113,11 @@ async fn no_key_or_client_secret_is_logged_at_trace_in_text_or_json() {
         );
         assert!(minted.starts_with("pbek_"), "{minted}");
         assert_no_secret(&format!("stderr ({format})"), &stderr, &minted);
+        // stderr is a pipe here, as under a log collector: no colour codes.
+        assert!(
+            !stderr.contains('\x1b'),
+            "ANSI escapes in {format}:\n{stderr}"
+        );
         assert_no_secret(&format!("stdout ({format})"), &stdout, &minted);
     }
 }
