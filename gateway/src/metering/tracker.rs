@@ -594,14 +594,19 @@ fn response_id_of(b: &[u8]) -> Option<&str> {
 }
 
 /// A field that is `None` when absent, null or of an unexpected shape, so
-/// one odd field never loses the rest of the event.
+/// one odd field never loses the rest of the event. The field's JSON is
+/// taken as it is (a [`RawValue`]: one copy of its text) and parsed on its
+/// own, rather than built into a `serde_json::Value` tree first (an
+/// allocation per node, for subtrees such as a session's audio config).
+///
+/// [`RawValue`]: serde_json::value::RawValue
 fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: serde::de::DeserializeOwned,
 {
-    let v = serde_json::Value::deserialize(d)?;
-    Ok(serde_json::from_value(v).ok())
+    let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+    Ok(serde_json::from_str(raw.get()).ok())
 }
 
 #[derive(Deserialize)]
@@ -884,6 +889,43 @@ mod tests {
         let r = &drain(&mut rx)[0];
         assert_eq!((r.n, r.latency, r.status), (1, Duration::ZERO, 200));
         assert!(r.usage.is_some());
+    }
+
+    /// A field of an unexpected shape is taken as absent; the rest of its
+    /// event still counts.
+    #[test]
+    fn an_odd_field_never_loses_the_rest_of_its_event() {
+        let (mut t, mut rx, _) = tracker();
+        let usage = crate::sim::usage_for(1, 5);
+        t.on_upstream_text(
+            &json!({"type": "response.done", "response": {"id": 7, "status": {"x": [1]}, "usage": usage}})
+                .to_string(),
+        );
+        t.on_upstream_text(
+            &json!({"type": "response.done", "response": {"id": "r2", "status": "failed", "usage": "odd"}})
+                .to_string(),
+        );
+        let recs = drain(&mut rx);
+        assert_eq!((recs[0].status, recs[0].end_reason), (200, "completed"));
+        assert!(
+            recs[0].usage.is_some(),
+            "the usage of a done with odd id and status"
+        );
+        assert_eq!((recs[1].status, recs[1].end_reason), (502, "failed"));
+        assert!(recs[1].usage.is_none(), "usage of the wrong shape");
+
+        t.on_upstream_text(
+            &json!({"type": "session.updated", "session": {"audio": "odd",
+                "input_audio_transcription": {"model": "whisper-1"}}})
+            .to_string(),
+        );
+        assert_eq!(t.transcription_model(), Some("whisper-1"));
+        t.on_upstream_text(
+            &json!({"type": "session.updated", "session": {"audio": {"input": {"transcription": {"model": 5}}},
+                "input_audio_transcription": {"model": "gpt-4o-transcribe"}}})
+            .to_string(),
+        );
+        assert_eq!(t.transcription_model(), Some("gpt-4o-transcribe"));
     }
 
     #[test]
