@@ -23,28 +23,12 @@ C=${CG_C:-10}
 HI=${CG_DELTAS:-21}
 BASE_PORT=${BASE_PORT:-18600}
 OUT_DIR=${OUT_DIR:-target/bench/callgrind}
-# Not secrets: the simulator accepts this key, the gateways and ws-relay this one.
-UPSTREAM_KEY=sk-sim-bench
-CLIENT_KEY=pb-bench-key
 
-for tool in valgrind callgrind_control callgrind_annotate; do
+for tool in valgrind callgrind_control; do
   command -v "$tool" >/dev/null || { echo "$tool not found (apt-get install valgrind)" >&2; exit 1; }
 done
-ulimit -n "$(ulimit -Hn)"
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  cargo build --release -q -p patchbay-gateway -p patchbay-bench
-fi
-BIN=$PWD/target/release
-mkdir -p "$OUT_DIR"
+bench_setup
 rm -f "$OUT_DIR"/*.cg*
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  stop_pids
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 cg() {
   local name=$1

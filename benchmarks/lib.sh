@@ -1,4 +1,4 @@
-# Shell helpers sourced by run.sh and split.sh.
+# Shell helpers sourced by run.sh, split.sh and callgrind.sh.
 
 # wait_port PORT: until 127.0.0.1:PORT accepts a connection, 30 s at most.
 wait_port() {
@@ -21,4 +21,29 @@ stop_pids() {
     wait "$p" 2>/dev/null || true
   done
   pids=()
+}
+
+# bench_setup: how split.sh and callgrind.sh start (after setting OUT_DIR):
+# the keys, `ulimit -n` raised to the hard limit, the release build (unless
+# SKIP_BUILD=1), BIN, OUT_DIR created, a temp dir `tmp`, an empty `pids`
+# array, and traps that stop every process in it and remove `tmp` on exit.
+bench_setup() {
+  # Not secrets: the simulator accepts this key, the gateways and ws-relay this one.
+  UPSTREAM_KEY=sk-sim-bench
+  CLIENT_KEY=pb-bench-key
+  ulimit -n "$(ulimit -Hn)"
+  if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    cargo build --release -q -p patchbay-gateway -p patchbay-bench
+  fi
+  BIN=$PWD/target/release
+  mkdir -p "$OUT_DIR"
+  tmp=$(mktemp -d)
+  pids=()
+  trap bench_cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+bench_cleanup() {
+  stop_pids
+  rm -rf "$tmp"
 }

@@ -20,24 +20,7 @@ C=${SPLIT_C:-100}
 HI=${SPLIT_DELTAS:-40}
 BASE_PORT=${BASE_PORT:-18000}
 OUT_DIR=${OUT_DIR:-target/bench/split}
-# Not secrets: the simulator accepts this key, the gateways and ws-relay this one.
-UPSTREAM_KEY=sk-sim-bench
-CLIENT_KEY=pb-bench-key
-
-ulimit -n "$(ulimit -Hn)"
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  cargo build --release -q -p patchbay-gateway -p patchbay-bench
-fi
-BIN=$PWD/target/release
-mkdir -p "$OUT_DIR"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  stop_pids
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_setup
 
 targets=()
 i=0
