@@ -23,7 +23,7 @@ stop_pids() {
   pids=()
 }
 
-# bench_setup: how split.sh and callgrind.sh start (after setting OUT_DIR):
+# bench_setup: how run.sh, split.sh and callgrind.sh start (after OUT_DIR is set):
 # the keys, `ulimit -n` raised to the hard limit, the release build (unless
 # SKIP_BUILD=1), BIN, OUT_DIR created, a temp dir `tmp`, an empty `pids`
 # array, and traps that stop every process in it and remove `tmp` on exit.

@@ -80,30 +80,11 @@ WS_RELAY_PORT=$((BASE_PORT + 84))
 ADMIN_OFF_PORT=$((BASE_PORT + 91))
 ADMIN_ON_PORT=$((BASE_PORT + 92))
 
-# Not secrets: the simulator accepts this key, the gateways this client key.
-UPSTREAM_KEY=sk-sim-bench
-CLIENT_KEY=pb-bench-key
-
+bench_setup
 # Sockets: C client legs, as many gateway legs, the pool, the simulator's.
-ulimit -n "$(ulimit -Hn)"
 if [ "$(ulimit -n)" -lt $((4 * C + 2 * POOL_SIZE + 1024)) ]; then
   echo "warning: ulimit -n is $(ulimit -n); C=$C may run out of descriptors" >&2
 fi
-
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  cargo build --release -q -p patchbay-gateway -p patchbay-bench
-fi
-BIN=$PWD/target/release
-mkdir -p "$OUT_DIR"
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  stop_pids
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 # start NAME CMD...: runs CMD in the background, logging to
 # OUT_DIR/STACK-NAME.log.
