@@ -417,6 +417,13 @@ impl TurnTracker {
     }
 
     fn on_session(&mut self, text: &str) {
+        // Most sessions transcribe no input (`"transcription": null`): then
+        // there is no model to read, and the event (the whole session
+        // config) is not parsed.
+        if !has_transcription_config(text.as_bytes()) {
+            self.transcription_model = None;
+            return;
+        }
         let Ok(SessionEvent {
             session: Some(session),
         }) = serde_json::from_str::<SessionEvent>(text)
@@ -562,6 +569,24 @@ fn trailing_type(text: &str) -> Option<&str> {
         return None;
     }
     Some(&text[value_start..value_end])
+}
+
+/// Whether a key ending in `transcription"` has an object for its value:
+/// GA's `"transcription": {…}` or beta's `"input_audio_transcription": {…}`.
+/// `false` means the event names no transcription model; `true` only that
+/// it may (the parser decides).
+fn has_transcription_config(b: &[u8]) -> bool {
+    const KEY: &[u8] = b"transcription\"";
+    let skip_ws = |mut i: usize| {
+        while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            i += 1;
+        }
+        i
+    };
+    memchr::memmem::find_iter(b, KEY).any(|at| {
+        let i = skip_ws(at + KEY.len());
+        b.get(i) == Some(&b':') && b.get(skip_ws(i + 1)) == Some(&b'{')
+    })
 }
 
 /// The string value of a delta's `"response_id"`, found by substring
@@ -926,6 +951,25 @@ mod tests {
             .to_string(),
         );
         assert_eq!(t.transcription_model(), Some("gpt-4o-transcribe"));
+    }
+
+    /// A session event without a transcription object is not parsed, and
+    /// ends the transcription model in force; one with it, in any spacing,
+    /// is.
+    #[test]
+    fn a_session_without_transcription_has_no_transcription_model() {
+        let (mut t, _rx, _) = tracker();
+        let with = r#"{"type":"session.updated","session":{"instructions":"say \"transcription\": {x}","audio":{"input":{"transcription" :
+            { "model":"gpt-4o-transcribe"}}}}}"#;
+        t.on_upstream_text(with);
+        assert_eq!(t.transcription_model(), Some("gpt-4o-transcribe"));
+        let without = r#"{"type":"session.updated","session":{"instructions":"say \"transcription\": {x}","audio":{"input":{"transcription":null}}}}"#;
+        assert!(!has_transcription_config(without.as_bytes()));
+        t.on_upstream_text(without);
+        assert_eq!(t.transcription_model(), None);
+        let beta = r#"{"type":"transcription_session.updated","session":{"input_audio_transcription":{"model":"whisper-1"}}}"#;
+        t.on_upstream_text(beta);
+        assert_eq!(t.transcription_model(), Some("whisper-1"));
     }
 
     #[test]
