@@ -75,7 +75,7 @@ fn leading_type(b: &[u8]) -> Option<(usize, usize)> {
 
 /// A JSON string starting at `i` (the quote) without escapes: returns the
 /// byte range of its content.
-fn plain_string(b: &[u8], i: usize) -> Option<(usize, usize)> {
+pub(crate) fn plain_string(b: &[u8], i: usize) -> Option<(usize, usize)> {
     if b.get(i) != Some(&b'"') {
         return None;
     }
@@ -90,7 +90,7 @@ fn plain_string(b: &[u8], i: usize) -> Option<(usize, usize)> {
     Some((start, start + len))
 }
 
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
         i += 1;
     }

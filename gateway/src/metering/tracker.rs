@@ -58,7 +58,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::pricing::{Usage, UsageJson};
-use crate::event::{event_type, leading_event_type};
+use crate::event::{event_type, leading_event_type, plain_string, skip_ws};
 use crate::relay::{End, Tap};
 
 /// Capacity of the tracker → meter channel.
@@ -577,15 +577,9 @@ fn trailing_type(text: &str) -> Option<&str> {
 /// it may (the parser decides).
 fn has_transcription_config(b: &[u8]) -> bool {
     const KEY: &[u8] = b"transcription\"";
-    let skip_ws = |mut i: usize| {
-        while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-            i += 1;
-        }
-        i
-    };
     memchr::memmem::find_iter(b, KEY).any(|at| {
-        let i = skip_ws(at + KEY.len());
-        b.get(i) == Some(&b':') && b.get(skip_ws(i + 1)) == Some(&b'{')
+        let i = skip_ws(b, at + KEY.len());
+        b.get(i) == Some(&b':') && b.get(skip_ws(b, i + 1)) == Some(&b'{')
     })
 }
 
@@ -594,28 +588,12 @@ fn has_transcription_config(b: &[u8]) -> bool {
 /// base64) and read without validating the rest of the message.
 fn response_id_of(b: &[u8]) -> Option<&str> {
     const KEY: &[u8] = b"\"response_id\"";
-    let at = memchr::memmem::find(b, KEY)? + KEY.len();
-    let mut i = at;
-    let ws = |i: &mut usize| {
-        while matches!(b.get(*i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-            *i += 1;
-        }
-    };
-    ws(&mut i);
+    let i = skip_ws(b, memchr::memmem::find(b, KEY)? + KEY.len());
     if b.get(i) != Some(&b':') {
         return None;
     }
-    i += 1;
-    ws(&mut i);
-    if b.get(i) != Some(&b'"') {
-        return None;
-    }
-    let start = i + 1;
-    let len = b[start..].iter().position(|&c| c == b'"' || c == b'\\')?;
-    if b[start + len] == b'\\' {
-        return None;
-    }
-    std::str::from_utf8(&b[start..start + len]).ok()
+    let (start, end) = plain_string(b, skip_ws(b, i + 1))?;
+    std::str::from_utf8(&b[start..end]).ok()
 }
 
 /// A field that is `None` when absent, null or of an unexpected shape, so
