@@ -33,10 +33,10 @@ pub fn leading_event_type(text: &str) -> Option<&str> {
     leading_type(text.as_bytes()).map(|t| t_str(text, t))
 }
 
-/// [`leading_event_type`] on bytes that may not be UTF-8 (only the type's
-/// own bytes are checked).
-pub fn leading_event_type_bytes(text: &[u8]) -> Option<&str> {
-    leading_type(text).and_then(|(start, end)| std::str::from_utf8(&text[start..end]).ok())
+/// [`leading_event_type`] on bytes that may not be UTF-8: the type's raw
+/// bytes, unchecked (callers compare them with known types).
+pub fn leading_event_type_bytes(text: &[u8]) -> Option<&[u8]> {
+    leading_type(text).map(|(start, end)| &text[start..end])
 }
 
 fn t_str(text: &str, (start, end): (usize, usize)) -> &str {
@@ -80,10 +80,7 @@ pub(crate) fn plain_string(b: &[u8], i: usize) -> Option<(usize, usize)> {
         return None;
     }
     let start = i + 1;
-    let len = b
-        .get(start..)?
-        .iter()
-        .position(|&c| c == b'"' || c == b'\\')?;
+    let len = memchr::memchr2(b'"', b'\\', b.get(start..)?)?;
     if b[start + len] == b'\\' {
         return None;
     }

@@ -79,6 +79,9 @@ pub const FIELDS: [&str; 28] = [
     "end_reason",
 ];
 
+/// What a row's JSON line is allocated with: a row is about 700 bytes.
+const ROW_LINE_CAPACITY: usize = 1024;
+
 /// One metered turn.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestLogRow {
@@ -122,8 +125,13 @@ pub struct RequestLogRow {
 
 impl RequestLogRow {
     pub fn to_json_line(&self) -> String {
-        // Serialising plain strings and numbers cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
+        let mut out = Vec::with_capacity(ROW_LINE_CAPACITY);
+        // Serialising plain strings and numbers into a Vec cannot fail, and
+        // serde_json writes UTF-8 only.
+        if serde_json::to_writer(&mut out, self).is_err() {
+            return String::new();
+        }
+        String::from_utf8(out).unwrap_or_default()
     }
 
     /// Bytes of the row's variable fields (a queue-size estimate).

@@ -499,23 +499,27 @@ pub(crate) enum Sniffed {
     Other,
 }
 
-fn classify(t: &str) -> Sniffed {
+/// On the type's bytes: the frame path does not UTF-8-check a type it skips.
+fn classify(t: &[u8]) -> Sniffed {
+    const C: &[u8] = CREATED.as_bytes();
+    const D: &[u8] = DONE.as_bytes();
+    const T: &[u8] = TRANSCRIPTION_COMPLETED.as_bytes();
     match t {
-        CREATED => Sniffed::Created,
-        DONE => Sniffed::Done,
-        TRANSCRIPTION_COMPLETED => Sniffed::Transcription,
-        "session.created"
-        | "session.updated"
-        | "transcription_session.created"
-        | "transcription_session.updated" => Sniffed::Session,
-        t if t.starts_with("response.") && t.ends_with(".delta") => Sniffed::Delta,
+        C => Sniffed::Created,
+        D => Sniffed::Done,
+        T => Sniffed::Transcription,
+        b"session.created"
+        | b"session.updated"
+        | b"transcription_session.created"
+        | b"transcription_session.updated" => Sniffed::Session,
+        t if t.starts_with(b"response.") && t.ends_with(b".delta") => Sniffed::Delta,
         _ => Sniffed::Other,
     }
 }
 
 pub(crate) fn sniff(text: &str) -> Sniffed {
     if let Some(t) = leading_event_type(text).or_else(|| trailing_type(text)) {
-        return classify(t);
+        return classify(t.as_bytes());
     }
     let candidate = text.contains("\"response.")
         || text.contains("\"session.")
@@ -523,7 +527,7 @@ pub(crate) fn sniff(text: &str) -> Sniffed {
     if !candidate {
         return Sniffed::Other;
     }
-    event_type(text).map_or(Sniffed::Other, |t| classify(&t))
+    event_type(text).map_or(Sniffed::Other, |t| classify(t.as_bytes()))
 }
 
 fn skip_ws_back(b: &[u8], mut end: usize) -> usize {
@@ -583,12 +587,21 @@ fn has_transcription_config(b: &[u8]) -> bool {
     })
 }
 
-/// The string value of a delta's `"response_id"`, found by substring
-/// (`memmem`: the key may come after the delta's payload, tens of KB of
-/// base64) and read without validating the rest of the message.
+/// The string value of a delta's `"response_id"`, found by substring and
+/// read without validating the rest of the message. The key comes before
+/// the delta's payload (tens of KB of base64) or after it, depending on
+/// the sender's field order: the first and the last `ENDS_BYTES` are
+/// searched before the whole. (A delta is a flat object and a string's
+/// quotes are escaped, so the key occurs once.)
 fn response_id_of(b: &[u8]) -> Option<&str> {
     const KEY: &[u8] = b"\"response_id\"";
-    let i = skip_ws(b, memchr::memmem::find(b, KEY)? + KEY.len());
+    const ENDS_BYTES: usize = 512;
+    let head = &b[..b.len().min(ENDS_BYTES)];
+    let tail_start = b.len().saturating_sub(ENDS_BYTES);
+    let at = memchr::memmem::find(head, KEY)
+        .or_else(|| memchr::memmem::rfind(&b[tail_start..], KEY).map(|i| tail_start + i))
+        .or_else(|| memchr::memmem::find(b, KEY))?;
+    let i = skip_ws(b, at + KEY.len());
     if b.get(i) != Some(&b':') {
         return None;
     }
@@ -612,6 +625,80 @@ where
     Ok(serde_json::from_str(raw.get()).ok())
 }
 
+/// [`lenient`] for a string field, without the raw copy: a string is
+/// taken, anything else (a number, an object, null) is skipped as `None`.
+fn lenient_string<'de, D>(d: D) -> Result<Option<String>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct StringOrSkip;
+
+    impl<'de> serde::de::Visitor<'de> for StringOrSkip {
+        type Value = Option<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_owned()))
+        }
+
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_any(self)
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            while a
+                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                .is_some()
+            {}
+            Ok(None)
+        }
+    }
+
+    d.deserialize_any(StringOrSkip)
+}
+
 #[derive(Deserialize)]
 struct CreatedEvent {
     #[serde(default)]
@@ -620,7 +707,7 @@ struct CreatedEvent {
 
 #[derive(Deserialize)]
 struct ResponseHead {
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_string")]
     id: Option<String>,
 }
 
@@ -632,9 +719,9 @@ struct DoneEvent {
 
 #[derive(Deserialize, Default)]
 struct DoneResponse {
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_string")]
     id: Option<String>,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "lenient_string")]
     status: Option<String>,
     #[serde(default, deserialize_with = "lenient")]
     usage: Option<UsageJson>,
@@ -838,34 +925,36 @@ mod tests {
         assert!(drain(&mut rx)[0].ttft.is_some());
     }
 
-    /// The relay's path: a first delta is read in place, whichever side of
-    /// its payload the `response_id` is on.
+    /// The relay's path: a first delta is read in place, wherever its
+    /// `response_id` is: before the payload, after it at the end, or after
+    /// it with another long field behind (past the ends searched first).
     #[test]
     fn a_frames_response_id_is_found_before_or_after_a_long_payload() {
         let payload = "A".repeat(64 * 1024);
-        let frame = |r: &str, id_first: bool| {
-            let kind = "response.output_audio.delta";
-            if id_first {
-                format!(
-                    r#"{{"type":"{kind}","event_id":"e2","response_id":"{r}","delta":"{payload}"}}"#
-                )
-            } else {
-                format!(
-                    r#"{{"type":"{kind}","event_id":"e2","delta":"{payload}","response_id":"{r}"}}"#
-                )
-            }
+        let item = "i".repeat(2048);
+        let kind = "response.output_audio.delta";
+        let frame = |r: &str, at: usize| match at {
+            0 => format!(
+                r#"{{"type":"{kind}","event_id":"e2","response_id":"{r}","delta":"{payload}"}}"#
+            ),
+            1 => format!(
+                r#"{{"type":"{kind}","event_id":"e2","delta":"{payload}","response_id":"{r}"}}"#
+            ),
+            _ => format!(
+                r#"{{"type":"{kind}","event_id":"e2","delta":"{payload}","response_id":"{r}","item_id":"{item}"}}"#
+            ),
         };
-        for id_first in [true, false] {
+        for at in 0..3 {
             let (mut t, mut rx, _) = tracker();
             t.on_upstream_frame(created("mine").as_bytes());
-            t.on_upstream_frame(frame("other", id_first).as_bytes());
+            t.on_upstream_frame(frame("other", at).as_bytes());
             t.on_upstream_frame(done("mine", "completed").as_bytes());
-            assert_eq!(drain(&mut rx)[0].ttft, None, "id first: {id_first}");
+            assert_eq!(drain(&mut rx)[0].ttft, None, "id at {at}");
 
             t.on_upstream_frame(created("mine2").as_bytes());
-            t.on_upstream_frame(frame("mine2", id_first).as_bytes());
+            t.on_upstream_frame(frame("mine2", at).as_bytes());
             t.on_upstream_frame(done("mine2", "completed").as_bytes());
-            assert!(drain(&mut rx)[0].ttft.is_some(), "id first: {id_first}");
+            assert!(drain(&mut rx)[0].ttft.is_some(), "id at {at}");
         }
     }
 
