@@ -60,6 +60,7 @@
 
 pub mod frame;
 pub mod leg;
+mod on_wake;
 #[cfg(test)]
 mod passthrough_tests;
 pub mod reader;
@@ -82,6 +83,7 @@ use tokio_tungstenite::WebSocketStream;
 
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg};
+use on_wake::OnWake;
 use reader::ReadError;
 
 /// How long a leg is given to answer our close before the socket is dropped;
@@ -533,11 +535,19 @@ where
                 tokio::time::sleep_until(due).await;
             }
         };
+        // The limits are polled only when one of them woke (`OnWake`), not
+        // on every wake-up of the pump.
+        let watchdog = std::pin::pin!(async {
+            tokio::select! {
+                e = idle => e,
+                _ = tokio::time::sleep_until(limits.deadline) => End::MaxDuration,
+                k = kill => End::Killed(k),
+            }
+        });
         tokio::select! {
+            biased;
             e = pumping => e,
-            e = idle => e,
-            _ = tokio::time::sleep_until(limits.deadline) => End::MaxDuration,
-            k = kill => End::Killed(k),
+            e = OnWake::new(watchdog) => e,
         }
     };
 
