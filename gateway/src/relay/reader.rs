@@ -12,21 +12,24 @@
 //! - With [`Utf8Check::Validate`] (the client leg), text messages are
 //!   validated as UTF-8 across fragments (1007), unmasking through a small
 //!   stack buffer: the forwarded bytes are never modified.
-//! - Reads go into the spare capacity of one `BytesMut` (`read_buf`: no
-//!   zero-fill before a read); a frame is split off that buffer without a
+//! - At a frame boundary a read goes into a stack buffer
+//!   ([`MIN_READ_BYTES`], not zero-filled), and what came is copied into
+//!   one `BytesMut` sized for the frame it starts; later reads of that frame
+//!   go into its spare capacity. A frame is split off that buffer without a
 //!   copy. Memory held per leg: what was read past the last whole frame,
 //!   and the frame being assembled (at most `max_message_bytes` plus a
-//!   header); at a frame boundary the buffer is let go, so an idle leg holds
-//!   one read's buffer ([`MIN_READ_BYTES`]).
+//!   header); at a frame boundary the buffer is let go, so a leg waiting
+//!   for its next frame holds no read buffer at all.
 //!
 //! Caveat: a frame is delivered whole, so a large frame waits until all of
 //! it has arrived (as it did through tungstenite's decoder).
 
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, ReadBuf};
 
 use super::frame::{self, FrameError, FrameHeader, FrameRole, Message, Utf8Stream};
 
@@ -194,21 +197,58 @@ impl FrameReader {
         }
     }
 
-    /// Reads once into the buffer's spare capacity, reserving for `want`
-    /// more bytes (at least [`MIN_READ_BYTES`]); `false` at EOF.
+    /// Reads once; `false` at EOF. With bytes buffered, reads into the
+    /// buffer's spare capacity, growing it (by at least [`MIN_READ_BYTES`])
+    /// only when it has less than `want` bytes of room: a buffer sized for
+    /// its frame takes the frame's rest without a reallocation.
     fn poll_fill<R: AsyncRead + Unpin>(
         &mut self,
         cx: &mut Context<'_>,
         io: &mut R,
         want: usize,
     ) -> Poll<Result<bool, ReadError>> {
-        self.buf.reserve(want.max(MIN_READ_BYTES));
+        if self.buf.is_empty() {
+            return self.poll_fill_empty(cx, io);
+        }
+        if self.buf.capacity() - self.buf.len() < want {
+            self.buf.reserve(want.max(MIN_READ_BYTES));
+        }
         let n = ready!(tokio_util::io::poll_read_buf(
             Pin::new(io),
             cx,
             &mut self.buf
         ))?;
         Poll::Ready(Ok(n > 0))
+    }
+
+    /// [`Self::poll_fill`] with nothing buffered (a frame boundary): reads
+    /// into the stack, so a leg waiting for its next frame holds no heap
+    /// buffer, then copies what came into one allocation sized for the
+    /// frame it starts (when its header came and the frame is within
+    /// `max_message_bytes`; else for what came).
+    fn poll_fill_empty<R: AsyncRead + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        io: &mut R,
+    ) -> Poll<Result<bool, ReadError>> {
+        let mut scratch = [MaybeUninit::<u8>::uninit(); MIN_READ_BYTES];
+        let mut read = ReadBuf::uninit(&mut scratch);
+        ready!(Pin::new(io).poll_read(cx, &mut read))?;
+        let got = read.filled();
+        if got.is_empty() {
+            return Poll::Ready(Ok(false));
+        }
+        let most = self
+            .max_message_bytes
+            .saturating_add(frame::MAX_HEADER_BYTES as u64);
+        let frame_len = match frame::parse_header(got) {
+            Ok(Some(h)) if h.frame_len() <= most => h.frame_len() as usize,
+            _ => 0,
+        };
+        let mut buf = BytesMut::with_capacity(frame_len.max(got.len()));
+        buf.extend_from_slice(got);
+        self.buf = buf;
+        Poll::Ready(Ok(true))
     }
 }
 
@@ -233,7 +273,6 @@ fn validate(utf8: &mut Utf8Stream, raw: &RawFrame) -> Result<(), FrameError> {
 mod tests {
     use super::*;
     use crate::relay::testing::{frame, random_stream, reference_messages, Rng};
-    use tokio::io::ReadBuf;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
     use tokio_tungstenite::tungstenite::protocol::Role;
     use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -349,6 +388,58 @@ mod tests {
             assert!(!reference.is_empty());
             assert_eq!(messages_of(&frames), reference, "round {round}");
         }
+    }
+
+    /// A large frame arriving in pieces is read into one allocation of its
+    /// size (no growth as it arrives), and between frames the reader holds
+    /// no buffer.
+    #[tokio::test]
+    async fn a_frame_gets_one_buffer_of_its_size_and_none_is_held_between_frames() {
+        let payload = vec![b'a'; 22_000];
+        let big = frame(true, OpCode::Data(Data::Text), None, payload);
+        let small = frame(true, OpCode::Data(Data::Text), None, b"hi".to_vec());
+        let mut input = big.clone();
+        input.extend_from_slice(&small);
+        // Every other read is Pending, so the frame arrives over polls.
+        struct Stutter(Trickle, bool);
+        impl AsyncRead for Stutter {
+            fn poll_read(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                self.1 = !self.1;
+                if self.1 {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Pin::new(&mut self.0).poll_read(cx, buf)
+            }
+        }
+        let mut io = Stutter(Trickle::new(input, 3000), false);
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1 << 20);
+        assert_eq!(r.buf.capacity(), 0);
+
+        let mut capacities = Vec::new();
+        let got = std::future::poll_fn(|cx| {
+            let polled = r.poll_next(cx, &mut io);
+            capacities.push(r.buf.capacity());
+            polled
+        })
+        .await;
+        assert_eq!(got.unwrap().unwrap().bytes, big);
+        // Nothing before the first read; sized for the frame at its first
+        // read and never grown; let go when it is returned.
+        assert!(capacities.len() > 5, "{capacities:?}");
+        assert_eq!(capacities[0], 0);
+        let (last, during) = capacities[1..].split_last().unwrap();
+        assert!(during.iter().all(|&c| c == big.len()), "{capacities:?}");
+        assert_eq!(*last, 0);
+
+        let second = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(second.bytes, small);
+        assert_eq!(r.buf.capacity(), 0);
+        assert!(r.next(&mut io).await.unwrap().is_none());
     }
 
     #[tokio::test]
