@@ -29,7 +29,9 @@
 //!   short costs the client its error event (the close, a control frame,
 //!   may go between fragments).
 //! - No lock or atomic per frame: one clock read and one relaxed store of
-//!   the last-activity time per wake-up that read anything.
+//!   the last-activity time per wake-up that read anything. The idle and
+//!   deadline timers and the kill signal are polled only when one of them
+//!   woke ([`on_wake`]), not on each of the pump's wake-ups.
 //!
 //! # One end, many causes
 //!
