@@ -676,23 +676,12 @@ where
             d.deserialize_any(self)
         }
 
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut a: A,
-        ) -> Result<Self::Value, A::Error> {
-            while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-            Ok(None)
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
+            serde::de::IgnoredAny.visit_seq(a).map(|_| None)
         }
 
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut a: A,
-        ) -> Result<Self::Value, A::Error> {
-            while a
-                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                .is_some()
-            {}
-            Ok(None)
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
+            serde::de::IgnoredAny.visit_map(a).map(|_| None)
         }
     }
 

@@ -147,9 +147,7 @@ impl FrameReader {
         loop {
             let Some((header, role, message)) = self.current else {
                 if let Some(h) = frame::parse_header(&self.buf)? {
-                    let mut message = self.message;
-                    let role = message.on_header(&h, self.max_message_bytes)?;
-                    self.current = Some((h, role, message));
+                    self.begin(h)?;
                     continue;
                 }
                 if ready!(self.poll_fill(cx, io, frame::MAX_HEADER_BYTES))? {
@@ -197,6 +195,16 @@ impl FrameReader {
         }
     }
 
+    /// Takes the header of the next frame: accounted to its message (which
+    /// refuses one over `max_message_bytes`), committed when the frame is
+    /// returned.
+    fn begin(&mut self, h: FrameHeader) -> Result<(), FrameError> {
+        let mut message = self.message;
+        let role = message.on_header(&h, self.max_message_bytes)?;
+        self.current = Some((h, role, message));
+        Ok(())
+    }
+
     /// Reads once; `false` at EOF. With bytes buffered, reads into the
     /// buffer's spare capacity, growing it (by at least [`MIN_READ_BYTES`])
     /// only when it has less than `want` bytes of room: a buffer sized for
@@ -224,8 +232,9 @@ impl FrameReader {
     /// [`Self::poll_fill`] with nothing buffered (a frame boundary): reads
     /// into the stack, so a leg waiting for its next frame holds no heap
     /// buffer, then copies what came into one allocation sized for the
-    /// frame it starts (when its header came and the frame is within
-    /// `max_message_bytes`; else for what came).
+    /// frame it starts. When the frame's header came, it is taken here
+    /// ([`Self::begin`], so an oversize frame is refused before anything
+    /// is allocated for it); else the allocation holds what came.
     fn poll_fill_empty<R: AsyncRead + Unpin>(
         &mut self,
         cx: &mut Context<'_>,
@@ -238,12 +247,13 @@ impl FrameReader {
         if got.is_empty() {
             return Poll::Ready(Ok(false));
         }
-        let most = self
-            .max_message_bytes
-            .saturating_add(frame::MAX_HEADER_BYTES as u64);
-        let frame_len = match frame::parse_header(got) {
-            Ok(Some(h)) if h.frame_len() <= most => h.frame_len() as usize,
-            _ => 0,
+        let frame_len = match frame::parse_header(got)? {
+            Some(h) => {
+                self.begin(h)?;
+                // Bounded by max_message_bytes (begin checked it) or 125.
+                h.frame_len() as usize
+            }
+            None => 0,
         };
         let mut buf = BytesMut::with_capacity(frame_len.max(got.len()));
         buf.extend_from_slice(got);
