@@ -8,6 +8,7 @@ pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod calls;
+pub mod client_conn;
 pub mod client_secret;
 pub mod config;
 pub mod demo;

@@ -3,13 +3,18 @@
 //! [`crate::api`]) and the admin listener (the axum router of
 //! [`crate::admin`]: `/healthz`, `/readyz`, `/metrics`).
 //!
-//! hyper's HTTP/1 connection builder is used directly for the upgrade path
-//! (the relay forwards frames undecoded, which axum's WebSocket extractor
-//! would not), and owning the accept loop gives the knobs it needs: a
-//! listen backlog of [`LISTEN_BACKLOG`] for connect bursts, `TCP_NODELAY` on
-//! every accepted socket, and a header read timeout (`upgrade_timeout_secs`)
-//! so half-open upgrades are dropped instead of piling up. Each connection is its own task, so a stalled one never delays
-//! another.
+//! A connection's first request head is read by the gateway itself
+//! ([`crate::client_conn`]): a Realtime upgrade is checked and its session
+//! gets the bare socket, its `101` written by the session with its first
+//! frames; any other first request, a refused upgrade's follow-ups and
+//! every later request on a kept-alive connection are served by hyper's
+//! HTTP/1 connection (the bytes already read replayed to it). Owning the
+//! accept loop gives the knobs a gateway needs: a listen backlog of
+//! [`LISTEN_BACKLOG`] for connect bursts, `TCP_NODELAY` on every accepted
+//! socket, and a head read timeout (`upgrade_timeout_secs`, the gateway's
+//! own read and hyper's) so half-open upgrades are dropped instead of
+//! piling up. Each connection is its own task, so a stalled one never
+//! delays another.
 //!
 //! Checks before the 101, in order: WebSocket handshake (else the request
 //! goes to the router, which answers 400 or 404); draining → 503;
@@ -23,23 +28,26 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::admission::Refusal;
 use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
+use crate::client_conn::{self, First};
 use crate::client_secret::is_client_secret;
 use crate::gateway::Gateway;
 use crate::metrics::ReasonLabels;
-use crate::session::Session;
+use crate::session::{ClientStart, Session};
 
 /// Pending-connection queue length; connect bursts of hundreds of sessions
 /// must not overflow it (the kernel caps it at `net.core.somaxconn`).
@@ -88,29 +96,93 @@ pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
             }
         };
         let _ = tcp.set_nodelay(true);
-        let gw = gw.clone();
-        let api = api.clone();
-        let conn = builder
-            .serve_connection(
-                TokioIo::new(tcp),
-                service_fn(move |req: Request<Incoming>| {
-                    let gw = gw.clone();
-                    let api = api.clone();
-                    async move {
-                        if REALTIME_PATHS.contains(&req.uri().path()) && is_websocket_upgrade(&req)
-                        {
-                            return Ok(handle_client(req, gw).await.map(axum::body::Body::new));
-                        }
-                        let req = req.map(axum::body::Body::new);
-                        tower::ServiceExt::oneshot(api, req).await
-                    }
-                }),
-            )
-            .with_upgrades();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        tokio::spawn(serve_client(tcp, gw.clone(), builder.clone(), api.clone()));
     }
+}
+
+/// One client connection: its first request read here, a Realtime upgrade
+/// served without hyper ([`crate::client_conn`]); everything else, and
+/// everything after a refused upgrade, served by hyper.
+async fn serve_client(
+    mut tcp: TcpStream,
+    gw: Arc<Gateway>,
+    builder: hyper::server::conn::http1::Builder,
+    api: axum::Router,
+) {
+    let started = Instant::now();
+    let head_timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    let first = match tokio::time::timeout(head_timeout, client_conn::read_head(&mut tcp)).await {
+        Ok(f) => f,
+        Err(_) => return,
+    };
+    let replay = match first {
+        First::Gone => return,
+        First::Other(read) => read,
+        First::Get {
+            head,
+            read,
+            head_len,
+        } if REALTIME_PATHS.contains(&head.path.as_str())
+            && is_websocket_upgrade(&Method::GET, &head.headers) =>
+        {
+            match check_upgrade(&gw, &head.query, &head.headers, started).await {
+                Ok(accepted) => {
+                    let response =
+                        client_conn::switching_protocols(&accepted.accept, accepted.subprotocol());
+                    let start = ClientStart::Raw {
+                        tcp,
+                        already_read: read.slice(head_len..),
+                        response: response.into(),
+                    };
+                    gw.tasks.spawn(accepted.session.run(start));
+                    return;
+                }
+                Err(refusal) => {
+                    let (status, headers, body) = refusal_parts(&refusal);
+                    let bytes = client_conn::response(status, &headers, body.as_bytes());
+                    let written = tokio::time::timeout(head_timeout, tcp.write_all(&bytes)).await;
+                    if !matches!(written, Ok(Ok(()))) {
+                        return;
+                    }
+                    // The connection stays open for the client's next
+                    // request, as hyper would keep it.
+                    read.slice(head_len..)
+                }
+            }
+        }
+        // Not an upgrade of a Realtime path: hyper reads it again.
+        First::Get { read, .. } => read,
+    };
+    serve_with_hyper(client_conn::Rewind::new(replay, tcp), gw, &builder, api).await;
+}
+
+/// Serves a connection with hyper: Realtime upgrades through
+/// [`handle_client`], every other request through the API router.
+async fn serve_with_hyper(
+    io: client_conn::Rewind,
+    gw: Arc<Gateway>,
+    builder: &hyper::server::conn::http1::Builder,
+    api: axum::Router,
+) {
+    let conn = builder
+        .serve_connection(
+            TokioIo::new(io),
+            service_fn(move |req: Request<Incoming>| {
+                let gw = gw.clone();
+                let api = api.clone();
+                async move {
+                    if REALTIME_PATHS.contains(&req.uri().path())
+                        && is_websocket_upgrade(req.method(), req.headers())
+                    {
+                        return Ok(handle_client(req, gw).await.map(axum::body::Body::new));
+                    }
+                    let req = req.map(axum::body::Body::new);
+                    tower::ServiceExt::oneshot(api, req).await
+                }
+            }),
+        )
+        .with_upgrades();
+    let _ = conn.await;
 }
 
 pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
@@ -141,11 +213,6 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     r
 }
 
-fn refuse(gw: &Gateway, model_name: &str, refusal: Refusal) -> Response<Body> {
-    count_refusal(gw, model_name, &refusal);
-    refusal_response(&refusal)
-}
-
 /// Counts a refusal in `patchbay_admission_refusals_total{model,reason}`.
 pub fn count_refusal(gw: &Gateway, model_name: &str, refusal: &Refusal) {
     gw.metrics
@@ -160,43 +227,113 @@ pub fn count_refusal(gw: &Gateway, model_name: &str, refusal: &Refusal) {
 /// The OpenAI-style JSON answer for a refusal, with `Retry-After` when it
 /// has one.
 pub fn refusal_response(refusal: &Refusal) -> Response<Body> {
-    let mut r = text(refusal.status, refusal.body());
-    r.headers_mut().insert(
+    let (status, headers, body) = refusal_parts(refusal);
+    let mut r = text(status, body);
+    *r.headers_mut() = headers;
+    r
+}
+
+/// A refusal's status, headers and body.
+fn refusal_parts(refusal: &Refusal) -> (StatusCode, HeaderMap, String) {
+    let mut headers = HeaderMap::new();
+    headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
     if let Some(after) = refusal.retry_after {
-        r.headers_mut().insert(
+        headers.insert(
             header::RETRY_AFTER,
             HeaderValue::from(after.as_secs().max(1)),
         );
     }
-    r
+    (refusal.status, headers, refusal.body())
 }
 
-fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
+/// A WebSocket handshake request (RFC 6455 §4.2.1), by its method and
+/// headers.
+fn is_websocket_upgrade(method: &Method, headers: &HeaderMap) -> bool {
     let has_token = |name: header::HeaderName, token: &str| {
-        req.headers().get_all(name).iter().any(|v| {
+        headers.get_all(name).iter().any(|v| {
             v.to_str()
                 .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
                 .unwrap_or(false)
         })
     };
-    req.method() == Method::GET
+    method == Method::GET
         && has_token(header::CONNECTION, "upgrade")
         && has_token(header::UPGRADE, "websocket")
-        && req.headers().get(header::SEC_WEBSOCKET_VERSION) == Some(&HeaderValue::from_static("13"))
-        && req.headers().contains_key(header::SEC_WEBSOCKET_KEY)
+        && headers.get(header::SEC_WEBSOCKET_VERSION) == Some(&HeaderValue::from_static("13"))
+        && headers.contains_key(header::SEC_WEBSOCKET_KEY)
 }
 
-/// A WebSocket upgrade of one of [`REALTIME_PATHS`].
+/// An upgrade that passed every check: its session, ready to run, and what
+/// its `101` says.
+struct Accepted {
+    session: Session,
+    accept: String,
+    wants_realtime: bool,
+}
+
+impl Accepted {
+    fn subprotocol(&self) -> Option<&'static str> {
+        self.wants_realtime.then_some(SUBPROTOCOL_REALTIME)
+    }
+}
+
+/// A WebSocket upgrade of one of [`REALTIME_PATHS`] served by hyper (a
+/// request after the first on a kept-alive connection).
 async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body> {
     let started = Instant::now();
-    if gw.sessions.is_draining() {
-        return refuse(&gw, "", Refusal::draining());
-    }
-    let presented = presented_key(req.headers());
     let query = req.uri().query().unwrap_or("");
+    let accepted = match check_upgrade(&gw, query, req.headers(), started).await {
+        Ok(a) => a,
+        Err(r) => return refusal_response(&r),
+    };
+    let subprotocol = accepted.subprotocol();
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    gw.tasks
+        .spawn(accepted.session.run(ClientStart::Hyper(on_upgrade)));
+
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(&accepted.accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    if let Some(p) = subprotocol {
+        h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
+    }
+    r
+}
+
+/// The checks before the 101 (see the module docs), the refusal counted.
+async fn check_upgrade(
+    gw: &Arc<Gateway>,
+    query: &str,
+    headers: &HeaderMap,
+    started: Instant,
+) -> Result<Accepted, Refusal> {
+    let (model, result) = admit_upgrade(gw, query, headers, started).await;
+    if let Err(r) = &result {
+        count_refusal(gw, model.as_deref().unwrap_or(""), r);
+    }
+    result
+}
+
+/// [`check_upgrade`] before counting: the result, and the model label of a
+/// refusal (set once the model is known to be served).
+async fn admit_upgrade(
+    gw: &Arc<Gateway>,
+    query: &str,
+    headers: &HeaderMap,
+    started: Instant,
+) -> (Option<String>, Result<Accepted, Refusal>) {
+    if gw.sessions.is_draining() {
+        return (None, Err(Refusal::draining()));
+    }
+    let presented = presented_key(headers);
     let requested_model = url::form_urlencoded::parse(query.as_bytes())
         .find(|(k, _)| k == "model" || k == "deployment")
         .map(|(_, v)| v.into_owned())
@@ -204,13 +341,10 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
     let keys = gw.keys.get();
     let (key, grant) = match presented.key.as_ref() {
         None => {
-            return refuse(
-                &gw,
-                "",
-                Refusal::unauthorized(
-                    "missing API key: send Authorization: Bearer <key>, api-key, or the openai-insecure-api-key subprotocol",
-                ),
-            )
+            let r = Refusal::unauthorized(
+                "missing API key: send Authorization: Bearer <key>, api-key, or the openai-insecure-api-key subprotocol",
+            );
+            return (None, Err(r));
         }
         Some(secret) if is_client_secret(secret.expose()) => {
             let opened = gw
@@ -224,13 +358,18 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
                 .await;
             match opened {
                 Ok((key, grant)) => (key, Some(grant)),
-                Err(r) => return refuse(&gw, "", r),
+                Err(r) => return (None, Err(r)),
             }
         }
         Some(k) => match keys.lookup(k) {
-            None => return refuse(&gw, "", Refusal::unauthorized("incorrect API key provided")),
+            None => {
+                return (
+                    None,
+                    Err(Refusal::unauthorized("incorrect API key provided")),
+                )
+            }
             Some(k) if k.disabled => {
-                return refuse(&gw, "", Refusal::unauthorized("this API key is disabled"))
+                return (None, Err(Refusal::unauthorized("this API key is disabled")))
             }
             Some(k) => (k.clone(), None),
         },
@@ -245,7 +384,7 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
             "missing_model",
             "missing required query parameter: model",
         );
-        return refuse(&gw, "", r);
+        return (None, Err(r));
     };
     let Some(route) = gw.route(&model_name).cloned() else {
         let r = Refusal::new(
@@ -254,23 +393,19 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
             "model_not_found",
             format!("the model '{model_name}' is not served by this gateway"),
         );
-        return refuse(&gw, "", r);
+        return (None, Err(r));
     };
     let session_id = crate::ids::short_id();
     let permit = match gw.admit(&key, &route, &session_id).await {
         Ok(p) => p,
-        Err(r) => return refuse(&gw, &model_name, r),
+        Err(r) => return (Some(model_name), Err(r)),
     };
 
     let params = crate::upstream::dial::session_params(query);
-
-    // Everything passed: answer 101 and run the session in a tracked task.
-    let accept = req
-        .headers()
+    let accept = headers
         .get(header::SEC_WEBSOCKET_KEY)
         .map(|k| derive_accept_key(k.as_bytes()))
         .unwrap_or_default();
-    let on_upgrade = hyper::upgrade::on(&mut req);
     let session = Session {
         id: session_id,
         gateway: gw.clone(),
@@ -281,21 +416,12 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
         params,
         started,
     };
-    gw.tasks.spawn(session.run(on_upgrade));
-
-    let mut r = Response::new(Full::new(Bytes::new()));
-    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = r.headers_mut();
-    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    if let Ok(v) = HeaderValue::from_str(&accept) {
-        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
-    }
-    if wants_realtime {
-        h.insert(
-            header::SEC_WEBSOCKET_PROTOCOL,
-            HeaderValue::from_static(SUBPROTOCOL_REALTIME),
-        );
-    }
-    r
+    (
+        None,
+        Ok(Accepted {
+            session,
+            accept,
+            wants_realtime,
+        }),
+    )
 }

@@ -24,12 +24,14 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use crate::admission::Permit;
 use crate::auth::KeyEntry;
+use crate::client_conn::ClientIo;
 use crate::client_secret::apply::{self, ApplyError};
 use crate::client_secret::Grant;
 use crate::event::error_event;
@@ -50,7 +52,22 @@ use crate::upstream::failover;
 const MAX_PENDING_FRAMES: usize = 64;
 const MAX_PENDING_BYTES: usize = 1 << 20;
 
-type ClientSocket = Leg<TokioIo<hyper::upgrade::Upgraded>>;
+type ClientSocket = Leg<ClientIo>;
+
+/// How a session gets its client socket.
+pub enum ClientStart {
+    /// hyper answered the `101`; the socket comes when its upgrade completes.
+    Hyper(OnUpgrade),
+    /// The gateway read the upgrade request itself
+    /// ([`crate::client_conn`]): `response` (the `101`) is the first thing
+    /// written, together with the session's first frames when they are ready
+    /// at once; `already_read` is what the client sent past its request.
+    Raw {
+        tcp: tokio::net::TcpStream,
+        already_read: Bytes,
+        response: Bytes,
+    },
+}
 
 /// Client frames held until the upstream is ready, and their size.
 #[derive(Default)]
@@ -160,22 +177,41 @@ pub struct Session {
 }
 
 impl Session {
-    pub async fn run(self, on_upgrade: OnUpgrade) {
+    pub async fn run(self, start: ClientStart) {
         let gw = self.gateway.clone();
-        let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
-        let upgraded = match tokio::time::timeout(timeout, on_upgrade).await {
-            Ok(Ok(u)) => u,
-            _ => {
-                self.log_end("upgrade_failed", None, None, None);
-                return;
+        let max_message_bytes = gw.config.relay.max_message_bytes;
+        let mut client = match start {
+            ClientStart::Hyper(on_upgrade) => {
+                let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+                match tokio::time::timeout(timeout, on_upgrade).await {
+                    Ok(Ok(u)) => Leg::new(
+                        ClientIo::Upgraded(TokioIo::new(u)),
+                        &[],
+                        Side::Server,
+                        max_message_bytes,
+                    ),
+                    _ => {
+                        self.log_end("upgrade_failed", None, None, None);
+                        return;
+                    }
+                }
+            }
+            ClientStart::Raw {
+                tcp,
+                already_read,
+                response,
+            } => {
+                let mut leg = Leg::new(
+                    ClientIo::Tcp(tcp),
+                    &already_read,
+                    Side::Server,
+                    max_message_bytes,
+                );
+                // Before any frame: the leg writes its queue in order.
+                leg.queue(response);
+                leg
             }
         };
-        let mut client = Leg::new(
-            TokioIo::new(upgraded),
-            &[],
-            Side::Server,
-            gw.config.relay.max_message_bytes,
-        );
 
         let deadline = self.started + Duration::from_secs(gw.config.relay.max_session_secs);
         let mut held = Held::default();
@@ -543,7 +579,7 @@ mod tests {
             started: Instant::now(),
         };
         let mut request = http::Request::new(());
-        let run = session.run(hyper::upgrade::on(&mut request));
+        let run = session.run(ClientStart::Hyper(hyper::upgrade::on(&mut request)));
         let size = std::mem::size_of_val(&run);
         assert!(size <= 8 * 1024, "a session's future is {size} bytes");
     }

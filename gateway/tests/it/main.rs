@@ -6,6 +6,7 @@ mod client_secrets;
 mod common;
 mod drain;
 mod failover;
+mod first_request;
 mod fleet;
 mod keys;
 mod live_config;

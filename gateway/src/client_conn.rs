@@ -1,0 +1,366 @@
+//! A client connection's first request head, read by the gateway itself, and
+//! the socket types a client session runs on.
+//!
+//! A Realtime WebSocket upgrade is the one request a gateway connection
+//! exists for, and it is almost always the first and only one on its
+//! connection. Its head is read and parsed here ([`read_head`], `httparse`)
+//! and the session gets the bare TCP socket ([`ClientIo::Tcp`]), its
+//! `101 Switching Protocols` written by the session itself, together with
+//! its first frames. Taking such a request through hyper's connection state
+//! machine, its upgrade channel and its boxed, rewinding `Upgraded` socket
+//! cost more instructions than the rest of a short session's setup
+//! (`benchmarks/README.md`).
+//!
+//! Every other first request, and every later request on a kept-alive
+//! connection, goes to hyper unchanged: the bytes already read are replayed
+//! to it first ([`Rewind`]). A head that is not complete within
+//! [`MAX_HEAD_BYTES`], or that `httparse` rejects, goes to hyper as well, so
+//! the answer to a malformed request is hyper's.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue};
+use http::HeaderMap;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// The most bytes read while looking for the end of the first head; a
+/// longer head goes to hyper (whose own limit is larger).
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// The most headers parsed here; a request with more goes to hyper.
+const MAX_HEADERS: usize = 32;
+
+/// A request head read by the gateway.
+#[derive(Debug)]
+pub struct Head {
+    /// The request target's path (before any `?`).
+    pub path: String,
+    /// The query, without the `?`; empty when there is none.
+    pub query: String,
+    pub headers: HeaderMap,
+}
+
+/// What the first bytes of a connection turned out to be.
+#[derive(Debug)]
+pub enum First {
+    /// An HTTP/1.1 `GET` whose head was parsed: every byte read, of which
+    /// the first `head_len` are the head.
+    Get {
+        head: Head,
+        read: Bytes,
+        head_len: usize,
+    },
+    /// Anything else: every byte read so far, for hyper to read again.
+    Other(Bytes),
+    /// The peer closed (or failed) before sending a whole head.
+    Gone,
+}
+
+/// Reads the connection's first request head.
+///
+/// The caller bounds the time (a half-open connection must not be held).
+pub async fn read_head(tcp: &mut TcpStream) -> First {
+    let mut buf = BytesMut::with_capacity(2048);
+    loop {
+        match tcp.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return First::Gone,
+            Ok(_) => {}
+        }
+        match parse(&buf) {
+            Parsed::Get(head, head_len) => {
+                return First::Get {
+                    head,
+                    read: buf.freeze(),
+                    head_len,
+                }
+            }
+            Parsed::Other => return First::Other(buf.freeze()),
+            Parsed::Partial if buf.len() >= MAX_HEAD_BYTES => return First::Other(buf.freeze()),
+            Parsed::Partial => {
+                if buf.capacity() == buf.len() {
+                    buf.reserve(buf.len());
+                }
+            }
+        }
+    }
+}
+
+enum Parsed {
+    /// A complete `GET` head of this many bytes.
+    Get(Head, usize),
+    Other,
+    Partial,
+}
+
+fn parse(buf: &[u8]) -> Parsed {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::Other,
+    };
+    if req.method != Some("GET") || req.version != Some(1) {
+        return Parsed::Other;
+    }
+    let Some(target) = req.path.filter(|p| p.starts_with('/')) else {
+        return Parsed::Other;
+    };
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut map = HeaderMap::with_capacity(req.headers.len());
+    for h in req.headers.iter() {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(h.name.as_bytes()),
+            HeaderValue::from_bytes(h.value),
+        ) else {
+            return Parsed::Other;
+        };
+        map.append(name, value);
+    }
+    Parsed::Get(
+        Head {
+            path: path.to_string(),
+            query: query.to_string(),
+            headers: map,
+        },
+        len,
+    )
+}
+
+/// A socket whose first bytes were already read: they are read again first.
+#[derive(Debug)]
+pub struct Rewind {
+    prefix: Bytes,
+    inner: TcpStream,
+}
+
+impl Rewind {
+    pub fn new(prefix: Bytes, inner: TcpStream) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.prefix.has_remaining() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix[..n]);
+            this.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// The socket a client session runs on once upgraded.
+#[derive(Debug)]
+pub enum ClientIo {
+    /// The gateway read the upgrade request itself.
+    Tcp(TcpStream),
+    /// hyper served the upgrade request (a later request on a kept-alive
+    /// connection).
+    Upgraded(TokioIo<hyper::upgrade::Upgraded>),
+}
+
+impl AsyncRead for ClientIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Upgraded(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Upgraded(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Self::Upgraded(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Tcp(s) => s.is_write_vectored(),
+            Self::Upgraded(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Self::Upgraded(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Upgraded(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The head of a `101 Switching Protocols` accepting a WebSocket upgrade.
+pub fn switching_protocols(accept: &str, subprotocol: Option<&str>) -> Vec<u8> {
+    let mut head = Vec::with_capacity(160);
+    head.extend_from_slice(
+        b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-accept: ",
+    );
+    head.extend_from_slice(accept.as_bytes());
+    if let Some(p) = subprotocol {
+        head.extend_from_slice(b"\r\nsec-websocket-protocol: ");
+        head.extend_from_slice(p.as_bytes());
+    }
+    head.extend_from_slice(b"\r\n\r\n");
+    head
+}
+
+/// A complete HTTP/1.1 response: status line, `headers`, `content-length`
+/// and `body`.
+pub fn response(status: http::StatusCode, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(body.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(bytes: &[u8]) -> Parsed {
+        parse(bytes)
+    }
+
+    #[test]
+    fn a_get_head_is_parsed_with_its_query_and_headers() {
+        let raw = b"GET /v1/realtime?model=gpt-realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nSec-WebSocket-Protocol: realtime, openai-insecure-api-key.k\r\n\r\nAB";
+        let Parsed::Get(head, len) = parsed(raw) else {
+            panic!("not parsed as a GET");
+        };
+        assert_eq!(head.path, "/v1/realtime");
+        assert_eq!(head.query, "model=gpt-realtime");
+        assert_eq!(
+            head.headers.get("upgrade").map(|v| v.as_bytes()),
+            Some(&b"websocket"[..])
+        );
+        assert_eq!(
+            head.headers
+                .get("sec-websocket-protocol")
+                .map(|v| v.as_bytes()),
+            Some(&b"realtime, openai-insecure-api-key.k"[..])
+        );
+        assert_eq!(&raw[len..], b"AB");
+    }
+
+    #[test]
+    fn other_requests_and_partial_heads_are_told_apart() {
+        assert!(matches!(
+            parsed(b"POST /v1/realtime HTTP/1.1\r\n\r\n"),
+            Parsed::Other
+        ));
+        assert!(matches!(
+            parsed(b"GET /v1/realtime HTTP/1.0\r\n\r\n"),
+            Parsed::Other
+        ));
+        assert!(matches!(
+            parsed(b"GET http://h/v1/realtime HTTP/1.1\r\n\r\n"),
+            Parsed::Other
+        ));
+        assert!(matches!(parsed(b"GET / HTTP/1.1\r\nHost"), Parsed::Partial));
+        assert!(matches!(parsed(b"\x16\x03\x01\x02\x00"), Parsed::Other));
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("x-{i}: v\r\n"))
+            .collect();
+        let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        assert!(matches!(parsed(raw.as_bytes()), Parsed::Other));
+    }
+
+    #[test]
+    fn a_response_is_serialized_with_its_length() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        let out = response(http::StatusCode::TOO_MANY_REQUESTS, &headers, b"{}");
+        assert_eq!(
+            out,
+            b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+        );
+        let head = switching_protocols("abc=", Some("realtime"));
+        assert_eq!(
+            head,
+            b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-accept: abc=\r\nsec-websocket-protocol: realtime\r\n\r\n"
+        );
+    }
+}
