@@ -6,20 +6,23 @@
 //!   off the socket (still masked if the peer masked it), so writing
 //!   [`RawFrame::bytes`] to the other leg forwards it byte for byte.
 //! - A frame's header is checked ([`frame::parse_header`]) and accounted to
-//!   its message ([`frame::Message`]) *before* any of its payload is read:
-//!   a message over `max_message_bytes` (summed over its fragments) is
-//!   refused (1009) having read at most its header.
+//!   its message ([`frame::Message`]) before the reader asks for more of
+//!   it: a message over `max_message_bytes` (summed over its fragments) is
+//!   refused (1009) having read no more than the one read that brought its
+//!   header (at most [`REUSE_MAX_BYTES`]).
 //! - With [`Utf8Check::Validate`] (the client leg), text messages are
 //!   validated as UTF-8 across fragments (1007), unmasking through a small
 //!   stack buffer: the forwarded bytes are never modified.
-//! - At a frame boundary a read goes into a stack buffer
+//! - A frame is split off the read buffer without a copy. At a frame
+//!   boundary the read goes into the allocation of an earlier frame of
+//!   [`MIN_READ_BYTES`] to [`REUSE_MAX_BYTES`] once that frame has been
+//!   written and dropped (the spare); else into a stack buffer
 //!   ([`MIN_READ_BYTES`], not zero-filled), and what came is copied into
-//!   one `BytesMut` sized for the frame it starts; later reads of that frame
-//!   go into its spare capacity. A frame is split off that buffer without a
-//!   copy. Memory held per leg: what was read past the last whole frame,
-//!   and the frame being assembled (at most `max_message_bytes` plus a
-//!   header); at a frame boundary the buffer is let go, so a leg waiting
-//!   for its next frame holds no read buffer at all.
+//!   one `BytesMut` sized for the frame it starts. Later reads of a frame
+//!   go into its buffer's spare capacity. Memory held per leg: what was
+//!   read past the last whole frame, the frame being assembled (at most
+//!   `max_message_bytes` plus a header), and at most one spare allocation
+//!   of [`REUSE_MAX_BYTES`].
 //!
 //! Caveat: a frame is delivered whole, so a large frame waits until all of
 //! it has arrived (as it did through tungstenite's decoder).
@@ -35,6 +38,13 @@ use super::frame::{self, FrameError, FrameHeader, FrameRole, Message, Utf8Stream
 
 /// What a read of the buffer asks the socket for at least.
 pub const MIN_READ_BYTES: usize = 4 * 1024;
+/// The largest allocation the reader keeps (as its spare) once the frames
+/// read into it are returned, to read later frames into when those have
+/// been written and dropped: a stream of audio deltas then reuses buffers
+/// instead of allocating one per delta, and takes a delta in one read
+/// instead of a stack read, a copy and a second read. Bounds what an idle
+/// leg holds.
+pub const REUSE_MAX_BYTES: usize = 32 * 1024;
 /// Scratch for unmasking client text while validating it.
 const UNMASK_CHUNK_BYTES: usize = 512;
 
@@ -82,6 +92,12 @@ pub enum ReadError {
 #[derive(Debug)]
 pub struct FrameReader {
     buf: BytesMut,
+    /// The size of `buf`'s allocation, when known and not grown since.
+    buf_alloc: Option<usize>,
+    /// The last allocation of [`MIN_READ_BYTES`] to [`REUSE_MAX_BYTES`]
+    /// that frames were read into, kept to read later frames into once
+    /// those have been written and dropped (see [`Self::take_spare`]).
+    spare: Option<BytesMut>,
     /// The header of the frame being read and the message state it leads
     /// to, committed when the frame is returned.
     current: Option<(FrameHeader, FrameRole, Message)>,
@@ -100,6 +116,8 @@ impl FrameReader {
         buf.extend_from_slice(already_read);
         Self {
             buf,
+            buf_alloc: None,
+            spare: None,
             current: None,
             message: Message::default(),
             utf8: Utf8Stream::default(),
@@ -170,10 +188,17 @@ impl FrameReader {
             }
             let bytes = self.buf.split_to(len).freeze();
             if self.buf.is_empty() {
-                // Let go of the allocation the frame came in (the frame
-                // keeps it until written): an idle leg then holds only the
-                // next read's buffer, not the last large frame's.
-                self.buf = BytesMut::new();
+                // The allocation the frame came in is kept (as the spare)
+                // only if it is worth reading into again and small enough
+                // to hold while idle; else it goes with the frame.
+                let buf = std::mem::take(&mut self.buf);
+                if self
+                    .buf_alloc
+                    .take()
+                    .is_some_and(|n| (MIN_READ_BYTES..=REUSE_MAX_BYTES).contains(&n))
+                {
+                    self.spare = Some(buf);
+                }
             }
             self.current = None;
             let raw = RawFrame {
@@ -215,11 +240,15 @@ impl FrameReader {
         io: &mut R,
         want: usize,
     ) -> Poll<Result<bool, ReadError>> {
-        if self.buf.is_empty() {
+        // An empty buffer with capacity is the spare, taken at an earlier
+        // poll whose read found nothing.
+        if self.buf.capacity() == 0 && !self.take_spare() {
             return self.poll_fill_empty(cx, io);
         }
         if self.buf.capacity() - self.buf.len() < want {
             self.buf.reserve(want.max(MIN_READ_BYTES));
+            // Grown, or moved to another allocation: its size is not known.
+            self.buf_alloc = None;
         }
         let n = ready!(tokio_util::io::poll_read_buf(
             Pin::new(io),
@@ -229,10 +258,31 @@ impl FrameReader {
         Poll::Ready(Ok(n > 0))
     }
 
-    /// [`Self::poll_fill`] with nothing buffered (a frame boundary): reads
-    /// into the stack, so a leg waiting for its next frame holds no heap
-    /// buffer, then copies what came into one allocation sized for the
-    /// frame it starts. When the frame's header came, it is taken here
+    /// At a frame boundary: makes the spare allocation the read buffer, from
+    /// its start, if no frame split off it is still held (queued for
+    /// writing). `false` leaves the spare for a later frame.
+    fn take_spare(&mut self) -> bool {
+        let Some(spare) = &mut self.spare else {
+            return false;
+        };
+        // Asking for one byte more than it has left makes `try_reclaim`
+        // move it back to the start of its allocation, which it does only
+        // when this is the allocation's last handle (it is empty: every
+        // frame read into it was split off).
+        let rem = spare.capacity();
+        if !spare.try_reclaim(rem + 1) {
+            return false;
+        }
+        let spare = self.spare.take().unwrap_or_default();
+        self.buf_alloc = Some(spare.capacity());
+        self.buf = spare;
+        true
+    }
+
+    /// [`Self::poll_fill`] with nothing buffered (a frame boundary) and no
+    /// spare to read into: reads into the stack, so a leg waiting for its
+    /// next frame holds no read buffer of its own beyond the spare, then
+    /// copies what came into one allocation sized for the frame it starts. When the frame's header came, it is taken here
     /// ([`Self::begin`], so an oversize frame is refused before anything
     /// is allocated for it); else the allocation holds what came.
     fn poll_fill_empty<R: AsyncRead + Unpin>(
@@ -255,8 +305,19 @@ impl FrameReader {
             }
             None => 0,
         };
-        let mut buf = BytesMut::with_capacity(frame_len.max(got.len()));
+        // A frame that may leave its allocation for reuse gets an eighth
+        // more, so that the next frames of about its size (deltas differ
+        // by a few bytes of ids) fit it too.
+        let capacity = if (MIN_READ_BYTES..=REUSE_MAX_BYTES).contains(&frame_len) {
+            (frame_len + frame_len / 8).min(REUSE_MAX_BYTES)
+        } else {
+            frame_len.max(got.len())
+        };
+        let mut buf = BytesMut::with_capacity(capacity);
         buf.extend_from_slice(got);
+        // Kept for reuse only when sized for a frame of its own: one sized
+        // for a read of small frames would have to grow for a large one.
+        self.buf_alloc = (frame_len >= got.len()).then_some(buf.capacity());
         self.buf = buf;
         Poll::Ready(Ok(true))
     }
@@ -400,11 +461,12 @@ mod tests {
         }
     }
 
-    /// A large frame arriving in pieces is read into one allocation of its
-    /// size (no growth as it arrives), and between frames the reader holds
-    /// no buffer.
+    /// A large frame arriving in pieces is read into one allocation sized
+    /// for it (with an eighth more, for the reuse of
+    /// `a_written_deltas_allocation_takes_a_later_delta`), never grown as
+    /// it arrives.
     #[tokio::test]
-    async fn a_frame_gets_one_buffer_of_its_size_and_none_is_held_between_frames() {
+    async fn a_frame_gets_one_buffer_sized_for_it() {
         let payload = vec![b'a'; 22_000];
         let big = frame(true, OpCode::Data(Data::Text), None, payload);
         let small = frame(true, OpCode::Data(Data::Text), None, b"hi".to_vec());
@@ -439,17 +501,97 @@ mod tests {
         .await;
         assert_eq!(got.unwrap().unwrap().bytes, big);
         // Nothing before the first read; sized for the frame at its first
-        // read and never grown; let go when it is returned.
+        // read and never grown; what is left once the frame is split off is
+        // the eighth more (the small frame behind it was read into it).
         assert!(capacities.len() > 5, "{capacities:?}");
         assert_eq!(capacities[0], 0);
         let (last, during) = capacities[1..].split_last().unwrap();
-        assert!(during.iter().all(|&c| c == big.len()), "{capacities:?}");
-        assert_eq!(*last, 0);
+        let sized = big.len() + big.len() / 8;
+        assert!(during.iter().all(|&c| c == sized), "{capacities:?}");
+        assert_eq!(*last, sized - big.len());
 
         let second = r.next(&mut io).await.unwrap().unwrap();
         assert_eq!(second.bytes, small);
         assert_eq!(r.buf.capacity(), 0);
         assert!(r.next(&mut io).await.unwrap().is_none());
+    }
+
+    /// Audio deltas, each followed by a small event, the way an upstream
+    /// sends them: a delta goes into the allocation of an earlier one once
+    /// that was dropped (written), never while it is held; a frame over
+    /// [`REUSE_MAX_BYTES`] is not kept.
+    #[tokio::test]
+    async fn a_written_deltas_allocation_takes_a_later_delta() {
+        let text = |fill: u8, n: usize| frame(true, OpCode::Data(Data::Text), None, vec![fill; n]);
+        let (a1, t1, a2, t2, a3) = (
+            text(b'a', 20_000),
+            text(b't', 100),
+            text(b'b', 20_000),
+            text(b'u', 100),
+            text(b'c', 20_000),
+        );
+        // One frame per send: a read never takes bytes of two frames.
+        struct Sends(std::collections::VecDeque<Vec<u8>>);
+        impl AsyncRead for Sends {
+            fn poll_read(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                if let Some(front) = self.0.front_mut() {
+                    let n = front.len().min(buf.remaining());
+                    buf.put_slice(&front[..n]);
+                    front.drain(..n);
+                    if front.is_empty() {
+                        self.0.pop_front();
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+        }
+        let sends = [a1.clone(), t1.clone(), a2.clone(), t2.clone(), a3.clone()];
+        let mut io = Sends(sends.into_iter().collect());
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1 << 20);
+        let first = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(first.bytes, a1);
+        let at = first.bytes.as_ptr();
+        // Read while the delta is held: its allocation is not touched.
+        let small = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(small.bytes, t1);
+        assert!(
+            !first.bytes.is_unique(),
+            "the reader keeps the delta's allocation"
+        );
+        drop((first, small));
+        let second = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(second.bytes, a2);
+        assert_eq!(
+            second.bytes.as_ptr(),
+            at,
+            "the written delta's allocation was reused"
+        );
+        // Held while the next delta is read: that one gets its own.
+        let small = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(small.bytes, t2);
+        let third = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(third.bytes, a3);
+        assert_ne!(third.bytes.as_ptr(), at);
+        assert_eq!(second.bytes, a2, "a held frame is never written over");
+
+        let big = frame(
+            true,
+            OpCode::Data(Data::Binary),
+            None,
+            vec![b'd'; REUSE_MAX_BYTES],
+        );
+        let mut io = Trickle::new(big.clone(), 64 * 1024);
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1 << 20);
+        let first = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(first.bytes, big);
+        assert!(
+            first.bytes.is_unique(),
+            "a large frame's allocation is let go"
+        );
     }
 
     #[tokio::test]
