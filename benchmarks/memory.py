@@ -3,6 +3,8 @@ N idle sessions, then after one turn on each, against a simulator.
 
     python3 benchmarks/memory.py target/release/patchbay-gateway 300
 
+`MEM_SIM_ARGS` adds simulator options (e.g. `--audio-delta-bytes 16384`:
+the turn's deltas then leave each upstream leg a spare read buffer).
 Needs the `websockets` package (tests/requirements.txt). Uses 127.0.0.1
 ports 19080/19090/19100; everything it starts is stopped on exit.
 """
@@ -38,7 +40,10 @@ async def main(binary: str, n: int) -> None:
             f'api_key_env = "MEM_UPSTREAM_KEY"\n[pool]\nsize = 0\n[limits]\nmax_sessions = {n + 10}\n'
         )
     env = dict(os.environ, MEM_UPSTREAM_KEY="sk-mem", PATCHBAY_MASTER_KEY="pb-mem", RUST_LOG="warn")
-    sim = subprocess.Popen([binary, "sim", "--listen", f"127.0.0.1:{SIM}"], stdout=subprocess.DEVNULL)
+    sim_args = os.environ.get("MEM_SIM_ARGS", "").split()
+    sim = subprocess.Popen(
+        [binary, "sim", "--listen", f"127.0.0.1:{SIM}", *sim_args], stdout=subprocess.DEVNULL
+    )
     gw = subprocess.Popen([binary, "serve", "--config", config], env=env, stdout=subprocess.DEVNULL)
     try:
         time.sleep(1)

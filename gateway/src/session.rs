@@ -2,7 +2,10 @@
 //! upstream socket, hand the client the upstream's `session.created` as
 //! received, splice, and log the end.
 //!
-//! The client is upgraded *before* the upstream is dialled. The client's
+//! The client is upgraded *before* the upstream is dialled (on a connection
+//! whose request the gateway read itself, the `101` is the first thing
+//! queued on the client leg: it leaves as the dial starts, or in one write
+//! with `session.created` on a pool hit). The client's
 //! handshake then never waits on the upstream (a slow upstream cannot hold
 //! half-finished HTTP upgrades open), and every upstream failure reaches the
 //! client as an OpenAI-style `error` event that SDKs surface with its
