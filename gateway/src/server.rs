@@ -109,12 +109,13 @@ async fn serve_client(
     builder: hyper::server::conn::http1::Builder,
     api: axum::Router,
 ) {
-    let started = Instant::now();
     let head_timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
     let first = match tokio::time::timeout(head_timeout, client_conn::read_head(&mut tcp)).await {
         Ok(f) => f,
         Err(_) => return,
     };
+    // As through hyper: a session's time starts when its request is in.
+    let started = Instant::now();
     let replay = match first {
         First::Gone => return,
         First::Other(read) => read,
