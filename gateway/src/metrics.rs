@@ -4,6 +4,9 @@
 //! a key id. Histograms use buckets from 1 ms to 10 s, which cover a pooled
 //! session start (sub-millisecond to a few ms) and a cold upstream dial.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -112,6 +115,8 @@ pub struct Metrics {
     pub turns: Family<StatusLabels, Counter>,
     pub tokens: Family<TokenLabels, Counter>,
     pub cost_usd: Family<ModelLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
+    /// [`ModelMeters`] of the routes' models, shared by their sessions.
+    model_meters: Mutex<HashMap<String, Arc<ModelMeters>>>,
     pub budget_blocks: Family<ModelLabel, Counter>,
     pub rate_limit_blocks: Family<ModelLabel, Counter>,
     pub client_disconnects: Family<ModelLabel, Counter>,
@@ -158,6 +163,7 @@ impl Metrics {
             turns: Family::default(),
             tokens: Family::default(),
             cost_usd: Family::default(),
+            model_meters: Mutex::default(),
             budget_blocks: Family::default(),
             rate_limit_blocks: Family::default(),
             client_disconnects: Family::default(),
@@ -342,6 +348,100 @@ pub fn model(m: &str) -> ModelLabel {
     ModelLabel { model: m.into() }
 }
 
+/// `patchbay_tokens_total`'s `direction` and `modality` pairs, in
+/// [`ModelMeters`]' order.
+pub const TOKEN_KINDS: [(&str, &str); 7] = [
+    ("input", "text"),
+    ("input", "audio"),
+    ("input", "image"),
+    ("input_cached", "text"),
+    ("input_cached", "audio"),
+    ("output", "text"),
+    ("output", "audio"),
+];
+
+/// One model's turn counters (`turns` with status 200, `tokens`,
+/// `cost_usd`), looked up in their families once per process instead of on
+/// every turn (a lookup allocates the label set and hashes it). Each is
+/// taken from its family at its first use, so a series appears in
+/// `/metrics` exactly when it would without the cache.
+#[derive(Debug, Default)]
+pub struct ModelMeters {
+    model: String,
+    turns_ok: OnceLock<Counter>,
+    tokens: [OnceLock<Counter>; TOKEN_KINDS.len()],
+    cost_usd: OnceLock<Counter<f64, std::sync::atomic::AtomicU64>>,
+}
+
+impl ModelMeters {
+    /// Uncached counters of `model`, for one use (each looked up in its
+    /// family when used).
+    pub fn for_model(model: &str) -> Self {
+        Self {
+            model: model.to_string(),
+            ..Self::default()
+        }
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Counts a turn of this model with `status`.
+    pub fn turn(&self, m: &Metrics, status: u16) {
+        let labels = |status: u16| StatusLabels {
+            model: self.model.clone(),
+            status: status.to_string(),
+        };
+        if status == 200 {
+            self.turns_ok
+                .get_or_init(|| m.turns.get_or_create(&labels(200)).clone())
+                .inc();
+        } else {
+            m.turns.get_or_create(&labels(status)).inc();
+        }
+    }
+
+    /// Adds `n` tokens of [`TOKEN_KINDS`]`[kind]`.
+    pub fn tokens(&self, m: &Metrics, kind: usize, n: u64) {
+        let (Some(cell), Some((direction, modality))) =
+            (self.tokens.get(kind), TOKEN_KINDS.get(kind))
+        else {
+            return;
+        };
+        cell.get_or_init(|| {
+            m.tokens
+                .get_or_create(&TokenLabels {
+                    model: self.model.clone(),
+                    direction: (*direction).into(),
+                    modality: (*modality).into(),
+                })
+                .clone()
+        })
+        .inc_by(n);
+    }
+
+    pub fn cost_usd(&self, m: &Metrics, usd: f64) {
+        self.cost_usd
+            .get_or_init(|| m.cost_usd.get_or_create(&model(&self.model)).clone())
+            .inc_by(usd);
+    }
+}
+
+impl Metrics {
+    /// The [`ModelMeters`] of `model`, made at its first use. Only for the
+    /// models of configured routes: the cache lives as long as the process.
+    pub fn model_meters(&self, model: &str) -> Arc<ModelMeters> {
+        let mut cache = self.model_meters.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = cache.get(model) {
+            return m.clone();
+        }
+        let m = Arc::new(ModelMeters::for_model(model));
+        cache.insert(model.to_string(), m.clone());
+        m
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,5 +478,43 @@ mod tests {
             text.contains("\npatchbay_log_lines_dropped_total 0\n"),
             "{text}"
         );
+    }
+
+    /// A model's cached counters are the families' own series, made when
+    /// first used: the exposition is what the families alone would give.
+    #[test]
+    fn model_meters_count_into_the_families_and_add_no_series_unused() {
+        let m = Metrics::new();
+        let meters = m.model_meters("m");
+        assert!(Arc::ptr_eq(&meters, &m.model_meters("m")));
+        meters.turn(&m, 200);
+        let text = m.encode();
+        assert!(
+            text.contains("patchbay_turns_total{model=\"m\",status=\"200\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("patchbay_tokens_total{"), "{text}");
+        assert!(!text.contains("patchbay_cost_usd_total{"), "{text}");
+
+        meters.turn(&m, 200);
+        meters.turn(&m, 499);
+        meters.tokens(&m, 6, 50);
+        meters.tokens(&m, 6, 5);
+        meters.tokens(&m, 0, 7);
+        meters.cost_usd(&m, 0.25);
+        // Another model, uncached: the same families.
+        ModelMeters::for_model("t").tokens(&m, 0, 3);
+        let text = m.encode();
+        for line in [
+            "patchbay_turns_total{model=\"m\",status=\"200\"} 2",
+            "patchbay_turns_total{model=\"m\",status=\"499\"} 1",
+            "patchbay_tokens_total{model=\"m\",direction=\"output\",modality=\"audio\"} 55",
+            "patchbay_tokens_total{model=\"m\",direction=\"input\",modality=\"text\"} 7",
+            "patchbay_tokens_total{model=\"t\",direction=\"input\",modality=\"text\"} 3",
+            "patchbay_cost_usd_total{model=\"m\"} 0.25",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(!text.contains("modality=\"image\""), "{text}");
     }
 }

@@ -54,7 +54,7 @@ use crate::auth::{KeyEntry, KeySet, TeamEntry};
 use crate::config::PriceRow;
 use crate::event::error_event;
 use crate::logs::RequestLogRow;
-use crate::metrics::{model, StatusLabels, TokenLabels};
+use crate::metrics::{model, ModelMeters};
 use crate::relay::Kill;
 use crate::store::{BudgetKey, FlushBatch, FlushId};
 
@@ -95,6 +95,8 @@ pub struct MeterTask {
     key: KeyEntry,
     team: Option<TeamEntry>,
     keyset_seen: Option<Arc<KeySet>>,
+    /// The turn counters of the session's model.
+    meters: Arc<ModelMeters>,
 }
 
 impl MeterTask {
@@ -104,7 +106,9 @@ impl MeterTask {
         rx: mpsc::Receiver<TurnRecord>,
         kill: watch::Sender<Option<Kill>>,
     ) -> Self {
+        let meters = shared.metrics.model_meters(&meta.model);
         Self {
+            meters,
             shared,
             key: meta.key.clone(),
             team: None,
@@ -367,35 +371,32 @@ impl MeterTask {
 
     fn record_metrics(&self, row: &RequestLogRow, u: &Usage) {
         let m = &self.shared.metrics;
-        m.turns
-            .get_or_create(&StatusLabels {
-                model: row.model.clone(),
-                status: row.status.to_string(),
-            })
-            .inc();
-        for (direction, modality, n) in [
-            ("input", "text", u.input_text),
-            ("input", "audio", u.input_audio),
-            ("input", "image", u.input_image),
-            ("input_cached", "text", u.cached_text),
-            ("input_cached", "audio", u.cached_audio),
-            ("output", "text", u.output_text),
-            ("output", "audio", u.output_audio),
-        ] {
+        // A transcription turn is labelled with its transcription model:
+        // looked up in the families, as the cache holds routes' models only.
+        let other;
+        let meters = if row.model == self.meters.model() {
+            &self.meters
+        } else {
+            other = ModelMeters::for_model(&row.model);
+            &other
+        };
+        meters.turn(m, row.status);
+        let counts = [
+            u.input_text,
+            u.input_audio,
+            u.input_image,
+            u.cached_text,
+            u.cached_audio,
+            u.output_text,
+            u.output_audio,
+        ];
+        for (kind, n) in counts.into_iter().enumerate() {
             if n > 0 {
-                m.tokens
-                    .get_or_create(&TokenLabels {
-                        model: row.model.clone(),
-                        direction: direction.into(),
-                        modality: modality.into(),
-                    })
-                    .inc_by(n);
+                meters.tokens(m, kind, n);
             }
         }
         if row.cost_usd > 0.0 {
-            m.cost_usd
-                .get_or_create(&model(&row.model))
-                .inc_by(row.cost_usd);
+            meters.cost_usd(m, row.cost_usd);
         }
     }
 }
