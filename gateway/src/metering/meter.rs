@@ -381,6 +381,7 @@ impl MeterTask {
             &other
         };
         meters.turn(m, row.status);
+        // In `metrics::TOKEN_KINDS` order.
         let counts = [
             u.input_text,
             u.input_audio,
