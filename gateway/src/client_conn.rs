@@ -4,7 +4,7 @@
 //! A Realtime WebSocket upgrade is the one request a gateway connection
 //! exists for, and it is almost always the first and only one on its
 //! connection. Its head is read and parsed here ([`read_head`], `httparse`)
-//! and the session gets the bare TCP socket ([`ClientIo::Tcp`]), its
+//! and the session gets the bare TCP socket (a [`ClientIo`]), its
 //! `101 Switching Protocols` written by the session itself, together with
 //! its first frames. Taking such a request through hyper's connection state
 //! machine, its upgrade channel and its boxed, rewinding `Upgraded` socket
@@ -27,6 +27,7 @@ use http::HeaderMap;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_util::either::Either;
 
 /// The most bytes read while looking for the end of the first head; a
 /// longer head goes to hyper (whose own limit is larger).
@@ -191,73 +192,11 @@ impl AsyncWrite for Rewind {
     }
 }
 
-/// The socket a client session runs on once upgraded.
-#[derive(Debug)]
-pub enum ClientIo {
-    /// The gateway read the upgrade request itself.
-    Tcp(TcpStream),
-    /// hyper served the upgrade request (a later request on a kept-alive
-    /// connection).
-    Upgraded(TokioIo<hyper::upgrade::Upgraded>),
-}
-
-impl AsyncRead for ClientIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Upgraded(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ClientIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Upgraded(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Self::Upgraded(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Self::Tcp(s) => s.is_write_vectored(),
-            Self::Upgraded(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Self::Upgraded(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Self::Upgraded(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
+/// The socket a client session runs on once upgraded: the bare TCP socket
+/// when the gateway read the upgrade request itself, hyper's upgraded
+/// connection when hyper served it (a later request on a kept-alive
+/// connection).
+pub type ClientIo = Either<TcpStream, TokioIo<hyper::upgrade::Upgraded>>;
 
 /// The head of a `101 Switching Protocols` accepting a WebSocket upgrade.
 pub fn switching_protocols(accept: &str, subprotocol: Option<&str>) -> Vec<u8> {

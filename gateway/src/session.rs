@@ -31,6 +31,7 @@ use bytes::Bytes;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
+use tokio_util::either::Either;
 
 use crate::admission::Permit;
 use crate::auth::KeyEntry;
@@ -188,7 +189,7 @@ impl Session {
                 let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
                 match tokio::time::timeout(timeout, on_upgrade).await {
                     Ok(Ok(u)) => Leg::new(
-                        ClientIo::Upgraded(TokioIo::new(u)),
+                        Either::Right(TokioIo::new(u)),
                         &[],
                         Side::Server,
                         max_message_bytes,
@@ -205,7 +206,7 @@ impl Session {
                 response,
             } => {
                 let mut leg = Leg::new(
-                    ClientIo::Tcp(tcp),
+                    Either::Left(tcp),
                     &already_read,
                     Side::Server,
                     max_message_bytes,

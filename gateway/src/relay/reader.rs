@@ -192,11 +192,7 @@ impl FrameReader {
                 // only if it is worth reading into again and small enough
                 // to hold while idle; else it goes with the frame.
                 let buf = std::mem::take(&mut self.buf);
-                if self
-                    .buf_alloc
-                    .take()
-                    .is_some_and(|n| (MIN_READ_BYTES..=REUSE_MAX_BYTES).contains(&n))
-                {
+                if self.buf_alloc.take().is_some_and(reusable) {
                     self.spare = Some(buf);
                 }
             }
@@ -273,18 +269,19 @@ impl FrameReader {
         if !spare.try_reclaim(rem + 1) {
             return false;
         }
-        let spare = self.spare.take().unwrap_or_default();
         self.buf_alloc = Some(spare.capacity());
-        self.buf = spare;
+        self.buf = std::mem::take(spare);
+        self.spare = None;
         true
     }
 
     /// [`Self::poll_fill`] with nothing buffered (a frame boundary) and no
     /// spare to read into: reads into the stack, so a leg waiting for its
     /// next frame holds no read buffer of its own beyond the spare, then
-    /// copies what came into one allocation sized for the frame it starts. When the frame's header came, it is taken here
-    /// ([`Self::begin`], so an oversize frame is refused before anything
-    /// is allocated for it); else the allocation holds what came.
+    /// copies what came into one allocation sized for the frame it starts.
+    /// When the frame's header came, it is taken here ([`Self::begin`], so
+    /// an oversize frame is refused before anything is allocated for it);
+    /// else the allocation holds what came.
     fn poll_fill_empty<R: AsyncRead + Unpin>(
         &mut self,
         cx: &mut Context<'_>,
@@ -308,7 +305,7 @@ impl FrameReader {
         // A frame that may leave its allocation for reuse gets an eighth
         // more, so that the next frames of about its size (deltas differ
         // by a few bytes of ids) fit it too.
-        let capacity = if (MIN_READ_BYTES..=REUSE_MAX_BYTES).contains(&frame_len) {
+        let capacity = if reusable(frame_len) {
             (frame_len + frame_len / 8).min(REUSE_MAX_BYTES)
         } else {
             frame_len.max(got.len())
@@ -321,6 +318,12 @@ impl FrameReader {
         self.buf = buf;
         Poll::Ready(Ok(true))
     }
+}
+
+/// Whether an allocation (or a frame sized one) of `n` bytes is kept as
+/// the spare: worth reading into again, and small enough to hold idle.
+fn reusable(n: usize) -> bool {
+    (MIN_READ_BYTES..=REUSE_MAX_BYTES).contains(&n)
 }
 
 /// Feeds a text frame's payload to `utf8`, unmasking through a small stack

@@ -62,12 +62,20 @@ async fn read_response(s: &mut TcpStream) -> (u16, String, Vec<u8>, Vec<u8>) {
     (status, head, body, rest)
 }
 
+/// The `101` read off `tcp` (its head returned) and the WebSocket client
+/// the connection now is.
+async fn switched(mut tcp: TcpStream) -> (String, Client) {
+    let (status, head, _, rest) = read_response(&mut tcp).await;
+    assert_eq!(status, 101, "{head}");
+    let ws = WebSocketStream::from_partially_read(tcp, rest, Role::Client, None).await;
+    (head, ws)
+}
+
 /// Upgrades an open connection with tungstenite's client handshake.
 async fn upgrade(tcp: TcpStream) -> Client {
-    let request = format!("ws://127.0.0.1/v1/realtime?model={MODEL}")
+    let mut request = format!("ws://127.0.0.1/v1/realtime?model={MODEL}")
         .into_client_request()
         .unwrap();
-    let mut request = request;
     request.headers_mut().insert(
         "authorization",
         format!("Bearer {CLIENT_KEY}").parse().unwrap(),
@@ -143,13 +151,11 @@ async fn frames_sent_right_behind_the_upgrade_request_reach_the_upstream() {
     bytes.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     tcp.write_all(&bytes).await.unwrap();
 
-    let (status, head, _, rest) = read_response(&mut tcp).await;
-    assert_eq!(status, 101, "{head}");
+    let (head, mut ws) = switched(tcp).await;
     assert!(
         head.contains("sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
         "RFC 6455's example key gets its example accept: {head}"
     );
-    let mut ws = WebSocketStream::from_partially_read(tcp, rest, Role::Client, None).await;
     assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
     // The pipelined frame was the session's first: its response arrives.
     let mut kinds = Vec::new();
@@ -173,9 +179,7 @@ async fn a_head_that_arrives_in_pieces_is_read_whole() {
         tcp.write_all(piece).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
-    let (status, head, _, rest) = read_response(&mut tcp).await;
-    assert_eq!(status, 101, "{head}");
-    let mut ws = WebSocketStream::from_partially_read(tcp, rest, Role::Client, None).await;
+    let (_, mut ws) = switched(tcp).await;
     assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
 }
 
@@ -189,8 +193,6 @@ async fn a_head_longer_than_the_gateways_read_is_answered_by_hyper() {
         .collect();
     let head = upgrade_head(CLIENT_KEY).replacen("Host: x\r\n", &format!("Host: x\r\n{filler}"), 1);
     tcp.write_all(head.as_bytes()).await.unwrap();
-    let (status, head, _, rest) = read_response(&mut tcp).await;
-    assert_eq!(status, 101, "{head}");
-    let mut ws = WebSocketStream::from_partially_read(tcp, rest, Role::Client, None).await;
+    let (_, mut ws) = switched(tcp).await;
     assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
 }
