@@ -18,7 +18,7 @@
 //! entry point that names a model.
 
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use http::HeaderMap;
 use serde::Deserialize;
@@ -238,31 +238,31 @@ fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// The live key set, swapped whole when the keys file changes.
+/// The live key set, swapped whole when the keys file changes; live
+/// sessions' meters [`subscribe`](Self::subscribe) to learn of a swap at once.
 #[derive(Debug, Default)]
 pub struct KeyStore {
-    current: RwLock<Arc<KeySet>>,
+    current: tokio::sync::watch::Sender<Arc<KeySet>>,
 }
 
 impl KeyStore {
     pub fn new(set: KeySet) -> Self {
         Self {
-            current: RwLock::new(Arc::new(set)),
+            current: tokio::sync::watch::Sender::new(Arc::new(set)),
         }
     }
 
     pub fn get(&self) -> Arc<KeySet> {
-        match self.current.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.current.borrow().clone()
     }
 
     pub fn replace(&self, set: KeySet) {
-        match self.current.write() {
-            Ok(mut g) => *g = Arc::new(set),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(set),
-        }
+        self.current.send_replace(Arc::new(set));
+    }
+
+    /// Wakes on every later [`replace`](Self::replace).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Arc<KeySet>> {
+        self.current.subscribe()
     }
 }
 

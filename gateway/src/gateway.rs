@@ -18,7 +18,7 @@ use crate::auth::{model_allowed, KeyEntry, KeySet, KeyStore};
 use crate::client_secret::ClientSecrets;
 use crate::config::{Config, RouteConfig, UpstreamConfig};
 use crate::metering::Metering;
-use crate::metrics::{Metrics, UpstreamLabels};
+use crate::metrics::{Metrics, ModelMeters, UpstreamLabels};
 use crate::store::leases::{Acquire, Lease, Leases};
 use crate::store::redis::RedisConn;
 use crate::upstream::breaker::Breaker;
@@ -48,6 +48,8 @@ pub struct Route {
     /// The route's pool size, split across its serving upstreams.
     pool_size: AtomicUsize,
     metrics: Arc<Metrics>,
+    /// The route model's series, looked up once.
+    pub meters: Arc<ModelMeters>,
 }
 
 /// One upstream of a route.
@@ -270,6 +272,7 @@ impl Gateway {
                     selector: Mutex::new(Selector::new(upstreams.len())),
                     upstreams,
                     pool_size: AtomicUsize::new(pool_size),
+                    meters: metrics.model_meters(&r.model),
                     metrics: metrics.clone(),
                 };
                 route.rebalance();
@@ -327,11 +330,7 @@ impl Gateway {
         if !model_allowed(key, team, &route.config.model) {
             return Err(Refusal::model_not_allowed(&route.config.model));
         }
-        let gauge = self
-            .metrics
-            .sessions_active
-            .get_or_create(&crate::metrics::model(&route.config.model))
-            .clone();
+        let gauge = route.meters.sessions_active(&self.metrics);
         let fleet = self.leases.as_ref().zip(key.max_sessions);
         // With fleet leases the key's cap is checked in Redis below; the
         // process still counts the key's sessions for the fallback.

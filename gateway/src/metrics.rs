@@ -360,14 +360,23 @@ pub const TOKEN_KINDS: [(&str, &str); 7] = [
     ("output", "audio"),
 ];
 
-/// One model's turn counters (`turns` with status 200, `tokens`,
+/// One model's per-session and per-turn series (`sessions_active`,
+/// `upstream_dial_seconds`, `session_setup_seconds`, `sessions_total` by
+/// outcome, `pool_hits`, `usage_records_dropped`, `turns` with status 200, `tokens`,
 /// `cost_usd`), looked up in their families once per process instead of on
-/// every turn (a lookup allocates the label set and hashes it). Each is
-/// taken from its family at its first use, so a series appears in
+/// every session and turn (a lookup allocates the label set and hashes it).
+/// Each is taken from its family at its first use, so a series appears in
 /// `/metrics` exactly when it would without the cache.
 #[derive(Debug, Default)]
 pub struct ModelMeters {
     model: String,
+    sessions_active: OnceLock<Gauge>,
+    dial_seconds: OnceLock<Histogram>,
+    setup_seconds: OnceLock<Histogram>,
+    /// `sessions_total` by outcome (a handful of `&'static str`s).
+    sessions: Mutex<Vec<(&'static str, Counter)>>,
+    records_dropped: OnceLock<Counter>,
+    pool_hits: OnceLock<Counter>,
     turns_ok: OnceLock<Counter>,
     tokens: [OnceLock<Counter>; TOKEN_KINDS.len()],
     cost_usd: OnceLock<Counter<f64, std::sync::atomic::AtomicU64>>,
@@ -385,6 +394,68 @@ impl ModelMeters {
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// The model's `sessions_active` gauge (a handle to the family's).
+    pub fn sessions_active(&self, m: &Metrics) -> Gauge {
+        self.sessions_active
+            .get_or_init(|| m.sessions_active.get_or_create(&model(&self.model)).clone())
+            .clone()
+    }
+
+    pub fn dial_seconds(&self, m: &Metrics, seconds: f64) {
+        self.dial_seconds
+            .get_or_init(|| {
+                m.upstream_dial_seconds
+                    .get_or_create(&model(&self.model))
+                    .clone()
+            })
+            .observe(seconds);
+    }
+
+    pub fn setup_seconds(&self, m: &Metrics, seconds: f64) {
+        self.setup_seconds
+            .get_or_init(|| {
+                m.session_setup_seconds
+                    .get_or_create(&model(&self.model))
+                    .clone()
+            })
+            .observe(seconds);
+    }
+
+    /// Counts a session of this model that ended with `outcome`.
+    pub fn session_ended(&self, m: &Metrics, outcome: &'static str) {
+        let mut seen = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, c)) = seen.iter().find(|(o, _)| *o == outcome) {
+            c.inc();
+            return;
+        }
+        let c = m
+            .sessions_total
+            .get_or_create(&OutcomeLabels {
+                model: self.model.clone(),
+                outcome: outcome.into(),
+            })
+            .clone();
+        c.inc();
+        seen.push((outcome, c));
+    }
+
+    pub fn pool_hit(&self, m: &Metrics) {
+        self.pool_hits
+            .get_or_init(|| m.pool_hits.get_or_create(&model(&self.model)).clone())
+            .inc();
+    }
+
+    /// The model's `usage_records_dropped` counter (a handle).
+    pub fn records_dropped(&self, m: &Metrics) -> Counter {
+        self.records_dropped
+            .get_or_init(|| {
+                m.usage_records_dropped
+                    .get_or_create(&model(&self.model))
+                    .clone()
+            })
+            .clone()
     }
 
     /// Counts a turn of this model with `status`.
@@ -495,6 +566,28 @@ mod tests {
         );
         assert!(!text.contains("patchbay_tokens_total{"), "{text}");
         assert!(!text.contains("patchbay_cost_usd_total{"), "{text}");
+        for unused in [
+            "patchbay_realtime_sessions_total{",
+            "patchbay_realtime_sessions_active{",
+            "patchbay_upstream_dial_seconds_count{",
+            "patchbay_session_setup_seconds_count{",
+            "patchbay_usage_records_dropped_total{",
+            "patchbay_pool_hits_total{",
+        ] {
+            assert!(!text.contains(unused), "{unused} in {text}");
+        }
+
+        meters.sessions_active(&m).inc();
+        meters.sessions_active(&m).inc();
+        meters.sessions_active(&m).dec();
+        meters.dial_seconds(&m, 0.5);
+        meters.setup_seconds(&m, 0.001);
+        meters.setup_seconds(&m, 0.002);
+        meters.session_ended(&m, "client_closed");
+        meters.session_ended(&m, "idle_timeout");
+        meters.session_ended(&m, "client_closed");
+        meters.records_dropped(&m).inc();
+        meters.pool_hit(&m);
 
         meters.turn(&m, 200);
         meters.turn(&m, 499);
@@ -512,6 +605,13 @@ mod tests {
             "patchbay_tokens_total{model=\"m\",direction=\"input\",modality=\"text\"} 7",
             "patchbay_tokens_total{model=\"t\",direction=\"input\",modality=\"text\"} 3",
             "patchbay_cost_usd_total{model=\"m\"} 0.25",
+            "patchbay_realtime_sessions_active{model=\"m\"} 1",
+            "patchbay_upstream_dial_seconds_count{model=\"m\"} 1",
+            "patchbay_session_setup_seconds_count{model=\"m\"} 2",
+            "patchbay_realtime_sessions_total{model=\"m\",outcome=\"client_closed\"} 2",
+            "patchbay_realtime_sessions_total{model=\"m\",outcome=\"idle_timeout\"} 1",
+            "patchbay_usage_records_dropped_total{model=\"m\"} 1",
+            "patchbay_pool_hits_total{model=\"m\"} 1",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }

@@ -41,7 +41,7 @@ use crate::client_secret::Grant;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
 use crate::metering::{EndReason, SessionMeta};
-use crate::metrics::{model, FailoverLabels, OutcomeLabels};
+use crate::metrics::{model, FailoverLabels};
 use crate::relay::frame::FrameRole;
 use crate::relay::leg::{Control, Leg, Side};
 use crate::relay::reader::RawFrame;
@@ -220,7 +220,6 @@ impl Session {
         let deadline = self.started + Duration::from_secs(gw.config.relay.max_session_secs);
         let mut held = Held::default();
         let shutdown = gw.shutdown.clone();
-        let label = model(&self.route.config.model);
         let route = self.route.clone();
         let balanced = route.balanced();
         let max_failovers = if balanced {
@@ -278,10 +277,9 @@ impl Session {
                                 return;
                             }
                         };
-                    gw.metrics
-                        .upstream_dial_seconds
-                        .get_or_create(&label)
-                        .observe(dial_started.elapsed().as_secs_f64());
+                    route
+                        .meters
+                        .dial_seconds(&gw.metrics, dial_started.elapsed().as_secs_f64());
                     if balanced {
                         let change =
                             failover::report(&up.breaker, &result, std::time::Instant::now());
@@ -350,10 +348,9 @@ impl Session {
             return;
         }
         let setup = self.started.elapsed();
-        gw.metrics
-            .session_setup_seconds
-            .get_or_create(&label)
-            .observe(setup.as_secs_f64());
+        self.route
+            .meters
+            .setup_seconds(&gw.metrics, setup.as_secs_f64());
 
         // A client secret's minted config, applied before any client frame.
         let applied = match &self.client_secret {
@@ -397,7 +394,10 @@ impl Session {
             relay::splice(client, warm.leg, held.frames, limits, &mut tracker, kill).await;
         tracker.finish(EndReason::from_end(&spliced.end));
         if spliced.end == relay::End::ClientGone {
-            gw.metrics.client_disconnects.get_or_create(&label).inc();
+            gw.metrics
+                .client_disconnects
+                .get_or_create(&model(&self.route.config.model))
+                .inc();
         }
         self.log_end(
             spliced.end.outcome(),
@@ -488,14 +488,9 @@ impl Session {
         upstream_code: Option<u16>,
         setup: Option<Duration>,
     ) {
-        self.gateway
-            .metrics
-            .sessions_total
-            .get_or_create(&OutcomeLabels {
-                model: self.route.config.model.clone(),
-                outcome: outcome.into(),
-            })
-            .inc();
+        self.route
+            .meters
+            .session_ended(&self.gateway.metrics, outcome);
         tracing::info!(
             session_id = %self.id,
             key_id = %self.key.id,

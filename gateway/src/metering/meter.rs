@@ -18,9 +18,10 @@
 //! `flush_secs = 0` flushes after every turn (turns already queued are
 //! flushed together) and re-reads the budgets every [`BUDGET_TICK`].
 //!
-//! The key is re-read from the key store every [`KEY_CHECK_TICK`] (a pointer
-//! comparison when the key set did not change): a removed or disabled key
-//! fires the kill; a changed budget or tpm applies from the next flush.
+//! The key is re-read whenever the key store's set is swapped (the meter
+//! subscribes to it; before, it polled every second, a timer per session):
+//! a removed or disabled key fires the kill at once; a changed budget or
+//! tpm applies from the next flush.
 //!
 //! Overshoot: a budget is checked at flushes, so a session can spend up to
 //! one flush window plus the turn in flight past its limit before it is
@@ -60,8 +61,6 @@ use crate::store::{BudgetKey, FlushBatch, FlushId};
 
 /// How often budgets are re-read when `flush_secs = 0`.
 pub const BUDGET_TICK: Duration = Duration::from_secs(1);
-/// How often the session's key is checked against the key store.
-pub const KEY_CHECK_TICK: Duration = Duration::from_secs(1);
 /// Ceiling of one flush's tpm increment. Real turns are thousands of tokens;
 /// a bogus usage report must not push a Redis counter past i64, where every
 /// later INCRBY on it would fail (and with it every flush of that key).
@@ -102,11 +101,11 @@ pub struct MeterTask {
 impl MeterTask {
     pub(crate) fn new(
         shared: Arc<Shared>,
+        meters: Arc<ModelMeters>,
         meta: SessionMeta,
         rx: mpsc::Receiver<TurnRecord>,
         kill: watch::Sender<Option<Kill>>,
     ) -> Self {
-        let meters = shared.metrics.model_meters(&meta.model);
         Self {
             meters,
             shared,
@@ -127,6 +126,8 @@ impl MeterTask {
     /// Runs until the tracker is finished (or dropped) and the final flush
     /// has been written.
     pub async fn run(mut self) {
+        // Subscribed before the first check, so no swap falls between them.
+        let mut keys = self.shared.keys.subscribe();
         self.check_key();
         // The interval in force when the session starts is kept for its life.
         let flush_secs = self.shared.config().flush_secs;
@@ -139,8 +140,6 @@ impl MeterTask {
         let start = Instant::now();
         let mut flush_tick = interval_at(start + period, period);
         flush_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        let mut key_tick = interval_at(start + KEY_CHECK_TICK, KEY_CHECK_TICK);
-        key_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 rec = self.rx.recv() => match rec {
@@ -156,7 +155,7 @@ impl MeterTask {
                     None => break,
                 },
                 _ = flush_tick.tick() => self.flush(true).await,
-                _ = key_tick.tick() => self.check_key(),
+                Ok(()) = keys.changed() => self.check_key(),
             }
         }
         self.flush(false).await;

@@ -424,15 +424,11 @@ impl Metering {
     /// to spawn, and the signal the relay selects on.
     pub fn start_session(&self, meta: SessionMeta) -> (TurnTracker, MeterTask, KillSignal) {
         let (tx, rx) = mpsc::channel(tracker::CHANNEL_CAPACITY);
-        let dropped = self
-            .shared
-            .metrics
-            .usage_records_dropped
-            .get_or_create(&model(&meta.model))
-            .clone();
+        let meters = self.shared.metrics.model_meters(&meta.model);
+        let dropped = meters.records_dropped(&self.shared.metrics);
         let (kill_tx, kill_rx) = watch::channel(None);
         let tracker = TurnTracker::new(tx, dropped);
-        let meter = MeterTask::new(self.shared.clone(), meta, rx, kill_tx);
+        let meter = MeterTask::new(self.shared.clone(), meters, meta, rx, kill_tx);
         (tracker, meter, KillSignal(kill_rx))
     }
 }

@@ -34,17 +34,18 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{model, Metrics, ReasonLabels, ResultLabels, UpstreamLabels};
+use crate::metrics::{Metrics, ModelMeters, ReasonLabels, ResultLabels, UpstreamLabels};
 use crate::relay::frame::FrameRole;
 use crate::relay::leg::Control;
 use crate::upstream::breaker::Breaker;
@@ -104,6 +105,10 @@ pub struct Pool {
     filled: Notify,
     reached_target_once: AtomicBool,
     metrics: Arc<Metrics>,
+    /// The route model's series, looked up once.
+    meters: Arc<ModelMeters>,
+    /// This upstream's `pool_dials{result="ok"}`, looked up at its first use.
+    dials_ok: OnceLock<Counter>,
     gauge: Gauge,
     tick: Duration,
     /// Current backoff in ms (0 = none), for tests and logs.
@@ -137,6 +142,8 @@ impl Pool {
             .clone();
         Self {
             upstream,
+            meters: metrics.model_meters(model_name),
+            dials_ok: OnceLock::new(),
             model: model_name.to_string(),
             name: model_name.to_string(),
             breaker: None,
@@ -266,10 +273,7 @@ impl Pool {
         close_in_background(discarded);
         match found {
             Some(w) => {
-                self.metrics
-                    .pool_hits
-                    .get_or_create(&model(&self.model))
-                    .inc();
+                self.meters.pool_hit(&self.metrics);
                 Ok(w)
             }
             None => {
@@ -335,26 +339,28 @@ impl Pool {
     async fn dial(&self) -> Result<Warm, DialError> {
         let started = Instant::now();
         let result = self.upstream.dial().await;
-        self.metrics
-            .upstream_dial_seconds
-            .get_or_create(&model(&self.model))
-            .observe(started.elapsed().as_secs_f64());
-        let label = match &result {
-            Ok(_) => "ok",
-            Err(e) => e.result_label(),
-        };
+        self.meters
+            .dial_seconds(&self.metrics, started.elapsed().as_secs_f64());
         if let Some(b) = &self.breaker {
             // The route's health watcher re-splits the pools on its tick.
             let _ = crate::upstream::failover::report(b, &result, Instant::now());
         }
-        self.metrics
-            .pool_dials
-            .get_or_create(&ResultLabels {
-                model: self.model.clone(),
-                upstream: self.name.clone(),
-                result: label.into(),
-            })
-            .inc();
+        let labels = |result: &str| ResultLabels {
+            model: self.model.clone(),
+            upstream: self.name.clone(),
+            result: result.into(),
+        };
+        match &result {
+            Ok(_) => self
+                .dials_ok
+                .get_or_init(|| self.metrics.pool_dials.get_or_create(&labels("ok")).clone())
+                .inc(),
+            Err(e) => self
+                .metrics
+                .pool_dials
+                .get_or_create(&labels(e.result_label()))
+                .inc(),
+        };
         result
     }
 

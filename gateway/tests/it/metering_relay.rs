@@ -360,7 +360,8 @@ async fn a_response_cut_short_by_the_upstream_is_logged_unknown_with_502() {
 
 #[tokio::test]
 async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
-    // The key is removed mid-response (the 1 s key tick ends the session).
+    // The key is removed mid-response, a second in (its removal ends the
+    // session at once).
     // The upstream answers the gateway's close only after its response.done
     // (with usage), as when that event was already on its way: it reaches
     // the gateway during the close handshake. That turn was billed upstream
@@ -376,6 +377,7 @@ async fn usage_that_arrives_while_the_session_closes_is_still_metered() {
     let mut rig = rig(sim_config, "", 15).await;
     let mut ws = connect(rig.addr).await;
     response_create(&mut ws).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     rig.keys.replace(KeySet::default());
     let (_, code) = until_close(&mut ws).await;
     assert_eq!(code, Some(1008));
@@ -705,6 +707,12 @@ async fn the_client_gets_its_close_at_once_while_the_upstream_leg_waits_for_the_
     let mut rig = rig(sim_config, "", 15).await;
     let mut ws = connect(rig.addr).await;
     response_create(&mut ws).await;
+    // Revoked once the response is under way (the meter acts at once).
+    while let Some(text) = next_text(&mut ws).await {
+        if kind(&text) == "response.created" {
+            break;
+        }
+    }
     rig.keys.replace(KeySet::default());
     let (_, code) = until_close(&mut ws).await;
     assert_eq!(code, Some(1008));

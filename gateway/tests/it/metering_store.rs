@@ -700,6 +700,26 @@ async fn a_removed_or_disabled_key_ends_its_live_session() {
     }
 }
 
+/// A meter learns of a new key set when it is loaded, not on a timer: on
+/// this single-threaded runtime, the kill has fired by the time the test
+/// task runs again after the swap (with a clock to wait for, it would not).
+#[tokio::test]
+async fn a_key_removal_reaches_its_live_sessions_at_once() {
+    let b = Backend::Memory;
+    let gw = gateway(&b, &keys_toml(&[("k", ""), ("stays", "")], None), 15);
+    let s = gw.open("up1", "k");
+    tokio::task::yield_now().await;
+    assert!(s.kill.get().is_none());
+    gw.keys
+        .replace(KeySet::parse(&keys_toml(&[("stays", "")], None)).unwrap());
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    let kill = s.kill.get().expect("the kill fired with the swap");
+    assert_eq!((kill.code, kill.outcome), (1008, "key_revoked"));
+    s.end(EndReason::KeyRevoked).await;
+}
+
 #[tokio::test]
 async fn transcription_usage_is_billed_on_its_own_model() {
     for b in backends("transcription") {
