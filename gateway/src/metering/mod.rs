@@ -72,6 +72,7 @@ pub mod meter;
 pub mod outbox;
 pub mod pricing;
 pub mod tracker;
+mod whole;
 
 pub use meter::MeterTask;
 pub use tracker::{

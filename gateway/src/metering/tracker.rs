@@ -712,13 +712,13 @@ struct DoneResponse {
     id: Option<String>,
     #[serde(default, deserialize_with = "lenient_string")]
     status: Option<String>,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "super::whole::usage")]
     usage: Option<UsageJson>,
 }
 
 #[derive(Deserialize)]
 struct TranscriptionEvent {
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default, deserialize_with = "super::whole::usage")]
     usage: Option<UsageJson>,
 }
 
