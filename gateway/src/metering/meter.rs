@@ -248,7 +248,8 @@ impl MeterTask {
             rows,
             stream_maxlen: self.shared.config().stream_maxlen,
         };
-        if batch.is_empty() {
+        if batch.is_empty() || (batch.counts_nothing() && !self.shared.store.keeps_rows()) {
+            // Nothing to count, and no rows for this store to keep.
             return;
         }
         let reply = if batch.is_read_only() {

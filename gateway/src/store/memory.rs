@@ -198,6 +198,11 @@ impl Store for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
+
+    /// Rows go to stdout only.
+    fn keeps_rows(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -140,6 +140,13 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// `memory` or `redis`, for logs.
     fn kind(&self) -> &'static str;
 
+    /// Whether [`Store::flush`] keeps the batch's rows (Redis appends them
+    /// to its stream). A batch to a store that does not, with no charge and
+    /// no tokens to count, is not sent at all.
+    fn keeps_rows(&self) -> bool {
+        true
+    }
+
     /// What the store is, for logs: the kind, and for Redis its scheme,
     /// host and port (never a password).
     fn describe(&self) -> String {
@@ -228,6 +235,11 @@ pub struct FlushBatch {
 impl FlushBatch {
     pub fn is_empty(&self) -> bool {
         self.charges.is_empty() && self.tpm.is_none() && self.rows.is_empty()
+    }
+
+    /// True when the batch has no counter to change or read (rows only).
+    pub fn counts_nothing(&self) -> bool {
+        self.charges.is_empty() && self.tpm.is_none()
     }
 
     /// True when the batch changes nothing (it only reads budgets).
