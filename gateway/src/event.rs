@@ -46,6 +46,16 @@ fn t_str(text: &str, (start, end): (usize, usize)) -> &str {
 /// Byte range of the type value when it is the first key, or the second
 /// behind `event_id`, and holds no escapes.
 fn leading_type(b: &[u8]) -> Option<(usize, usize)> {
+    // The compact shape OpenAI writes every event in: only the value is
+    // scanned (what the general path below returns for it, one scan sooner).
+    const COMPACT: &[u8] = b"{\"type\":\"";
+    if b.starts_with(COMPACT) {
+        return plain_string(b, COMPACT.len() - 1);
+    }
+    leading_type_any_spacing(b)
+}
+
+fn leading_type_any_spacing(b: &[u8]) -> Option<(usize, usize)> {
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
         return None;
@@ -142,6 +152,30 @@ mod tests {
     #[test]
     fn escaped_type_value_is_decoded() {
         assert_eq!(event_type(r#"{"type":"a\u002eb"}"#).as_deref(), Some("a.b"));
+    }
+
+    /// The compact shape's shortcut finds what the general scan finds.
+    #[test]
+    fn the_compact_shortcut_agrees_with_the_general_scan() {
+        const TAILS: [&str; 10] = [
+            "response.output_audio.delta\",\"event_id\":\"e\"}",
+            "\"",
+            "",
+            "a\\\"b\"",
+            "x\" ,",
+            "session.created\"}",
+            "\\u002e\"",
+            "no closing quote",
+            "\u{e9}\"",
+            "t\"}\"type\":\"u\"",
+        ];
+        for tail in TAILS {
+            for prefix in ["{\"type\":\"", "{\"type\": \"", " {\"type\":\""] {
+                let text = format!("{prefix}{tail}");
+                let b = text.as_bytes();
+                assert_eq!(leading_type(b), leading_type_any_spacing(b), "{text}");
+            }
+        }
     }
 
     #[test]

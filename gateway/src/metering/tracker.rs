@@ -50,8 +50,10 @@
 //! scanned substring still matches; at most [`MAX_OPEN_TURNS`] responses are
 //! tracked at once (the oldest is closed as unknown past that).
 
+use std::sync::LazyLock;
 use std::time::{Duration, SystemTime};
 
+use memchr::memmem::{Finder, FinderRev};
 use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Deserializer};
 use tokio::sync::mpsc;
@@ -581,7 +583,9 @@ fn trailing_type(text: &str) -> Option<&str> {
 /// it may (the parser decides).
 fn has_transcription_config(b: &[u8]) -> bool {
     const KEY: &[u8] = b"transcription\"";
-    memchr::memmem::find_iter(b, KEY).any(|at| {
+    // Built once: building a searcher costs more than most searches.
+    static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
+    FINDER.find_iter(b).any(|at| {
         let i = skip_ws(b, at + KEY.len());
         b.get(i) == Some(&b':') && b.get(skip_ws(b, i + 1)) == Some(&b'{')
     })
@@ -596,11 +600,14 @@ fn has_transcription_config(b: &[u8]) -> bool {
 fn response_id_of(b: &[u8]) -> Option<&str> {
     const KEY: &[u8] = b"\"response_id\"";
     const ENDS_BYTES: usize = 512;
+    static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
+    static FINDER_REV: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(KEY));
     let head = &b[..b.len().min(ENDS_BYTES)];
     let tail_start = b.len().saturating_sub(ENDS_BYTES);
-    let at = memchr::memmem::find(head, KEY)
-        .or_else(|| memchr::memmem::rfind(&b[tail_start..], KEY).map(|i| tail_start + i))
-        .or_else(|| memchr::memmem::find(b, KEY))?;
+    let at = FINDER
+        .find(head)
+        .or_else(|| FINDER_REV.rfind(&b[tail_start..]).map(|i| tail_start + i))
+        .or_else(|| FINDER.find(b))?;
     let i = skip_ws(b, at + KEY.len());
     if b.get(i) != Some(&b':') {
         return None;
