@@ -29,9 +29,10 @@
 //!   short costs the client its error event (the close, a control frame,
 //!   may go between fragments).
 //! - No lock or atomic per frame: one clock read and one relaxed store of
-//!   the last-activity time per wake-up that read anything. The idle and
-//!   deadline timers and the kill signal are polled only when one of them
-//!   woke ([`on_wake`]), not on each of the pump's wake-ups.
+//!   the last-activity time per wake-up that read anything. One timer (for
+//!   the idle timeout or the deadline, whichever is due first) and the kill
+//!   signal are polled only when one of them woke ([`on_wake`]), not on
+//!   each of the pump's wake-ups.
 //!
 //! # One end, many causes
 //!
@@ -527,22 +528,27 @@ where
                 _ => Poll::Pending,
             }
         });
-        let idle = async {
+        // The idle timeout and the session's deadline share one timer, set
+        // for whichever comes first.
+        let timers = async {
             loop {
                 let last = Duration::from_millis(last_activity_ms.load(Ordering::Relaxed));
-                let due = started + last + limits.idle_timeout;
-                if Instant::now() >= due {
+                let idle_due = started + last + limits.idle_timeout;
+                let now = Instant::now();
+                if now >= limits.deadline {
+                    return End::MaxDuration;
+                }
+                if now >= idle_due {
                     return End::IdleTimeout;
                 }
-                tokio::time::sleep_until(due).await;
+                tokio::time::sleep_until(idle_due.min(limits.deadline)).await;
             }
         };
         // The limits are polled only when one of them woke (`OnWake`), not
         // on every wake-up of the pump.
         let watchdog = std::pin::pin!(async {
             tokio::select! {
-                e = idle => e,
-                _ = tokio::time::sleep_until(limits.deadline) => End::MaxDuration,
+                e = timers => e,
                 k = kill => End::Killed(k),
             }
         });
