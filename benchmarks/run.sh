@@ -19,8 +19,11 @@
 #    of model time; CPU_N_PER_TARGET sessions per target at CPU_C, pools
 #    of CPU_POOL_SIZE, plus a fifth target: ws-relay (a relay that does the
 #    two WebSocket handshakes itself, with its own upstream key, and then
-#    copies bytes: the least a key-swapping WebSocket gateway can do). Its
-#    report's CPU table is the cost comparison, against both floors.
+#    copies bytes: the least a key-swapping WebSocket gateway can do), and
+#    a sixth: metered-relay (ws-relay forwarding whole upstream frames and
+#    writing a request-log row from each response.done: the least a
+#    metering gateway can do). Its report's CPU table is the cost
+#    comparison, against the three floors.
 # 6. Many-sessions run (stage "many", not in the default STAGES): MANY_N
 #    sessions at once through one gateway (pool MANY_POOL_SIZE), held open
 #    by MANY_MODEL_MS of model time before each one's first audio, one turn
@@ -77,6 +80,7 @@ GW_OFF_PORT=$((BASE_PORT + 81))
 GW_ON_PORT=$((BASE_PORT + 82))
 RELAY_PORT=$((BASE_PORT + 83))
 WS_RELAY_PORT=$((BASE_PORT + 84))
+METERED_RELAY_PORT=$((BASE_PORT + 85))
 ADMIN_OFF_PORT=$((BASE_PORT + 91))
 ADMIN_ON_PORT=$((BASE_PORT + 92))
 
@@ -135,8 +139,9 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
 # bench NAME RELAY ARGS...: runs patchbay-bench with the targets direct,
 # pool-off and pool-on (RELAY=1: also tcp-relay, second, and a second ratio
-# table against it; RELAY=2: also ws-relay, third, and a third table) and
-# reports the CPU each process used meanwhile.
+# table against it; RELAY=2: also ws-relay, third, and a third table;
+# RELAY=3: also metered-relay, fourth, and a fourth table) and reports the
+# CPU each process used meanwhile.
 bench() {
   local name=$1 relay=$2
   shift 2
@@ -146,10 +151,15 @@ bench() {
       --against tcp-relay --cpu-pid "tcp-relay=$PID_relay")
   fi
   local procs=(sim relay gw_off gw_on) before=() p i ticks
-  if [ "$relay" = 2 ]; then
+  if [ "$relay" -ge 2 ]; then
     with_relay+=(--target "ws-relay=ws://127.0.0.1:$WS_RELAY_PORT/v1/realtime"
       --against ws-relay --cpu-pid "ws-relay=$PID_ws_relay")
     procs+=(ws_relay)
+  fi
+  if [ "$relay" -ge 3 ]; then
+    with_relay+=(--target "metered-relay=ws://127.0.0.1:$METERED_RELAY_PORT/v1/realtime"
+      --against metered-relay --cpu-pid "metered-relay=$PID_metered_relay")
+    procs+=(metered_relay)
   fi
   ticks=$(getconf CLK_TCK)
   for p in "${procs[@]}"; do
@@ -234,8 +244,13 @@ if stage cpu; then
   start ws-relay env WS_RELAY_CLIENT_KEY="$CLIENT_KEY" WS_RELAY_UPSTREAM_KEY="$UPSTREAM_KEY" \
     "$BIN/ws-relay" "127.0.0.1:$WS_RELAY_PORT" "127.0.0.1:$SIM_PORT"
   wait_port "$WS_RELAY_PORT"
-  # Five targets, CPU_N_PER_TARGET sessions each.
-  bench cpu 2 -n $((5 * CPU_N_PER_TARGET)) -c "$CPU_C"
+  # ws-relay metering every turn into a row on stdout (to its log file, as
+  # the gateways' rows go to theirs).
+  start metered-relay env WS_RELAY_CLIENT_KEY="$CLIENT_KEY" WS_RELAY_UPSTREAM_KEY="$UPSTREAM_KEY" \
+    WS_RELAY_METER=1 "$BIN/ws-relay" "127.0.0.1:$METERED_RELAY_PORT" "127.0.0.1:$SIM_PORT"
+  wait_port "$METERED_RELAY_PORT"
+  # Six targets, CPU_N_PER_TARGET sessions each.
+  bench cpu 3 -n $((6 * CPU_N_PER_TARGET)) -c "$CPU_C"
   stop_pids
   echo
 fi

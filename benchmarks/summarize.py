@@ -54,11 +54,12 @@ def cpu_per_1000(doc, target):
 
 
 def cpu_row(name, doc):
-    """CPU per 1000 sessions of tcp-relay, ws-relay, pool-on and pool-off,
-    and the gateways' ratios to each floor (n/a for a floor the run did not
-    have); None when the report has no CPU table."""
-    relay, ws, on, off = (
-        cpu_per_1000(doc, t) for t in ("tcp-relay", "ws-relay", "pool-on", "pool-off")
+    """CPU per 1000 sessions of tcp-relay, ws-relay, metered-relay, pool-on
+    and pool-off, and the gateways' ratios to each floor (n/a for a floor
+    the run did not have); None when the report has no CPU table."""
+    relay, ws, metered, on, off = (
+        cpu_per_1000(doc, t)
+        for t in ("tcp-relay", "ws-relay", "metered-relay", "pool-on", "pool-off")
     )
     if on is None and off is None:
         return None
@@ -73,12 +74,16 @@ def cpu_row(name, doc):
         name,
         fmt(relay),
         fmt(ws),
+        fmt(metered),
+        ratio(metered, relay),
         fmt(on),
         ratio(on, relay),
         ratio(on, ws),
+        ratio(on, metered),
         fmt(off),
         ratio(off, relay),
         ratio(off, ws),
+        ratio(off, metered),
     ]
 
 
@@ -194,12 +199,16 @@ def main(dirs):
             "run",
             "tcp-relay CPU-s/1000",
             "ws-relay CPU-s/1000",
+            "metered-relay CPU-s/1000",
+            "metered/tcp-relay",
             "pool-on CPU-s/1000",
             "on/tcp-relay",
             "on/ws-relay",
+            "on/metered",
             "pool-off CPU-s/1000",
             "off/tcp-relay",
             "off/ws-relay",
+            "off/metered",
         ]
         print("| " + " | ".join(h) + " |")
         print("|" + "---|" * len(h))

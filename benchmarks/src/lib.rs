@@ -16,6 +16,7 @@
 //! 500 concurrent sessions it needs well under one core; see the README).
 
 pub mod args;
+pub mod metered;
 pub mod process;
 pub mod relay_main;
 pub mod report;

@@ -13,7 +13,9 @@
 //! client's key for its own: whatever it costs over `ws-relay` is its
 //! features (admission, metering, request-log rows, log lines, the warm
 //! pool, close handshakes), whatever `ws-relay` costs over `tcp-relay` is
-//! the two handshakes.
+//! the two handshakes. With `meter` set it is the metering floor instead
+//! ([`crate::metered`]): the same handshakes, then every turn's
+//! `response.done` read from whole upstream frames into a request-log row.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,6 +37,9 @@ pub struct WsRelay {
     pub client_key: String,
     /// The key sent upstream.
     pub upstream_key: String,
+    /// Meter turns ([`crate::metered`]) into these rows instead of copying
+    /// bytes.
+    pub meter: Option<crate::metered::Rows>,
 }
 
 /// Serves `listener` forever.
@@ -130,6 +135,13 @@ async fn session(mut client: TcpStream, relay: &WsRelay) -> Result<(), String> {
         derive_accept_key(upgrade.ws_key.as_bytes())
     )
     .into_bytes();
+    if let Some(rows) = &relay.meter {
+        // The upstream's early bytes are frames: they go through the meter.
+        client.write_all(&answer).await.map_err(|e| e.to_string())?;
+        let session_id = patchbay_gateway::ids::short_id();
+        crate::metered::relay(client, up, early.to_vec(), session_id, rows).await;
+        return Ok(());
+    }
     answer.extend_from_slice(&early);
     client.write_all(&answer).await.map_err(|e| e.to_string())?;
     let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;

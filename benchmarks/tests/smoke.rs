@@ -145,6 +145,25 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ws_relay_upgrades_both_legs_and_relays_whole_sessions() {
+    ws_relay_sessions(None).await;
+}
+
+/// The metering floor relays the same sessions and writes a row with usage
+/// for each turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metering_ws_relay_relays_whole_sessions_and_writes_a_row_per_turn() {
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    ws_relay_sessions(Some(patchbay_bench::metered::Rows::Kept(kept.clone()))).await;
+    let rows = kept.lock().unwrap();
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for line in rows.iter() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(row["usage_unknown"], false, "{line}");
+        assert!(row["output_audio_tokens"].as_u64().unwrap() > 0, "{line}");
+    }
+}
+
+async fn ws_relay_sessions(meter: Option<patchbay_bench::metered::Rows>) {
     let sim = sim::start(
         loopback(),
         SimConfig {
@@ -164,6 +183,7 @@ async fn ws_relay_upgrades_both_legs_and_relays_whole_sessions() {
             upstream: sim.addr,
             client_key: CLIENT_KEY.into(),
             upstream_key: UPSTREAM_KEY.into(),
+            meter,
         },
     ));
     let args: Vec<String> = [

@@ -1,9 +1,11 @@
 //! `ws-relay LISTEN UPSTREAM`: see [`patchbay_bench::ws_relay`]. The keys
 //! come from the environment (`WS_RELAY_CLIENT_KEY`, `WS_RELAY_UPSTREAM_KEY`)
-//! so that they stay out of `ps`.
+//! so that they stay out of `ps`; `WS_RELAY_METER=1` makes it the metering
+//! floor ([`patchbay_bench::metered`]), its rows on stdout.
 
 use std::process::ExitCode;
 
+use patchbay_bench::metered::Rows;
 use patchbay_bench::relay_main;
 use patchbay_bench::ws_relay::{self, WsRelay};
 
@@ -29,6 +31,9 @@ fn main() -> ExitCode {
                 upstream,
                 client_key,
                 upstream_key,
+                meter: std::env::var("WS_RELAY_METER")
+                    .is_ok_and(|v| v == "1")
+                    .then_some(Rows::Stdout),
             },
         )
     })
