@@ -371,6 +371,10 @@ struct Pump<'a, C, U, T> {
     upstream_close: Option<CloseFrame>,
     /// A frame was read since this was last cleared.
     active: bool,
+    /// This pass left work that only another pass does: a read stopped at
+    /// [`HIGH_WATER_BYTES`] (no read waker registered), or a frame of the
+    /// gateway's own queued on the upstream leg after its flush.
+    again: bool,
 }
 
 impl<C, U, T> Pump<'_, C, U, T>
@@ -381,9 +385,16 @@ where
 {
     /// `Ready(Some(end))` when the session ends, `Ready(None)` when both
     /// directions have stopped ([`Mode::ToBoundary`]).
+    ///
+    /// One pass reads each leg until it has nothing (its read waker is then
+    /// registered) and flushes both; another pass follows only when this
+    /// one left work behind ([`Pump::again`]), not merely because it read
+    /// something: a second pass would only poll both sockets again to find
+    /// them empty.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<End>> {
         loop {
             let mut progress = false;
+            self.again = false;
             if let Some(end) = self.poll_up(cx, &mut progress) {
                 return Poll::Ready(Some(end));
             }
@@ -393,7 +404,7 @@ where
             if self.up == Mode::Stopped && self.down == Mode::Stopped {
                 return Poll::Ready(None);
             }
-            if !progress {
+            if !progress || !self.again {
                 return Poll::Pending;
             }
         }
@@ -405,7 +416,11 @@ where
         if let Poll::Ready(Err(_)) = self.upstream.poll_flush(cx) {
             return Some(End::UpstreamGone);
         }
-        while self.up != Mode::Stopped && self.upstream.queued_bytes() < HIGH_WATER_BYTES {
+        while self.up != Mode::Stopped {
+            if self.upstream.queued_bytes() >= HIGH_WATER_BYTES {
+                self.again = true;
+                break;
+            }
             let f = match self.client.poll_frame(cx) {
                 Poll::Pending => break,
                 Poll::Ready(Ok(Some(f))) => f,
@@ -444,7 +459,11 @@ where
         if let Poll::Ready(Err(_)) = self.client.poll_flush(cx) {
             return Some(End::ClientGone);
         }
-        while self.down != Mode::Stopped && self.client.queued_bytes() < HIGH_WATER_BYTES {
+        while self.down != Mode::Stopped {
+            if self.client.queued_bytes() >= HIGH_WATER_BYTES {
+                self.again = true;
+                break;
+            }
             let f = match self.upstream.poll_frame(cx) {
                 Poll::Pending => break,
                 Poll::Ready(Ok(Some(f))) => f,
@@ -466,7 +485,9 @@ where
                     }
                 }
                 FrameRole::Control => match self.upstream.answer(&f) {
-                    Ok(Control::PingPong) => {}
+                    // A pong may be queued on the upstream leg, whose flush
+                    // comes in the next pass.
+                    Ok(Control::PingPong) => self.again = true,
                     Ok(Control::Close(frame)) => {
                         let code = frame.as_ref().map(|f| u16::from(f.code));
                         self.upstream_close = sendable(frame);
@@ -513,6 +534,7 @@ where
         client_close: None,
         upstream_close: None,
         active: false,
+        again: false,
     };
     let end = {
         // One clock read per wake-up that read anything, not per frame.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
@@ -396,4 +396,65 @@ async fn a_client_gone_mid_message_has_it_ended_validly_before_the_cancel() {
     drop(rig.upstream);
     let (spliced, _) = tokio::time::timeout(WAIT, rig.done).await.unwrap().unwrap();
     assert_eq!(spliced.end, End::ClientGone);
+}
+
+/// A ping from the upstream with nothing after it is answered at once: its
+/// pong, queued on the upstream leg while reading that leg, is written
+/// without waiting for another frame to wake the splice.
+#[tokio::test]
+async fn a_lone_upstream_ping_is_answered() {
+    let mut rig = rig(Seen::default()).await;
+    let ping = frame(
+        true,
+        OpCode::Control(Control::Ping),
+        None,
+        b"are you there".to_vec(),
+    );
+    rig.upstream.write_all(&ping).await.unwrap();
+    let got = read_until(&mut rig.upstream, |f| {
+        f.iter().any(|(op, ..)| *op == opcode::PONG)
+    })
+    .await;
+    let pong = got.iter().find(|(op, ..)| *op == opcode::PONG).unwrap();
+    assert_eq!(payload(&pong.2), b"are you there");
+    rig.done.abort();
+}
+
+/// Past the high-water mark towards a client that does not read, the
+/// splice stops reading the upstream; once the client reads, everything
+/// arrives, in order.
+#[tokio::test]
+async fn a_client_slower_than_its_upstream_gets_every_byte_in_order() {
+    let mut rig = rig(Seen::default()).await;
+    let mut sent = Vec::new();
+    for i in 0..64u8 {
+        sent.extend(frame(
+            true,
+            OpCode::Data(Data::Binary),
+            None,
+            vec![i; 32 * 1024],
+        ));
+    }
+    let upstream = &mut rig.upstream;
+    let client = &mut rig.client;
+    let write = async {
+        upstream.write_all(&sent).await.unwrap();
+    };
+    let read = async {
+        // The client reads nothing at first: every buffer on its side fills.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        while got.len() < sent.len() {
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {} bytes", got.len());
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    };
+    let ((), got) = tokio::time::timeout(WAIT, async { tokio::join!(write, read) })
+        .await
+        .expect("everything arrives");
+    assert!(got == sent, "the client got the upstream's bytes as sent");
+    rig.done.abort();
 }
