@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per session and per delta, counted by valgrind's callgrind:
-# tcp-relay, ws-relay and a gateway (pool off) each under callgrind, in
+# tcp-relay, ws-relay, metered-relay and a gateway (pool off) each under callgrind, in
 # front of two simulators (1 audio delta per response, and CG_DELTAS).
 # Counters are zeroed after a warm-up and dumped after CG_N sessions per
 # target, so start-up is not counted. Instruction counts do not depend on
@@ -53,6 +53,8 @@ for deltas in 1 "$HI"; do
   cg "tcp-relay-$deltas" "$BIN/tcp-relay" "127.0.0.1:$((BASE_PORT + 2))" "127.0.0.1:$sim"
   WS_RELAY_CLIENT_KEY="$CLIENT_KEY" WS_RELAY_UPSTREAM_KEY="$UPSTREAM_KEY" \
     cg "ws-relay-$deltas" "$BIN/ws-relay" "127.0.0.1:$((BASE_PORT + 3))" "127.0.0.1:$sim"
+  WS_RELAY_CLIENT_KEY="$CLIENT_KEY" WS_RELAY_UPSTREAM_KEY="$UPSTREAM_KEY" WS_RELAY_METER=1 \
+    cg "metered-relay-$deltas" "$BIN/ws-relay" "127.0.0.1:$((BASE_PORT + 6))" "127.0.0.1:$sim"
   cat >"$tmp/gw.toml" <<EOT
 [server]
 listen = "127.0.0.1:$((BASE_PORT + 4))"
@@ -65,9 +67,10 @@ api_key_env = "BENCH_UPSTREAM_KEY"
 EOT
   PATCHBAY_MASTER_KEY="$CLIENT_KEY" BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" REALTIME_POOL_SIZE=0 \
     cg "gw-off-$deltas" "$BIN/patchbay-gateway" serve --config "$tmp/gw.toml"
-  for p in 2 3 4; do wait_port $((BASE_PORT + p)); done
+  for p in 2 3 4 6; do wait_port $((BASE_PORT + p)); done
   targets=(--target "tcp-relay=ws://127.0.0.1:$((BASE_PORT + 2))/v1/realtime@$UPSTREAM_KEY"
     --target "ws-relay=ws://127.0.0.1:$((BASE_PORT + 3))/v1/realtime"
+    --target "metered-relay=ws://127.0.0.1:$((BASE_PORT + 6))/v1/realtime"
     --target "gw-off=ws://127.0.0.1:$((BASE_PORT + 4))/v1/realtime")
   # Warm-up (first connections, lazy statics, the runtime's threads), then
   # count only the measured sessions.
@@ -75,7 +78,7 @@ EOT
     -n 60 -c "$C" >"$OUT_DIR/warm-$deltas.txt" 2>&1
   for p in "${cg_pids[@]}"; do callgrind_control -z "$p" >/dev/null; done
   PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout 900 "$BIN/patchbay-bench" "${targets[@]}" \
-    -n $((3 * N)) -c "$C" --out "$OUT_DIR/run-$deltas.json" >"$OUT_DIR/run-$deltas.txt" 2>&1
+    -n $((4 * N)) -c "$C" --out "$OUT_DIR/run-$deltas.json" >"$OUT_DIR/run-$deltas.txt" 2>&1
   for p in "${cg_pids[@]}"; do callgrind_control -d "$p" >/dev/null; done
   stop_pids
 done

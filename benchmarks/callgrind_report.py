@@ -13,7 +13,7 @@ import glob
 import json
 import sys
 
-TARGETS = ("tcp-relay", "ws-relay", "gw-off")
+TARGETS = ("tcp-relay", "ws-relay", "metered-relay", "gw-off")
 
 
 def dump(out_dir, name):

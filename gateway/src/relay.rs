@@ -68,7 +68,7 @@ mod on_wake;
 mod passthrough_tests;
 pub mod reader;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};

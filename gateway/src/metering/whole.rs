@@ -269,6 +269,7 @@ impl<'de> Visitor<'de> for Key {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relay::testing::Rng;
 
     #[derive(serde::Deserialize)]
     struct Holder {
@@ -334,22 +335,6 @@ mod tests {
         }
     }
 
-    /// xorshift64*: deterministic pseudo-random input without a dependency.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
     const KEYS: [&str; 10] = [
         "total_tokens",
         "input_tokens",
@@ -373,7 +358,7 @@ mod tests {
         } else if depth < 3 && rng.below(3) == 0 {
             object(rng, depth + 1, out);
         } else {
-            out.push_str(SCALARS[rng.below(SCALARS.len())]);
+            out.push_str(SCALARS[rng.below(SCALARS.len() as u64) as usize]);
         }
     }
 
@@ -383,7 +368,7 @@ mod tests {
             if i > 0 {
                 out.push(',');
             }
-            let key = KEYS[rng.below(KEYS.len())];
+            let key = KEYS[rng.below(KEYS.len() as u64) as usize];
             out.push('"');
             out.push_str(key);
             out.push_str("\":");
