@@ -135,14 +135,7 @@ async fn serve_client(
                         already_read: read.slice(head_len..),
                         response: response.into(),
                     };
-                    // Run in this connection's task (tracked, so a drain
-                    // waits for it), boxed so the connection's future stays
-                    // small: a second task would cost a spawn, a move of the
-                    // session's future into it and a hop through the
-                    // scheduler.
-                    gw.tasks
-                        .track_future(Box::pin(accepted.session.run(start)))
-                        .await;
+                    gw.tasks.spawn(accepted.session.run(start));
                     return;
                 }
                 Err(refusal) => {
