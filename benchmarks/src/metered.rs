@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use patchbay_gateway::logs::RequestLogRow;
 use patchbay_gateway::metering::pricing::{Usage, UsageJson};
+use patchbay_gateway::relay::frame;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -97,41 +98,30 @@ async fn downstream(
     }
 }
 
-/// The length of the whole frames at the start of `bytes`, calling `text`
-/// with the payload of each unfragmented, unmasked text frame among them.
+/// The length of the whole frames at the start of `bytes` (headers read by
+/// the gateway's own [`frame::parse_header`]), calling `text` with the
+/// payload of each unfragmented, unmasked text frame among them. Bytes that
+/// are not a frame are passed on as they are, unread.
 pub fn whole_frames(bytes: &[u8], mut text: impl FnMut(&[u8])) -> usize {
     let mut at = 0;
-    while let Some((header, len)) = frame_at(&bytes[at..]) {
-        let end = match (at + header).checked_add(len) {
-            Some(end) if end <= bytes.len() => end,
-            _ => break,
+    loop {
+        let header = match frame::parse_header(&bytes[at..]) {
+            Ok(Some(h)) => h,
+            Ok(None) => return at,
+            Err(_) => return bytes.len(),
         };
-        let (b0, b1) = (bytes[at], bytes[at + 1]);
-        if b0 == 0x81 && b1 & 0x80 == 0 {
-            text(&bytes[at + header..end]);
+        let end = match usize::try_from(header.frame_len())
+            .ok()
+            .and_then(|n| at.checked_add(n))
+        {
+            Some(end) if end <= bytes.len() => end,
+            _ => return at,
+        };
+        if header.fin && header.opcode == frame::opcode::TEXT && header.mask.is_none() {
+            text(&bytes[at + header.header_len..end]);
         }
         at = end;
     }
-    at
-}
-
-/// A frame's header length and payload length, once its header is in.
-fn frame_at(b: &[u8]) -> Option<(usize, usize)> {
-    let b1 = *b.get(1)?;
-    let mask = if b1 & 0x80 != 0 { 4 } else { 0 };
-    let (ext, len) = match b1 & 0x7f {
-        126 => (
-            2,
-            u16::from_be_bytes(b.get(2..4)?.try_into().ok()?) as usize,
-        ),
-        127 => (
-            8,
-            u64::from_be_bytes(b.get(2..10)?.try_into().ok()?) as usize,
-        ),
-        n => (0, n as usize),
-    };
-    let header = 2 + ext + mask;
-    (b.len() >= header).then_some((header, len))
 }
 
 #[derive(Deserialize)]

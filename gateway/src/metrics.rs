@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -396,30 +396,28 @@ impl ModelMeters {
         &self.model
     }
 
+    /// `cell`'s series of `family` for this model, taken at the first use.
+    fn of_model<'a, M: Clone, C: MetricConstructor<M>>(
+        &self,
+        cell: &'a OnceLock<M>,
+        family: &Family<ModelLabel, M, C>,
+    ) -> &'a M {
+        cell.get_or_init(|| family.get_or_create(&model(&self.model)).clone())
+    }
+
     /// The model's `sessions_active` gauge (a handle to the family's).
     pub fn sessions_active(&self, m: &Metrics) -> Gauge {
-        self.sessions_active
-            .get_or_init(|| m.sessions_active.get_or_create(&model(&self.model)).clone())
+        self.of_model(&self.sessions_active, &m.sessions_active)
             .clone()
     }
 
     pub fn dial_seconds(&self, m: &Metrics, seconds: f64) {
-        self.dial_seconds
-            .get_or_init(|| {
-                m.upstream_dial_seconds
-                    .get_or_create(&model(&self.model))
-                    .clone()
-            })
+        self.of_model(&self.dial_seconds, &m.upstream_dial_seconds)
             .observe(seconds);
     }
 
     pub fn setup_seconds(&self, m: &Metrics, seconds: f64) {
-        self.setup_seconds
-            .get_or_init(|| {
-                m.session_setup_seconds
-                    .get_or_create(&model(&self.model))
-                    .clone()
-            })
+        self.of_model(&self.setup_seconds, &m.session_setup_seconds)
             .observe(seconds);
     }
 
@@ -442,19 +440,12 @@ impl ModelMeters {
     }
 
     pub fn pool_hit(&self, m: &Metrics) {
-        self.pool_hits
-            .get_or_init(|| m.pool_hits.get_or_create(&model(&self.model)).clone())
-            .inc();
+        self.of_model(&self.pool_hits, &m.pool_hits).inc();
     }
 
     /// The model's `usage_records_dropped` counter (a handle).
     pub fn records_dropped(&self, m: &Metrics) -> Counter {
-        self.records_dropped
-            .get_or_init(|| {
-                m.usage_records_dropped
-                    .get_or_create(&model(&self.model))
-                    .clone()
-            })
+        self.of_model(&self.records_dropped, &m.usage_records_dropped)
             .clone()
     }
 
@@ -493,9 +484,7 @@ impl ModelMeters {
     }
 
     pub fn cost_usd(&self, m: &Metrics, usd: f64) {
-        self.cost_usd
-            .get_or_init(|| m.cost_usd.get_or_create(&model(&self.model)).clone())
-            .inc_by(usd);
+        self.of_model(&self.cost_usd, &m.cost_usd).inc_by(usd);
     }
 }
 

@@ -48,13 +48,14 @@ pub struct PlainVisitor<'a> {
 }
 
 impl PlainVisitor<'_> {
-    /// `name=` (after a space unless it is the first field), or `None` when
-    /// the field is not written here: the message, a `log.` field (which
-    /// the default skips), a painting writer, or an earlier error.
-    fn start(&mut self, field: &Field) -> Option<()> {
+    /// Writes `name=` (after a space unless it is the first field) and
+    /// returns true, or returns false when the field is not written here:
+    /// the message, a `log.` field (which the default skips), a painting
+    /// writer, or an earlier error.
+    fn start(&mut self, field: &Field) -> bool {
         let name = field.name();
         if !self.plain || self.result.is_err() || name == "message" || name.starts_with("log.") {
-            return None;
+            return false;
         }
         let name = name.strip_prefix("r#").unwrap_or(name);
         let pad = if std::mem::take(&mut self.is_empty) {
@@ -67,34 +68,26 @@ impl PlainVisitor<'_> {
             .write_str(pad)
             .and_then(|()| self.writer.write_str(name))
             .and_then(|()| self.writer.write_char('='));
-        self.result.is_ok().then_some(())
+        self.result.is_ok()
     }
 
-    /// What the default visitor writes for this field.
-    fn default(&mut self, record: impl FnOnce(&mut DefaultVisitor<'_>)) {
-        if self.result.is_err() {
+    /// What the default visitor writes for `field` (nothing for a `log.`
+    /// field, which it skips without padding).
+    fn default(&mut self, field: &Field, record: impl FnOnce(&mut DefaultVisitor<'_>)) {
+        if self.result.is_err() || field.name().starts_with("log.") {
             return;
         }
         let mut inner = DefaultVisitor::new(self.writer.by_ref(), self.is_empty);
         record(&mut inner);
         self.result = inner.finish();
-        // The default writes every field but `log.` ones, which it skips
-        // without padding.
         self.is_empty = false;
-    }
-
-    fn skipped(field: &Field) -> bool {
-        field.name().starts_with("log.")
     }
 }
 
 impl Visit for PlainVisitor<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if self.start(field).is_none() {
-            if !Self::skipped(field) {
-                self.default(|d| d.record_str(field, value));
-            }
-            return;
+        if !self.start(field) {
+            return self.default(field, |d| d.record_str(field, value));
         }
         self.result = if value
             .bytes()
@@ -112,47 +105,33 @@ impl Visit for PlainVisitor<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.start(field).is_none() {
-            if !Self::skipped(field) {
-                self.default(|d| d.record_u64(field, value));
-            }
-            return;
+        if !self.start(field) {
+            return self.default(field, |d| d.record_u64(field, value));
         }
         self.result = self.writer.write_str(itoa::Buffer::new().format(value));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if self.start(field).is_none() {
-            if !Self::skipped(field) {
-                self.default(|d| d.record_i64(field, value));
-            }
-            return;
+        if !self.start(field) {
+            return self.default(field, |d| d.record_i64(field, value));
         }
         self.result = self.writer.write_str(itoa::Buffer::new().format(value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if self.start(field).is_none() {
-            if !Self::skipped(field) {
-                self.default(|d| d.record_bool(field, value));
-            }
-            return;
+        if !self.start(field) {
+            return self.default(field, |d| d.record_bool(field, value));
         }
         self.result = self.writer.write_str(if value { "true" } else { "false" });
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        if !Self::skipped(field) {
-            self.default(|d| d.record_error(field, value));
-        }
+        self.default(field, |d| d.record_error(field, value));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if self.start(field).is_none() {
-            if !Self::skipped(field) {
-                self.default(|d| d.record_debug(field, value));
-            }
-            return;
+        if !self.start(field) {
+            return self.default(field, |d| d.record_debug(field, value));
         }
         self.result = write!(self.writer, "{value:?}");
     }
