@@ -296,27 +296,28 @@ impl Pool {
     }
 
     /// Drops stale sockets, dead ones when `poll_health` (see
-    /// [`HEALTH_EVERY_TICKS`]) and, past the target, the oldest ones.
+    /// [`HEALTH_EVERY_TICKS`]) and, past the target, the oldest ones. The
+    /// sockets kept stay where they are (a tick used to move every pooled
+    /// socket into a new queue and read the clock once per socket).
     fn reap(&self, poll_health: bool) {
         let target = self.target();
+        let now = Instant::now();
         let discarded: Vec<Warm> = {
             let mut warm = self.lock();
             let mut out = Vec::new();
-            let mut keep = VecDeque::with_capacity(warm.len());
-            for mut w in warm.drain(..) {
-                let stale = w.connected_at.elapsed() >= self.max_idle;
-                if stale || (poll_health && check(&mut w) == Health::Dead) {
-                    out.push(w);
+            let mut i = 0;
+            while i < warm.len() {
+                let w = &mut warm[i];
+                let stale = now.saturating_duration_since(w.connected_at) >= self.max_idle;
+                if stale || (poll_health && check(w) == Health::Dead) {
+                    out.extend(warm.remove(i));
                 } else {
-                    keep.push_back(w);
+                    i += 1;
                 }
             }
-            while keep.len() > target {
-                if let Some(w) = keep.pop_front() {
-                    out.push(w);
-                }
+            while warm.len() > target {
+                out.extend(warm.pop_front());
             }
-            *warm = keep;
             out
         };
         self.update_gauge();
@@ -589,6 +590,35 @@ mod tests {
         .await;
         assert_eq!(p.len(), 1, "a ping is not a dead socket");
         assert!(p.take().is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_reap_drops_stale_extra_and_dead_sockets_and_keeps_the_rest_in_order() {
+        let (sim, up) = sim_and_upstream(SimConfig::default()).await;
+        let p = pool(up.clone(), 10, Duration::from_millis(300));
+        // Two that go stale, then three fresh ones.
+        p.push(up.dial().await.unwrap());
+        p.push(up.dial().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        for _ in 0..3 {
+            p.push(up.dial().await.unwrap());
+        }
+        let ids = |p: &Pool| p.lock().iter().map(|w| w.connected_at).collect::<Vec<_>>();
+        let fresh = ids(&p)[2..].to_vec();
+        p.reap(false);
+        assert_eq!(ids(&p), fresh, "only the stale ones go");
+        // Past the target, the oldest go.
+        p.set_target(2);
+        p.reap(false);
+        assert_eq!(ids(&p), fresh[1..].to_vec());
+        // Closed by the upstream: gone at the next reap that polls health.
+        sim.close_all(1001);
+        until(|| {
+            p.reap(true);
+            p.is_empty()
+        })
+        .await;
+        until(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await;
     }
 
     #[tokio::test]
