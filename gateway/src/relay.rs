@@ -32,7 +32,10 @@
 //!   the last-activity time per wake-up that read anything. One timer (for
 //!   the idle timeout or the deadline, whichever is due first) and the kill
 //!   signal are polled only when one of them woke ([`on_wake`]), not on
-//!   each of the pump's wake-ups.
+//!   each of the pump's wake-ups; likewise a leg whose read returned
+//!   `Pending` is read again only once its socket woke it
+//!   ([`on_wake::ReadWake`]), so a frame arriving on one leg does not
+//!   also poll the other leg's empty socket.
 //!
 //! # One end, many causes
 //!
@@ -86,7 +89,7 @@ use tokio_tungstenite::WebSocketStream;
 
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg};
-use on_wake::OnWake;
+use on_wake::{OnWake, ReadWake};
 use reader::ReadError;
 
 /// How long a leg is given to answer our close before the socket is dropped;
@@ -375,6 +378,10 @@ struct Pump<'a, C, U, T> {
     /// [`HIGH_WATER_BYTES`] (no read waker registered), or a frame of the
     /// gateway's own queued on the upstream leg after its flush.
     again: bool,
+    /// Each leg is read only when its socket woke it (or its last read gave
+    /// a frame): a frame on one leg does not poll the other's empty socket.
+    client_read: ReadWake,
+    upstream_read: ReadWake,
 }
 
 impl<C, U, T> Pump<'_, C, U, T>
@@ -392,6 +399,8 @@ where
     /// something: a second pass would only poll both sockets again to find
     /// them empty.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<End>> {
+        self.client_read.register(cx);
+        self.upstream_read.register(cx);
         loop {
             let mut progress = false;
             self.again = false;
@@ -421,8 +430,14 @@ where
                 self.again = true;
                 break;
             }
-            let f = match self.client.poll_frame(cx) {
-                Poll::Pending => break,
+            if !self.client_read.ready() {
+                break;
+            }
+            let f = match self.client.poll_frame(&mut self.client_read.context()) {
+                Poll::Pending => {
+                    self.client_read.pending();
+                    break;
+                }
                 Poll::Ready(Ok(Some(f))) => f,
                 Poll::Ready(Ok(None)) => return Some(End::ClientGone),
                 Poll::Ready(Err(e)) => return Some(client_error(&e)),
@@ -464,8 +479,14 @@ where
                 self.again = true;
                 break;
             }
-            let f = match self.upstream.poll_frame(cx) {
-                Poll::Pending => break,
+            if !self.upstream_read.ready() {
+                break;
+            }
+            let f = match self.upstream.poll_frame(&mut self.upstream_read.context()) {
+                Poll::Pending => {
+                    self.upstream_read.pending();
+                    break;
+                }
                 Poll::Ready(Ok(Some(f))) => f,
                 Poll::Ready(Err(ReadError::Frame(FrameError::MessageTooBig { .. }))) => {
                     return Some(End::UpstreamTooBig)
@@ -535,6 +556,8 @@ where
         upstream_close: None,
         active: false,
         again: false,
+        client_read: ReadWake::new(),
+        upstream_read: ReadWake::new(),
     };
     let end = {
         // One clock read per wake-up that read anything, not per frame.

@@ -8,6 +8,11 @@
 //! future a waker of its own, and between two of that waker's wake-ups it
 //! answers `Pending` without polling it.
 //!
+//! [`ReadWake`] does the same for one leg's reads inside the pump: a leg
+//! whose read returned `Pending` is not read again until its socket woke
+//! it, so a wake-up for a frame on one leg does not also poll the other
+//! leg's empty socket.
+//!
 //! No wake-up is lost: the task's waker is registered before the flag is
 //! read, so a wake-up that comes after the read wakes the task again.
 
@@ -66,6 +71,60 @@ impl<F: Future> Future for OnWake<'_, F> {
         this.fut
             .as_mut()
             .poll(&mut Context::from_waker(&this.waker))
+    }
+}
+
+/// Whether a leg's read is worth polling: it has not returned `Pending`
+/// since it was last polled, or its waker (given to that read) fired since.
+pub struct ReadWake {
+    flag: Arc<Flag>,
+    waker: Waker,
+    /// The last read returned a frame: the next may be buffered already.
+    ready: bool,
+}
+
+impl ReadWake {
+    pub fn new() -> Self {
+        let flag = Arc::new(Flag {
+            woken: AtomicBool::new(false),
+            task: AtomicWaker::new(),
+        });
+        let waker = Waker::from(flag.clone());
+        Self {
+            flag,
+            waker,
+            ready: true,
+        }
+    }
+
+    /// Registers the task's waker: call on every poll of the task, before
+    /// [`Self::ready`].
+    pub fn register(&self, cx: &Context<'_>) {
+        self.flag.task.register(cx.waker());
+    }
+
+    /// Whether to poll the read now.
+    pub fn ready(&mut self) -> bool {
+        if !self.ready {
+            self.ready = self.flag.woken.swap(false, Ordering::AcqRel);
+        }
+        self.ready
+    }
+
+    /// The context to poll the read with: its wake-up sets the flag.
+    pub fn context(&self) -> Context<'_> {
+        Context::from_waker(&self.waker)
+    }
+
+    /// The read returned `Pending`: its waker is registered with the socket.
+    pub fn pending(&mut self) {
+        self.ready = false;
+    }
+}
+
+impl Default for ReadWake {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -139,6 +198,31 @@ mod tests {
         );
         assert_eq!(Pin::new(&mut on_wake).poll(&mut cx), Poll::Ready(7));
         assert_eq!(probe.polls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_read_is_polled_again_only_after_its_waker_fired() {
+        let task = Arc::new(Count::default());
+        let task_waker = Waker::from(task.clone());
+        let cx = Context::from_waker(&task_waker);
+        let mut read = ReadWake::new();
+        read.register(&cx);
+        assert!(read.ready(), "polled at first");
+        read.pending();
+        read.register(&cx);
+        assert!(!read.ready(), "not after Pending");
+        assert!(!read.ready());
+        // The socket wakes the waker the read registered.
+        let given = read.context().waker().clone();
+        given.wake_by_ref();
+        assert_eq!(task.0.load(Ordering::SeqCst), 1, "the task is woken");
+        read.register(&cx);
+        assert!(read.ready(), "polled after its wake-up");
+        // A read that returned a frame stays ready (more may be buffered).
+        assert!(read.ready());
+        read.pending();
+        read.register(&cx);
+        assert!(!read.ready());
     }
 
     #[tokio::test]
