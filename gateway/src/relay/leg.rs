@@ -8,8 +8,8 @@
 //! - Frames queued ([`Leg::queue`] for forwarded bytes, [`Leg::queue_frame`]
 //!   for the gateway's own) leave in order, whole, with as few writes as the
 //!   socket allows: one vectored write carries every queued frame
-//!   ([`MAX_WRITE_SLICES`] at most), a partial write resumes where it
-//!   stopped. Forwarded frames are never copied: the queue holds the
+//!   ([`MAX_WRITE_SLICES`] at most; a lone frame goes in a plain write), a
+//!   partial write resumes where it stopped. Forwarded frames are never copied: the queue holds the
 //!   reader's own buffers.
 //! - The gateway's own frames are masked with a fresh random key on a leg
 //!   where it is the client (the upstream), and unmasked where it is the
@@ -259,7 +259,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
 
     /// Writes everything queued, then flushes the socket.
     pub fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        while !self.out.is_empty() {
+        while let Some(front) = self.out.front() {
+            if self.out.len() == 1 {
+                // One frame (most wake-ups of an audio stream): a plain
+                // write, without building the slice array.
+                let written = ready!(Pin::new(&mut self.io).poll_write(cx, front))?;
+                if written == 0 {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                self.advance(written);
+                continue;
+            }
             let mut slices = [IoSlice::new(&[]); MAX_WRITE_SLICES];
             let mut n = 0;
             for (slot, b) in slices.iter_mut().zip(self.out.iter()) {
