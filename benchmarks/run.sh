@@ -24,6 +24,11 @@
 #    writing a request-log row from each response.done: the least a
 #    metering gateway can do). Its report's CPU table is the cost
 #    comparison, against the three floors.
+# 5b. CPU run as issue 15 measured it (stage "cpu-issue"): the same
+#    workload with exactly the four targets of the issue's own run (direct,
+#    tcp-relay, pool-off, pool-on), so each process has as many sessions in
+#    flight (c/4) as it had there; the six-target stage gives each c/6,
+#    and fewer frames per wake-up cost a gateway more over tcp-relay.
 # 6. Many-sessions run (stage "many", not in the default STAGES): MANY_N
 #    sessions at once through one gateway (pool MANY_POOL_SIZE), held open
 #    by MANY_MODEL_MS of model time before each one's first audio, one turn
@@ -37,7 +42,8 @@
 # tcp-relay); the simulator's is printed after each report.
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
-# Knobs (env): STAGES (any of "main floor small-frames cpu", default all)
+# Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
+# all; "many" only when named)
 # N C SMALL_N SMALL_C SMALL_DELTAS SMALL_DELTA_BYTES POOL_SIZE CPU_N_PER_TARGET
 # CPU_C CPU_POOL_SIZE CPU_DELTAS CPU_DELTA_BYTES CPU_DELTA_INTERVAL_MS
 # CPU_INFERENCE_MS MANY_N MANY_MODEL_MS MANY_POOL_SIZE BASE_PORT OUT_DIR
@@ -56,7 +62,7 @@ SMALL_DELTAS=${SMALL_DELTAS:-50}
 # JSON text frames (400 bytes would make ~700).
 SMALL_DELTA_BYTES=${SMALL_DELTA_BYTES:-320}
 POOL_SIZE=${POOL_SIZE:-500}
-STAGES=${STAGES:-main floor small-frames cpu}
+STAGES=${STAGES:-main floor small-frames cpu-issue cpu}
 CPU_N_PER_TARGET=${CPU_N_PER_TARGET:-2000}
 CPU_C=${CPU_C:-100}
 CPU_POOL_SIZE=${CPU_POOL_SIZE:-100}
@@ -232,6 +238,17 @@ if stage small-frames; then
   start_stack "small frames" --upgrade-delay-ms 250 --session-delay-ms 7 \
     --audio-deltas "$SMALL_DELTAS" --audio-delta-bytes "$SMALL_DELTA_BYTES"
   bench small-frames 1 -n "$SMALL_N" -c "$SMALL_C"
+  stop_pids
+  echo
+fi
+
+if stage cpu-issue; then
+  POOL_SIZE=$CPU_POOL_SIZE C=$CPU_C
+  start_stack "cpu issue" --upgrade-delay-ms 250 --session-delay-ms 7 \
+    --inference-delay-ms "$CPU_INFERENCE_MS" --audio-deltas "$CPU_DELTAS" \
+    --audio-delta-bytes "$CPU_DELTA_BYTES" --delta-interval-ms "$CPU_DELTA_INTERVAL_MS"
+  # Four targets, CPU_N_PER_TARGET sessions each.
+  bench cpu-issue 1 -n $((4 * CPU_N_PER_TARGET)) -c "$CPU_C"
   stop_pids
   echo
 fi

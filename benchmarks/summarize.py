@@ -9,8 +9,9 @@ goals are about: pool-on session p99, pool hit rate, first_audio p50 against
 direct and against the tcp-relay floor, dial p99 against direct, and the
 small-frames turn p50 difference. Percentiles are nearest-rank over the
 successful sessions, as in the bench's own report. Then, for every report
-that measured the targets' processes (--cpu-pid; cpu.json is the issue-15
-workload), the CPU-seconds per 1000 sessions of tcp-relay and of each
+that measured the targets' processes (--cpu-pid; cpu-issue.json is the
+issue-15 workload with the issue's four targets, cpu.json the same with the
+ws-relay and metered-relay floors as well), the CPU-seconds per 1000 sessions of tcp-relay and of each
 gateway, and each gateway's ratio to tcp-relay. Standard library only.
 """
 
@@ -145,7 +146,7 @@ def main(dirs):
             doc = load(Path(d) / f"{name}.json")
             if doc:
                 rows.append(row(f"{Path(d).name}/{name}", doc, relay))
-        for name in ("main", "floor", "small-frames", "cpu"):
+        for name in ("main", "floor", "small-frames", "cpu-issue", "cpu"):
             path = Path(d) / f"{name}.json"
             doc = load(path) if path.exists() else None
             r = doc and cpu_row(f"{Path(d).name}/{name}", doc)
