@@ -1,8 +1,10 @@
 //! Shutdown: the signal, and the drain sequence.
 //!
 //! A session outlives the HTTP request that opened it, so the process tracks
-//! sessions itself: every session task (and, with metering, its meter) is
-//! spawned on the gateway's `TaskTracker` at admission, before the 101, and
+//! sessions itself: every session task is tracked by the gateway's
+//! `TaskTracker` from admission, before the 101 (its meter runs inside it,
+//! or in a tracked task of its own when its final flush waits on the
+//! store), and
 //! every session selects on the gateway's `CancellationToken`. On SIGTERM or
 //! Ctrl-C:
 //! 1. admission refuses new upgrades with 503 (the listener keeps accepting

@@ -66,7 +66,7 @@
 
 pub mod frame;
 pub mod leg;
-mod on_wake;
+pub(crate) mod on_wake;
 #[cfg(test)]
 mod passthrough_tests;
 pub mod reader;

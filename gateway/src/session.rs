@@ -40,7 +40,7 @@ use crate::client_secret::apply::{self, ApplyError};
 use crate::client_secret::Grant;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
-use crate::metering::{EndReason, SessionMeta};
+use crate::metering::{EndReason, InlineMeter, SessionMeta};
 use crate::metrics::{model, FailoverLabels};
 use crate::relay::frame::FrameRole;
 use crate::relay::leg::{Control, Leg, Side};
@@ -374,7 +374,7 @@ impl Session {
             .on_upstream(&upstream.config, &route.config)
             .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()));
         let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
-        gw.tasks.spawn(meter.run());
+        let mut meter = InlineMeter::new(meter);
         tracker.on_upstream_text(&warm.session_created);
         for text in &applied {
             tracker.on_upstream_text(text);
@@ -390,9 +390,19 @@ impl Session {
                 },
             }
         };
-        let spliced =
-            relay::splice(client, warm.leg, held.frames, limits, &mut tracker, kill).await;
+        let spliced = {
+            let splice = pin!(relay::splice(
+                client,
+                warm.leg,
+                held.frames,
+                limits,
+                &mut tracker,
+                kill
+            ));
+            meter.beside(splice).await
+        };
         tracker.finish(EndReason::from_end(&spliced.end));
+        meter.finish(&gw.tasks);
         if spliced.end == relay::End::ClientGone {
             gw.metrics
                 .client_disconnects

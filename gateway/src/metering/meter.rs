@@ -1,5 +1,9 @@
 //! The meter task: one per session, fed by its [`TurnTracker`] through a
-//! bounded channel, spawned by the session on the gateway's `TaskTracker`.
+//! bounded channel. A WebSocket session runs it inside its own task
+//! ([`InlineMeter`]: polled beside the relay only when it woke, its final
+//! flush done in place when the store answers at once and in a task of its
+//! own when it does not); a call's sideband spawns it on the gateway's
+//! `TaskTracker`.
 //!
 //! Every `[metering] flush_secs` (default 15), and once more when the
 //! tracker is finished (the channel closes), a flush:
@@ -41,11 +45,15 @@
 //! [`FlushId`]: crate::store::FlushId
 //! [`KillSignal`]: super::KillSignal
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
+use tokio_util::task::TaskTracker;
 
 use super::outbox::{Queued, QueuedState};
 use super::pricing::{self, Usage};
@@ -56,6 +64,7 @@ use crate::config::PriceRow;
 use crate::event::error_event;
 use crate::logs::RequestLogRow;
 use crate::metrics::{model, ModelMeters};
+use crate::relay::on_wake::OnWake;
 use crate::relay::Kill;
 use crate::store::{BudgetKey, FlushBatch, FlushId};
 
@@ -72,6 +81,58 @@ pub const MAX_WINDOW_TURNS: usize = 256;
 pub const UNKNOWN_TRANSCRIPTION_MODEL: &str = "unknown-transcription-model";
 /// Close code for budget and key kills (policy violation).
 pub const KILL_CLOSE_CODE: u16 = 1008;
+
+/// A session's meter run inside the session's own task instead of a task
+/// of its own: no spawn, and no hop through the scheduler for each turn
+/// record and for the end. [`Self::beside`] polls it next to the relay,
+/// only when it woke ([`OnWake`]); [`Self::finish`], once its tracker is
+/// finished, gives it the poll that makes its final flush. A flush that has
+/// to wait for its store (Redis) then finishes in a task of its own, so the
+/// session (its admission permit, its log line) never waits on the store.
+pub struct InlineMeter {
+    run: Pin<Box<dyn Future<Output = ()> + Send>>,
+    done: bool,
+}
+
+impl InlineMeter {
+    pub fn new(meter: MeterTask) -> Self {
+        Self {
+            run: Box::pin(meter.run()),
+            done: false,
+        }
+    }
+
+    /// Runs `work` (the relay), the meter polled beside it whenever it woke
+    /// (a turn record, a flush tick, a key change). The meter cannot end
+    /// before its tracker is finished, which `work` holds. `work` is pinned
+    /// by the caller, so its (large) future is stored once, in the caller's.
+    pub fn beside<'a, F: Future + ?Sized>(
+        &'a mut self,
+        mut work: Pin<&'a mut F>,
+    ) -> impl Future<Output = F::Output> + 'a {
+        let done = &mut self.done;
+        let mut meter = OnWake::new(self.run.as_mut());
+        std::future::poll_fn(move |cx| {
+            if !*done && Pin::new(&mut meter).poll(cx).is_ready() {
+                *done = true;
+            }
+            work.as_mut().poll(cx)
+        })
+    }
+
+    /// After the tracker is finished (its channel closed): the final flush,
+    /// here when it needs no wait, else on `tasks` (tracked, so a drain
+    /// waits for it).
+    pub fn finish(mut self, tasks: &TaskTracker) {
+        if self.done {
+            return;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        if self.run.as_mut().poll(&mut cx).is_pending() {
+            tasks.spawn(self.run);
+        }
+    }
+}
 
 /// A session's meter; run it with [`MeterTask::run`].
 #[derive(Debug)]

@@ -17,11 +17,12 @@
 //! // once session.created reached the client:
 //! let (mut tracker, meter, kill) =
 //!     metering.start_session(SessionMeta::new(&session_id, &key, &route.config));
-//! tasks.spawn(meter.run());                       // on the gateway's TaskTracker
+//! let mut meter = InlineMeter::new(meter);        // in the session's task (or: tasks.spawn(meter.run()))
 //! tracker.on_upstream_text(&session_created);     // optional: learns the transcription model
 //! let kill = async { tokio::select! { k = kill.fired() => k, _ = shutdown.cancelled() => shutdown_kill } };
-//! let spliced = relay::splice(client, upstream, pending, limits, &mut tracker, kill).await;
-//! tracker.finish(EndReason::from_end(&spliced.end)); // the meter's final flush follows
+//! let spliced = meter.beside(relay::splice(client, upstream, pending, limits, &mut tracker, kill)).await;
+//! tracker.finish(EndReason::from_end(&spliced.end));
+//! meter.finish(&tasks);                           // the final flush: here, or on the TaskTracker if the store makes it wait
 //! ```
 //!
 //! Guarantees:
@@ -74,7 +75,7 @@ pub mod pricing;
 pub mod tracker;
 mod whole;
 
-pub use meter::MeterTask;
+pub use meter::{InlineMeter, MeterTask};
 pub use tracker::{
     EndReason, TurnKind, TurnRecord, TurnTracker, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED,
 };

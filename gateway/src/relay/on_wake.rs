@@ -25,7 +25,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use futures_util::task::AtomicWaker;
 
 /// Polls `F` only after `F` woke (and once at first).
-pub struct OnWake<'a, F> {
+pub struct OnWake<'a, F: ?Sized> {
     fut: Pin<&'a mut F>,
     flag: Arc<Flag>,
     /// A waker that sets `flag` and wakes the task: given to `F`.
@@ -48,7 +48,7 @@ impl Wake for Flag {
     }
 }
 
-impl<'a, F: Future> OnWake<'a, F> {
+impl<'a, F: Future + ?Sized> OnWake<'a, F> {
     pub fn new(fut: Pin<&'a mut F>) -> Self {
         let flag = Arc::new(Flag {
             woken: AtomicBool::new(true),
@@ -59,7 +59,7 @@ impl<'a, F: Future> OnWake<'a, F> {
     }
 }
 
-impl<F: Future> Future for OnWake<'_, F> {
+impl<F: Future + ?Sized> Future for OnWake<'_, F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {

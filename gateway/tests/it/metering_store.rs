@@ -13,7 +13,9 @@ use patchbay_gateway::admission::Refusal;
 use patchbay_gateway::auth::{KeyEntry, KeySet, KeyStore, TeamEntry};
 use patchbay_gateway::config::{BudgetPeriod, MeteringConfig, PriceRow, RouteConfig, Unpriced};
 use patchbay_gateway::logs::{Captured, RequestLog, RequestLogRow};
-use patchbay_gateway::metering::{EndReason, KillSignal, Metering, SessionMeta, TurnTracker};
+use patchbay_gateway::metering::{
+    EndReason, InlineMeter, KillSignal, Metering, SessionMeta, TurnTracker,
+};
 use patchbay_gateway::metrics::Metrics;
 use patchbay_gateway::relay::{Kill, Tap};
 use patchbay_gateway::secret::Secret;
@@ -23,6 +25,7 @@ use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 const REDIS_ENV: &str = "PATCHBAY_TEST_REDIS_URL";
 const MODEL: &str = "gpt-realtime";
@@ -222,13 +225,17 @@ impl Gw {
     }
 }
 
+/// One complete response: created, a delta, done with the simulator's
+/// `n`-th usage. Keys are sorted, as the simulator writes them.
+fn turn(tracker: &mut TurnTracker, id: &str, n: u64) {
+    tracker.on_upstream_text(&created(id));
+    tracker.on_upstream_text(&delta(id));
+    tracker.on_upstream_text(&done(id, n));
+}
+
 impl Live {
-    /// One complete response: created, a delta, done with the simulator's
-    /// `n`-th usage. Keys are sorted, as the simulator writes them.
     fn turn(&mut self, id: &str, n: u64) {
-        self.tracker.on_upstream_text(&created(id));
-        self.tracker.on_upstream_text(&delta(id));
-        self.tracker.on_upstream_text(&done(id, n));
+        turn(&mut self.tracker, id, n);
     }
 
     async fn end(self, reason: EndReason) {
@@ -457,6 +464,60 @@ async fn an_unpriced_model_is_refused_under_block() {
         s.turn("resp_1", 1);
         s.end(EndReason::ClientLeft).await;
         assert_eq!(allow.rows.rows()[0].cost_usd, 0.0);
+        b.cleanup().await;
+    }
+}
+
+/// How a WebSocket session runs its meter: inside the session's own task,
+/// polled beside the relay when it woke, its final flush made in place when
+/// the store answers at once (memory) and on the task tracker when the store
+/// makes it wait (Redis); nothing is lost either way.
+#[tokio::test]
+async fn an_inline_meter_meters_beside_the_relay_and_ends_in_place_or_on_the_tracker() {
+    for b in backends("inline") {
+        // Flushed after every turn; the team's budget is below one turn.
+        let gw = gateway(&b, &keys_toml(&[("k", "")], Some(0.005)), 0);
+        gw.admit("k").await.unwrap();
+        let meta = SessionMeta::new("inline1", &gw.key("k"), &gw.route);
+        let (mut tracker, meter, kill) = gw.metering.start_session(meta);
+        let mut meter = InlineMeter::new(meter);
+        // The relay's stand-in sees a turn and waits for the kill: only a
+        // meter polled beside it meters the turn and fires the kill.
+        let killed = {
+            let relay = std::pin::pin!(async {
+                turn(&mut tracker, "resp_1", 1);
+                kill.fired().await
+            });
+            tokio::time::timeout(Duration::from_secs(5), meter.beside(relay))
+                .await
+                .expect("the meter ran beside the relay")
+        };
+        assert_eq!(killed.outcome, "budget_exhausted", "{}", b.name());
+        assert_eq!(gw.rows.rows().len(), 1, "{}", b.name());
+
+        // A turn the meter has not seen yet, then the end.
+        turn(&mut tracker, "resp_2", 2);
+        tracker.finish(EndReason::ClientLeft);
+        let tasks = TaskTracker::new();
+        meter.finish(&tasks);
+        // The row leaves at once either way; only a store round trip waits.
+        assert_eq!(gw.rows.rows().len(), 2, "{}", b.name());
+        let spawned = match b {
+            Backend::Memory => 0,
+            Backend::Redis { .. } => 1,
+        };
+        assert_eq!(tasks.len(), spawned, "{}", b.name());
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .expect("the final flush ends");
+        // Both turns' spend reached the store.
+        let rows = gw.rows.rows();
+        assert!(close(rows[1].cost_usd, TURN2_USD), "{}", rows[1].cost_usd);
+        if let Backend::Redis { .. } = &b {
+            let spent = TURN1_USD + TURN2_USD;
+            assert!(close(redis_budget(&b, Scope::Team, "support").await, spent));
+        }
         b.cleanup().await;
     }
 }
