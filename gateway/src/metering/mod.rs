@@ -20,7 +20,7 @@
 //! let mut meter = InlineMeter::new(meter);        // in the session's task (or: tasks.spawn(meter.run()))
 //! tracker.on_upstream_text(&session_created);     // optional: learns the transcription model
 //! let kill = async { tokio::select! { k = kill.fired() => k, _ = shutdown.cancelled() => shutdown_kill } };
-//! let spliced = meter.beside(relay::splice(client, upstream, pending, limits, &mut tracker, kill)).await;
+//! let spliced = meter.beside(pin!(relay::splice(client, upstream, pending, limits, &mut tracker, kill))).await;
 //! tracker.finish(EndReason::from_end(&spliced.end));
 //! meter.finish(&tasks);                           // the final flush: here, or on the TaskTracker if the store makes it wait
 //! ```

@@ -595,11 +595,11 @@ mod tests {
     #[tokio::test]
     async fn a_reap_drops_stale_extra_and_dead_sockets_and_keeps_the_rest_in_order() {
         let (sim, up) = sim_and_upstream(SimConfig::default()).await;
-        let p = pool(up.clone(), 10, Duration::from_millis(300));
-        // Two that go stale, then three fresh ones.
+        let p = pool(up.clone(), 10, Duration::from_secs(1));
+        // Two that go stale, then three fresh ones (well inside the second).
         p.push(up.dial().await.unwrap());
         p.push(up.dial().await.unwrap());
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        tokio::time::sleep(Duration::from_millis(1050)).await;
         for _ in 0..3 {
             p.push(up.dial().await.unwrap());
         }
