@@ -191,19 +191,12 @@ pub fn row_of(text: &[u8], session_id: &str, n: u64) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// An unmasked final frame, its header written by the gateway's own
+    /// encoder.
     fn server_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-        let mut f = vec![0x80 | opcode];
-        match payload.len() {
-            n if n < 126 => f.push(n as u8),
-            n if n < 65536 => {
-                f.push(126);
-                f.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                f.push(127);
-                f.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
+        let mut header = [0u8; frame::MAX_HEADER_BYTES];
+        let n = frame::encode_header(true, opcode, None, payload.len() as u64, &mut header);
+        let mut f = header[..n].to_vec();
         f.extend_from_slice(payload);
         f
     }

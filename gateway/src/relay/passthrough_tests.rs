@@ -130,19 +130,28 @@ async fn write_and_read(
 ) -> Vec<u8> {
     let (mut r, mut w) = peer.split();
     let write = async { w.write_all(bytes).await.unwrap() };
-    let read = async {
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        while data_bytes(&got).len() < want_data || count(&got, opcode::PONG) < want_pongs {
-            let n = r.read(&mut buf).await.unwrap();
-            assert!(n > 0, "closed after {} bytes", got.len());
-            got.extend_from_slice(&buf[..n]);
-        }
-        got
-    };
+    let read = read_while(&mut r, |got| {
+        data_bytes(got).len() < want_data || count(got, opcode::PONG) < want_pongs
+    });
     let ((), got) = tokio::time::timeout(WAIT, async { tokio::join!(write, read) })
         .await
         .expect("everything arrives");
+    got
+}
+
+/// Reads while `more` says the bytes so far are not enough; the peer must
+/// not close first.
+async fn read_while(
+    r: &mut (impl AsyncReadExt + Unpin),
+    mut more: impl FnMut(&[u8]) -> bool,
+) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while more(&got) {
+        let n = r.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed after {} bytes", got.len());
+        got.extend_from_slice(&buf[..n]);
+    }
     got
 }
 
@@ -443,14 +452,7 @@ async fn a_client_slower_than_its_upstream_gets_every_byte_in_order() {
     let read = async {
         // The client reads nothing at first: every buffer on its side fills.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        while got.len() < sent.len() {
-            let n = client.read(&mut buf).await.unwrap();
-            assert!(n > 0, "closed after {} bytes", got.len());
-            got.extend_from_slice(&buf[..n]);
-        }
-        got
+        read_while(client, |got| got.len() < sent.len()).await
     };
     let ((), got) = tokio::time::timeout(WAIT, async { tokio::join!(write, read) })
         .await

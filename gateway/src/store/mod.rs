@@ -234,7 +234,7 @@ pub struct FlushBatch {
 
 impl FlushBatch {
     pub fn is_empty(&self) -> bool {
-        self.charges.is_empty() && self.tpm.is_none() && self.rows.is_empty()
+        self.counts_nothing() && self.rows.is_empty()
     }
 
     /// True when the batch has no counter to change or read (rows only).
