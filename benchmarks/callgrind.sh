@@ -55,16 +55,7 @@ for deltas in 1 "$HI"; do
     cg "ws-relay-$deltas" "$BIN/ws-relay" "127.0.0.1:$((BASE_PORT + 3))" "127.0.0.1:$sim"
   WS_RELAY_CLIENT_KEY="$CLIENT_KEY" WS_RELAY_UPSTREAM_KEY="$UPSTREAM_KEY" WS_RELAY_METER=1 \
     cg "metered-relay-$deltas" "$BIN/ws-relay" "127.0.0.1:$((BASE_PORT + 6))" "127.0.0.1:$sim"
-  cat >"$tmp/gw.toml" <<EOT
-[server]
-listen = "127.0.0.1:$((BASE_PORT + 4))"
-admin_listen = "127.0.0.1:$((BASE_PORT + 5))"
-
-[[routes]]
-model = "gpt-realtime"
-upstream_url = "ws://127.0.0.1:$sim/v1/realtime"
-api_key_env = "BENCH_UPSTREAM_KEY"
-EOT
+  gateway_toml "$tmp/gw.toml" $((BASE_PORT + 4)) $((BASE_PORT + 5)) "$sim"
   PATCHBAY_MASTER_KEY="$CLIENT_KEY" BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" REALTIME_POOL_SIZE=0 \
     cg "gw-off-$deltas" "$BIN/patchbay-gateway" serve --config "$tmp/gw.toml"
   for p in 2 3 4 6; do wait_port $((BASE_PORT + p)); done

@@ -47,3 +47,19 @@ bench_cleanup() {
   stop_pids
   rm -rf "$tmp"
 }
+
+# gateway_toml FILE PORT ADMIN_PORT SIM_PORT: the smallest gateway config,
+# as the CPU scripts use it: one route to the simulator on SIM_PORT, pool and
+# limits at their defaults (the pool's size comes from REALTIME_POOL_SIZE).
+gateway_toml() {
+  cat >"$1" <<EOT
+[server]
+listen = "127.0.0.1:$2"
+admin_listen = "127.0.0.1:$3"
+
+[[routes]]
+model = "gpt-realtime"
+upstream_url = "ws://127.0.0.1:$4/v1/realtime"
+api_key_env = "BENCH_UPSTREAM_KEY"
+EOT
+}

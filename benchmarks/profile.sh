@@ -42,16 +42,7 @@ WS_RELAY_CLIENT_KEY="$CLIENT_KEY" WS_RELAY_UPSTREAM_KEY="$UPSTREAM_KEY" WS_RELAY
   "$BIN/ws-relay" "127.0.0.1:$((BASE_PORT + 3))" "127.0.0.1:$sim" >"$OUT_DIR/metered-relay.log" 2>&1 &
 pids+=("$!")
 PID_metered_relay=$!
-cat >"$tmp/gw.toml" <<EOT
-[server]
-listen = "127.0.0.1:$((BASE_PORT + 4))"
-admin_listen = "127.0.0.1:$((BASE_PORT + 5))"
-
-[[routes]]
-model = "gpt-realtime"
-upstream_url = "ws://127.0.0.1:$sim/v1/realtime"
-api_key_env = "BENCH_UPSTREAM_KEY"
-EOT
+gateway_toml "$tmp/gw.toml" $((BASE_PORT + 4)) $((BASE_PORT + 5)) "$sim"
 PATCHBAY_MASTER_KEY="$CLIENT_KEY" BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" REALTIME_POOL_SIZE=0 \
   "$BIN/patchbay-gateway" serve --config "$tmp/gw.toml" >"$OUT_DIR/gateway.log" 2>&1 &
 pids+=("$!")

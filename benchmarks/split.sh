@@ -44,16 +44,7 @@ for deltas in 1 "$HI"; do
     "$BIN/ws-relay" "127.0.0.1:$ws" "127.0.0.1:$sim" >"$OUT_DIR/ws-relay-$deltas.log" 2>&1 &
   pids+=("$!")
   targets+=(--target "ws-relay-$deltas=ws://127.0.0.1:$ws/v1/realtime" --cpu-pid "ws-relay-$deltas=$!")
-  cat >"$tmp/gw-$deltas.toml" <<EOT
-[server]
-listen = "127.0.0.1:$gw"
-admin_listen = "127.0.0.1:$admin"
-
-[[routes]]
-model = "gpt-realtime"
-upstream_url = "ws://127.0.0.1:$sim/v1/realtime"
-api_key_env = "BENCH_UPSTREAM_KEY"
-EOT
+  gateway_toml "$tmp/gw-$deltas.toml" "$gw" "$admin" "$sim"
   env PATCHBAY_MASTER_KEY="$CLIENT_KEY" BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" REALTIME_POOL_SIZE=0 \
     "$BIN/patchbay-gateway" serve --config "$tmp/gw-$deltas.toml" >"$OUT_DIR/gw-off-$deltas.log" 2>&1 &
   pids+=("$!")
