@@ -59,8 +59,8 @@ run_bench() {
   PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout 900 "$BIN/patchbay-bench" "${targets[@]}" "$@"
 }
 
-# watch KIND: one perf per process for a measured run of N sessions per target.
-watch() {
+# observe KIND: one perf per process for a measured run of N sessions per target.
+observe() {
   local kind=$1 name pid perf_pids=()
   for name in "${names[@]}"; do
     pid="PID_${name//-/_}"
@@ -86,8 +86,8 @@ syscalls:sys_enter_writev,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex
 } | tee "$REPORT"
 # Warm-up: first connections, lazy statics, the runtimes' threads.
 run_bench -n 150 -c 30 >/dev/null
-watch stat
-watch record
+observe stat
+observe record
 {
   echo "perf stat, per session (first run):"
   grep -A5 '^process CPU' "$OUT_DIR/bench-stat.txt" | tail -4
