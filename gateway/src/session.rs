@@ -507,13 +507,19 @@ impl Session {
             client_secret_id = self.client_secret.as_ref().map(|g| g.id.as_str()),
             model = %self.route.config.model,
             duration_ms = self.started.elapsed().as_millis() as u64,
-            setup_ms = setup.map(|d| d.as_secs_f64() * 1000.0),
+            setup_ms = setup.map(millis),
             outcome,
             client_close_code = client_code,
             upstream_close_code = upstream_code,
             "session ended"
         );
     }
+}
+
+/// `d` in milliseconds to the microsecond, as the log line prints it:
+/// `0.035`, not the `0.035426000000000006` of `as_secs_f64() * 1000.0`.
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
 }
 
 /// The `error` event and close code a client gets when its upstream could
@@ -557,6 +563,20 @@ pub fn dial_error_to_client(e: &DialError) -> (String, u16) {
 mod tests {
     use super::*;
     use crate::config::{Config, RouteConfig};
+
+    #[test]
+    fn the_log_lines_milliseconds_stop_at_the_microsecond() {
+        for (nanos, printed) in [
+            (35_426, "0.035"),
+            (68_318_455, "68.318"),
+            (999, "0"),
+            (1_000, "0.001"),
+            (250_000_000, "250"),
+            (12_345_678_901, "12345.678"),
+        ] {
+            assert_eq!(millis(Duration::from_nanos(nanos)).to_string(), printed);
+        }
+    }
 
     /// A session's future is allocated and moved whole when its task is
     /// spawned, and held for the session's life: it must stay small. It was
