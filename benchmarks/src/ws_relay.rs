@@ -122,11 +122,14 @@ async fn session(mut client: TcpStream, relay: &WsRelay) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     up.set_nodelay(true).map_err(|e| e.to_string())?;
-    let request = http::Request::get(format!("ws://{}{}", relay.upstream, upgrade.target))
-        .header("authorization", format!("Bearer {}", relay.upstream_key))
-        .body(())
-        .map_err(|e| e.to_string())?;
-    let early = patchbay_gateway::upstream::handshake::client(&mut up, &request)
+    use patchbay_gateway::upstream::handshake;
+    let mut request = handshake::head(&upgrade.target, &relay.upstream.to_string());
+    handshake::push_header(
+        &mut request,
+        "authorization",
+        format!("Bearer {}", relay.upstream_key).as_bytes(),
+    );
+    let early = handshake::client(&mut up, &request)
         .await
         .map_err(|e| format!("upstream handshake: {e}"))?;
     let mut answer = format!(

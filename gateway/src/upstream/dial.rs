@@ -17,11 +17,12 @@
 //! prints it as `Sensitive`, and [`Upstream`]'s own `Debug` leaves it out.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{HeaderName, HeaderValue, Request};
+use http::{HeaderName, HeaderValue};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_tungstenite::WebSocketStream;
@@ -35,6 +36,7 @@ use crate::relay::leg::{Control, Leg, Side};
 use crate::secret::Secret;
 use crate::upstream::handshake::{self, HandshakeError, REFUSAL_BODY_MAX};
 use crate::upstream::key::UpstreamKey;
+use crate::upstream::resolve::Resolver;
 use crate::upstream::tls;
 
 /// A connection to the upstream, plain or TLS. The TLS stream is boxed: it
@@ -158,16 +160,25 @@ impl DialError {
 }
 
 /// One route's upstream, ready to dial.
+///
+/// What every dial sends but the key is built here once: the request head
+/// up to the credential ([`handshake::head`], with the protocol and agent
+/// headers), and where the host is ([`Resolver`]: an IP literal parsed, a
+/// name's answer cached).
 #[derive(Clone)]
 pub struct Upstream {
     url: Url,
+    /// The head of a dial without session parameters, but its credential.
+    head: Arc<[u8]>,
+    /// `Host`, as the URL gives it (with a non-default port).
+    authority: String,
+    /// Headers every dial sends besides the credential.
     headers: Vec<(HeaderName, HeaderValue)>,
     /// Read at every dial, so a rotated key file applies to the next one.
     key: UpstreamKey,
     provider: Provider,
     tls: Option<(TlsConnector, rustls_pki_types::ServerName<'static>)>,
-    host: String,
-    port: u16,
+    resolver: Resolver,
     timeout: Duration,
     max_message_bytes: usize,
 }
@@ -201,7 +212,9 @@ impl Upstream {
         max_message_bytes: usize,
     ) -> Result<Self, String> {
         let url = upstream_url(up, up.upstream_model(route))?;
-        let headers = upstream_headers(up, route.protocol)?;
+        // The credential is added at each dial (the key may rotate).
+        let mut headers = upstream_headers(up, route.protocol)?;
+        headers.retain(|(name, _)| *name != auth_header_name(up.provider));
         let host = url
             .host_str()
             .ok_or("upstream URL has no host")?
@@ -217,14 +230,20 @@ impl Upstream {
         } else {
             None
         };
+        let authority = match url.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.clone(),
+        };
+        let head = head_of(&url, &authority, &headers).into();
         Ok(Self {
+            resolver: Resolver::new(&host, port),
             url,
+            head,
+            authority,
             headers,
             key: up.api_key.clone(),
             provider: up.provider,
             tls,
-            host,
-            port,
             timeout,
             max_message_bytes,
         })
@@ -250,11 +269,10 @@ impl Upstream {
         deadline: tokio::time::Instant,
         params: &[(String, String)],
     ) -> Result<UpstreamLeg, DialError> {
-        let authority = format!("{}:{}", self.host, self.port);
-        let tcp = by(deadline, "connect", TcpStream::connect(&authority))
+        let tcp = by(deadline, "connect", self.resolver.connect())
             .await?
             .map_err(|source| DialError::Connect {
-                authority: authority.clone(),
+                authority: self.resolver.authority(),
                 source,
             })?;
         // Nagle would hold small frames back; never fatal if it fails.
@@ -268,8 +286,8 @@ impl Upstream {
             }
             None => Either::Left(tcp),
         };
-        let request = self.request(params)?;
-        let already_read = by(deadline, "upgrade", handshake::client(&mut io, &request))
+        let head = self.head(params)?;
+        let already_read = by(deadline, "upgrade", handshake::client(&mut io, &head))
             .await?
             .map_err(handshake_error)?;
         Ok(Leg::new(
@@ -280,26 +298,38 @@ impl Upstream {
         ))
     }
 
-    fn request(&self, params: &[(String, String)]) -> Result<Request<()>, DialError> {
-        let mut url = self.url.clone();
-        if !params.is_empty() {
+    /// The request head of a dial with `params`, with the key as it is now
+    /// (it may have been rotated since start); [`handshake::client`] adds
+    /// the upgrade's own key.
+    fn head(&self, params: &[(String, String)]) -> Result<handshake::Head, DialError> {
+        let key = self.key.current();
+        let value =
+            auth_value(self.provider, &key).map_err(|message| DialError::Handshake { message })?;
+        let name = auth_header_name(self.provider);
+        let mut head = if params.is_empty() {
+            let mut head = Vec::with_capacity(
+                self.head.len() + name.as_str().len() + value.expose().len() + 4,
+            );
+            head.extend_from_slice(&self.head);
+            head
+        } else {
+            let mut url = self.url.clone();
             url.query_pairs_mut().extend_pairs(params);
-        }
-        let mut request =
-            Request::get(url.as_str())
-                .body(())
-                .map_err(|e| DialError::Handshake {
-                    message: e.to_string(),
-                })?;
-        for (name, value) in &self.headers {
-            request.headers_mut().insert(name.clone(), value.clone());
-        }
-        // The key as it is now (it may have been rotated since start).
-        let (name, value) = auth_header(self.provider, &self.key.current())
-            .map_err(|message| DialError::Handshake { message })?;
-        request.headers_mut().insert(name, value);
-        Ok(request)
+            head_of(&url, &self.authority, &self.headers)
+        };
+        handshake::push_header(&mut head, name.as_str(), value.expose().as_bytes());
+        Ok(head)
     }
+}
+
+/// The head of an upgrade to `url` with `headers`, the credential not yet.
+fn head_of(url: &Url, authority: &str, headers: &[(HeaderName, HeaderValue)]) -> handshake::Head {
+    let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
+    let mut head = handshake::head(target, authority);
+    for (name, value) in headers {
+        handshake::push_header(&mut head, name.as_str(), value.as_bytes());
+    }
+    head
 }
 
 /// `fut` bounded by `deadline`, its timeout named by `phase`. A combinator,
@@ -434,17 +464,37 @@ pub fn upstream_url(up: &UpstreamConfig, upstream_model: &str) -> Result<Url, St
     Ok(url)
 }
 
+/// The header that carries the upstream key for `provider`.
+fn auth_header_name(provider: Provider) -> HeaderName {
+    match provider {
+        Provider::Openai => http::header::AUTHORIZATION,
+        Provider::Azure => HeaderName::from_static("api-key"),
+    }
+}
+
+/// The value of [`auth_header_name`] for `key`, checked as a header value
+/// must be (visible ASCII, spaces and tabs; RFC 9110 §5.5).
+fn auth_value(provider: Provider, key: &Secret) -> Result<Secret, String> {
+    let key = key.expose();
+    if !key
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return Err("the upstream key holds characters not allowed in a header".into());
+    }
+    Ok(match provider {
+        Provider::Openai => Secret::new(format!("Bearer {key}")),
+        Provider::Azure => Secret::new(key),
+    })
+}
+
 /// The credential header carrying `key` for `provider` (marked sensitive).
 pub fn auth_header(provider: Provider, key: &Secret) -> Result<(HeaderName, HeaderValue), String> {
-    let key = key.expose();
-    let (name, value) = match provider {
-        Provider::Openai => (http::header::AUTHORIZATION, format!("Bearer {key}")),
-        Provider::Azure => (HeaderName::from_static("api-key"), key.to_string()),
-    };
-    let mut value = HeaderValue::from_str(&value)
+    let value = auth_value(provider, key)?;
+    let mut value = HeaderValue::from_str(value.expose())
         .map_err(|_| "the upstream key holds characters not allowed in a header".to_string())?;
     value.set_sensitive(true);
-    Ok((name, value))
+    Ok((auth_header_name(provider), value))
 }
 
 /// Authentication and protocol headers for a dial of `up` (its key as it
@@ -576,14 +626,81 @@ mod tests {
         );
         let u = Upstream::new(&r, Duration::from_secs(1), 1 << 20).unwrap();
         let params = vec![("intent".to_string(), "transcription".to_string())];
+        let with = head_text(&u, &params);
+        assert!(
+            with.starts_with("GET /openai/realtime?api-version=2024-10-01-preview&deployment=dep-1&intent=transcription HTTP/1.1\r\nHost: res.openai.azure.com\r\n"),
+            "{with}"
+        );
+        let without = head_text(&u, &[]);
+        assert!(
+            without.starts_with(
+                "GET /openai/realtime?api-version=2024-10-01-preview&deployment=dep-1 HTTP/1.1\r\n"
+            ),
+            "{without}"
+        );
+        // Every other line is the same with and without parameters.
         assert_eq!(
-            u.request(&params).unwrap().uri().to_string(),
-            "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview&deployment=dep-1&intent=transcription"
+            with.lines().skip(1).collect::<Vec<_>>(),
+            without.lines().skip(1).collect::<Vec<_>>()
+        );
+    }
+
+    fn head_text(u: &Upstream, params: &[(String, String)]) -> String {
+        String::from_utf8(u.head(params).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_head_carries_the_key_as_it_is_now_once_and_the_routes_headers() {
+        let r = route(
+            Provider::Openai,
+            "ws://127.0.0.1:8123/v1/realtime",
+            Protocol::Beta,
+        );
+        let u = Upstream::new(&r, Duration::from_secs(1), 1 << 20).unwrap();
+        let head = head_text(&u, &[]);
+        assert!(
+            head.starts_with("GET /v1/realtime?model=dep-1 HTTP/1.1\r\nHost: 127.0.0.1:8123\r\n")
         );
         assert_eq!(
-            u.request(&[]).unwrap().uri().to_string(),
-            "wss://res.openai.azure.com/openai/realtime?api-version=2024-10-01-preview&deployment=dep-1"
+            head.matches("authorization: Bearer sk-up\r\n").count(),
+            1,
+            "{head}"
         );
+        assert!(head.contains("openai-beta: realtime=v1\r\n"));
+        assert!(head.contains("user-agent: patchbay-gateway/"));
+        assert!(
+            head.ends_with("\r\n") && !head.ends_with("\r\n\r\n"),
+            "the key and the blank line come at the dial"
+        );
+
+        r.api_key.replace(Secret::new("sk-rotated"));
+        let head = head_text(&u, &[]);
+        assert!(
+            head.contains("authorization: Bearer sk-rotated\r\n"),
+            "{head}"
+        );
+        assert!(!head.contains("sk-up"));
+
+        r.api_key.replace(Secret::new("sk-bad\nkey"));
+        assert!(
+            matches!(u.head(&[]), Err(DialError::Handshake { message }) if message.contains("not allowed"))
+        );
+
+        let azure = route(
+            Provider::Azure,
+            "wss://res.openai.azure.com/openai/v1/realtime",
+            Protocol::Ga,
+        );
+        let head = head_text(
+            &Upstream::new(&azure, Duration::from_secs(1), 1 << 20).unwrap(),
+            &[],
+        );
+        assert!(
+            head.contains("\r\nHost: res.openai.azure.com\r\n"),
+            "a default port is not written"
+        );
+        assert_eq!(head.matches("api-key: sk-up\r\n").count(), 1, "{head}");
+        assert!(!head.to_ascii_lowercase().contains("authorization"));
     }
 
     /// The dial runs inside every session's future (and every pool

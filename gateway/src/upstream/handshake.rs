@@ -13,7 +13,6 @@
 //! request or its headers.
 
 use base64::Engine;
-use http::Request;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
@@ -43,23 +42,70 @@ pub enum HandshakeError {
     Io(#[from] std::io::Error),
 }
 
-/// Sends `request` as a WebSocket upgrade and reads the response; returns
-/// the bytes the server sent after it (the start of its frames).
+/// A request head without its key: the request line and headers, each
+/// line ending in CRLF, as [`head`] starts it and [`push_header`] extends
+/// it. [`client`] adds the `Sec-WebSocket-Key` and the blank line.
+pub type Head = Vec<u8>;
+
+/// The start of an upgrade request for `target` (path and query) on
+/// `authority`: request line, `Host` and the upgrade headers but the key.
+pub fn head(target: &str, authority: &str) -> Head {
+    format!(
+        "GET {target} HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+    )
+    .into_bytes()
+}
+
+/// Appends `name: value` to a [`Head`].
+pub fn push_header(head: &mut Head, name: &str, value: &[u8]) {
+    head.reserve(name.len() + value.len() + 4);
+    head.extend_from_slice(name.as_bytes());
+    head.extend_from_slice(b": ");
+    head.extend_from_slice(value);
+    head.extend_from_slice(b"\r\n");
+}
+
+/// How a complete response head answered the upgrade.
+enum Answer {
+    Upgraded,
+    Refused {
+        status: u16,
+        retry_after: Option<String>,
+        content_length: Option<String>,
+    },
+    Invalid(&'static str),
+}
+
+/// Sends `head` (with a fresh key) as a WebSocket upgrade and reads the
+/// response; returns the bytes the server sent after it (the start of its
+/// frames).
 pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
-    request: &Request<()>,
+    head: &[u8],
 ) -> Result<Vec<u8>, HandshakeError> {
     let mut nonce = [0u8; 16];
     getrandom::fill(&mut nonce)
         .map_err(|e| HandshakeError::Invalid(format!("no randomness for the key: {e}")))?;
-    let key = base64::engine::general_purpose::STANDARD.encode(nonce);
-    io.write_all(&request_head(request, &key)?).await?;
+    // 16 bytes are 24 characters of base64.
+    let mut key = [0u8; 24];
+    base64::engine::general_purpose::STANDARD
+        .encode_slice(nonce, &mut key)
+        .map_err(|e| HandshakeError::Invalid(format!("cannot encode the key: {e}")))?;
+    let mut request = Vec::with_capacity(head.len() + KEY_LINE.len() + key.len() + 4);
+    request.extend_from_slice(head);
+    request.extend_from_slice(KEY_LINE);
+    request.extend_from_slice(&key);
+    request.extend_from_slice(b"\r\n\r\n");
+    io.write_all(&request).await?;
     io.flush().await?;
+    drop(request);
+    let accept = derive_accept_key(&key);
 
     // Read straight into the buffer's spare capacity: a stack array would
     // live in this future (and in every future that awaits it).
     let mut buf = Vec::with_capacity(READ_BYTES);
-    let (head_len, status, headers) = loop {
+    let (head_len, answer) = loop {
         buf.reserve(READ_BYTES);
         let n = io.read_buf(&mut buf).await?;
         if n == 0 {
@@ -71,12 +117,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         let mut response = httparse::Response::new(&mut slots);
         match response.parse(&buf) {
             Ok(httparse::Status::Complete(len)) => {
-                let headers: Vec<(String, Vec<u8>)> = response
-                    .headers
-                    .iter()
-                    .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
-                    .collect();
-                break (len, response.code.unwrap_or(0), headers);
+                break (len, answer(response.code, response.headers, &accept));
             }
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD_BYTES => continue,
             Ok(httparse::Status::Partial) => {
@@ -85,63 +126,65 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
             Err(e) => return Err(HandshakeError::Invalid(format!("bad response: {e}"))),
         }
     };
-    let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-    };
-    if status != 101 {
-        let body = refusal_body(io, buf.split_off(head_len), header("content-length")).await;
-        return Err(HandshakeError::Refused {
+    match answer {
+        Answer::Upgraded => Ok(buf.split_off(head_len)),
+        Answer::Invalid(message) => Err(HandshakeError::Invalid(message.into())),
+        Answer::Refused {
             status,
-            retry_after: header("retry-after"),
-            body,
-        });
+            retry_after,
+            content_length,
+        } => {
+            let body = refusal_body(io, buf.split_off(head_len), content_length).await;
+            Err(HandshakeError::Refused {
+                status,
+                retry_after,
+                body,
+            })
+        }
     }
-    let has_token = |name: &str, token: &str| {
-        header(name).is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-    };
-    if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
-        return Err(HandshakeError::Invalid(
-            "101 without Upgrade: websocket and Connection: upgrade".into(),
-        ));
-    }
-    if header("sec-websocket-accept").as_deref() != Some(derive_accept_key(key.as_bytes()).as_str())
-    {
-        return Err(HandshakeError::Invalid(
-            "Sec-WebSocket-Accept does not answer the key".into(),
-        ));
-    }
-    if header("sec-websocket-extensions").is_some() {
-        return Err(HandshakeError::Invalid(
-            "the server chose an extension that was not offered".into(),
-        ));
-    }
-    Ok(buf.split_off(head_len))
 }
 
-/// The request's head as bytes: its method, path and headers, with the
-/// upgrade headers added.
-fn request_head(request: &Request<()>, key: &str) -> Result<Vec<u8>, HandshakeError> {
-    let uri = request.uri();
-    let authority = uri
-        .authority()
-        .ok_or_else(|| HandshakeError::Invalid("upstream URL has no host".into()))?;
-    let target = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut head = format!(
-        "GET {target} HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\n\
-         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n"
-    )
-    .into_bytes();
-    for (name, value) in request.headers() {
-        head.extend_from_slice(name.as_str().as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
-        head.extend_from_slice(b"\r\n");
+const KEY_LINE: &[u8] = b"Sec-WebSocket-Key: ";
+
+/// Checks a response head as a client must, reading its headers where they
+/// are (a `101` costs no allocation).
+fn answer(code: Option<u16>, headers: &[httparse::Header<'_>], accept: &str) -> Answer {
+    let values = |name: &'static str| {
+        headers
+            .iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    let first = |name: &'static str| {
+        values(name)
+            .next()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let status = code.unwrap_or(0);
+    if status != 101 {
+        return Answer::Refused {
+            status,
+            retry_after: first("retry-after"),
+            content_length: first("content-length"),
+        };
     }
-    head.extend_from_slice(b"\r\n");
-    Ok(head)
+    // A token may come in any of the header's lines (RFC 9110 §5.3).
+    let has_token = |name: &'static str, token: &str| {
+        values(name).any(|v| {
+            v.split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+        })
+    };
+    if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
+        return Answer::Invalid("101 without Upgrade: websocket and Connection: upgrade");
+    }
+    if values("sec-websocket-accept").next() != Some(accept.as_bytes()) {
+        return Answer::Invalid("Sec-WebSocket-Accept does not answer the key");
+    }
+    if values("sec-websocket-extensions").next().is_some() {
+        return Answer::Invalid("the server chose an extension that was not offered");
+    }
+    Answer::Upgraded
 }
 
 /// Up to [`REFUSAL_BODY_MAX`] bytes of a refusal's body: what came with its
@@ -174,26 +217,38 @@ async fn refusal_body<S: AsyncRead + Unpin>(
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_head_carries_the_target_host_upgrade_and_the_given_headers() {
-        let request = Request::get("ws://127.0.0.1:9/v1/realtime?model=m")
-            .header("authorization", "Bearer x")
-            .body(())
-            .unwrap();
-        let head = String::from_utf8(request_head(&request, "k==").unwrap()).unwrap();
-        assert!(head.starts_with("GET /v1/realtime?model=m HTTP/1.1\r\nHost: 127.0.0.1:9\r\n"));
+    #[tokio::test]
+    async fn the_request_carries_the_target_host_upgrade_a_fresh_key_and_the_given_headers() {
+        let mut first = head("/v1/realtime?model=m", "127.0.0.1:9");
+        push_header(&mut first, "authorization", b"Bearer x");
+        let (result, sent) = exchange(&first, OK_101, b"").await;
+        result.expect("upgraded");
+        assert!(sent.starts_with("GET /v1/realtime?model=m HTTP/1.1\r\nHost: 127.0.0.1:9\r\n"));
         for line in [
             "Upgrade: websocket\r\n",
             "Connection: Upgrade\r\n",
             "Sec-WebSocket-Version: 13\r\n",
-            "Sec-WebSocket-Key: k==\r\n",
             "authorization: Bearer x\r\n",
         ] {
-            assert!(head.contains(line), "{line}");
+            assert!(sent.contains(line), "{line}");
         }
-        assert!(head.ends_with("\r\n\r\n"));
-        assert!(!head.to_ascii_lowercase().contains("extensions"));
+        let key = sent
+            .lines()
+            .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+            .expect("a key");
+        let nonce = base64::engine::general_purpose::STANDARD
+            .decode(key)
+            .expect("base64");
+        assert_eq!(nonce.len(), 16, "RFC 6455: a 16-byte nonce");
+        assert!(sent.ends_with("\r\n\r\n"));
+        assert_eq!(sent.matches("\r\n\r\n").count(), 1);
+        assert!(!sent.to_ascii_lowercase().contains("extensions"));
+        let (_, again) = exchange(&first, OK_101, b"").await;
+        assert_ne!(again, sent, "each handshake has its own key");
     }
+
+    const OK_101: &str = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                          Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n";
 
     /// Runs the handshake against a server that answers with `response`
     /// (where `{accept}` is replaced by the right accept key).
@@ -205,6 +260,17 @@ mod tests {
         response: &'static str,
         frames: &'static [u8],
     ) -> Result<Vec<u8>, HandshakeError> {
+        exchange(&head("/v1/realtime", "upstream"), response, frames)
+            .await
+            .0
+    }
+
+    /// The handshake's result and the request the server read.
+    async fn exchange(
+        request: &[u8],
+        response: &'static str,
+        frames: &'static [u8],
+    ) -> (Result<Vec<u8>, HandshakeError>, String) {
         let (mut ours, mut theirs) = tokio::io::duplex(64 * 1024);
         let server = tokio::spawn(async move {
             let mut head = Vec::new();
@@ -225,11 +291,10 @@ mod tests {
                 .await
                 .unwrap();
             theirs.shutdown().await.unwrap();
+            head
         });
-        let request = Request::get("ws://upstream/v1/realtime").body(()).unwrap();
-        let r = client(&mut ours, &request).await;
-        server.await.unwrap();
-        r
+        let r = client(&mut ours, request).await;
+        (r, server.await.unwrap())
     }
 
     #[tokio::test]
@@ -277,5 +342,24 @@ mod tests {
         assert!(matches!(ext, Err(HandshakeError::Invalid(m)) if m.contains("extension")));
         let no_upgrade = against("HTTP/1.1 101 OK\r\nSec-WebSocket-Accept: {accept}\r\n\r\n").await;
         assert!(matches!(no_upgrade, Err(HandshakeError::Invalid(_))));
+    }
+
+    #[tokio::test]
+    async fn header_names_and_tokens_match_in_any_case_and_on_any_line() {
+        let rest = against_then(
+            "HTTP/1.1 101 Switching Protocols\r\nupgrade: WebSocket\r\n\
+             connection: keep-alive\r\nCONNECTION: close , Upgrade\r\n\
+             sec-websocket-accept: {accept}\r\n\r\n",
+            b"\x81\x00",
+        )
+        .await
+        .expect("a valid 101");
+        assert_eq!(rest, b"\x81\x00");
+        let no_token = against(
+            "HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: keep-alive, upgraded\r\n\
+             Sec-WebSocket-Accept: {accept}\r\n\r\n",
+        )
+        .await;
+        assert!(matches!(no_token, Err(HandshakeError::Invalid(m)) if m.contains("Connection")));
     }
 }

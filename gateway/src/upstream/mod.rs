@@ -7,5 +7,6 @@ pub mod failover;
 pub mod handshake;
 pub mod key;
 pub mod pool;
+pub mod resolve;
 pub mod select;
 pub mod tls;

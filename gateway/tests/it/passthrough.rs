@@ -130,10 +130,12 @@ async fn frames_cross_the_gateway_byte_for_byte_both_ways() {
     let (upstream, mut recorded) = raw_upstream().await;
     let gw = gateway(&gateway_toml(&format!("ws://{upstream}/v1/realtime"), "")).await;
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
-    let request = http::Request::get(format!("ws://{}/v1/realtime?model={MODEL}", gw.addr))
-        .header("authorization", format!("Bearer {CLIENT_KEY}"))
-        .body(())
-        .unwrap();
+    let mut request = handshake::head(&format!("/v1/realtime?model={MODEL}"), &gw.addr.to_string());
+    handshake::push_header(
+        &mut request,
+        "authorization",
+        format!("Bearer {CLIENT_KEY}").as_bytes(),
+    );
     let mut got = handshake::client(&mut tcp, &request).await.unwrap();
     let sent = frames(true);
     tcp.write_all(&sent).await.unwrap();

@@ -1,0 +1,189 @@
+//! Where an upstream's host is, for each dial.
+//!
+//! An IP literal (`127.0.0.1`, `[::1]`) is parsed once, when the route is
+//! built. A name (`api.openai.com`) is resolved by the system resolver
+//! (`getaddrinfo`, on tokio's blocking pool), and the answer is kept for
+//! [`TTL`]: without it every dial — each pool refill and each session on a
+//! pool miss — paid a thread hand-off and, where no local cache answers, a
+//! DNS round trip before its TCP handshake. `getaddrinfo` does not say how
+//! long an answer may be kept, so [`TTL`] is short; and an answer none of
+//! whose addresses accepts a connection is dropped at once, so a moved
+//! upstream is found again on the next dial rather than after the TTL.
+//!
+//! Clones share one cache (the pool and the sessions of a route dial the
+//! same [`Resolver`]). Dials that find the cache stale at the same moment
+//! each resolve; the last answer is kept.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// How long a resolved name's addresses are used before it is resolved
+/// again.
+pub const TTL: Duration = Duration::from_secs(30);
+
+/// One upstream host and port, resolved as needed.
+#[derive(Clone)]
+pub struct Resolver {
+    host: Arc<str>,
+    port: u16,
+    /// Set when the host is an IP address: nothing to resolve.
+    literal: Option<SocketAddr>,
+    ttl: Duration,
+    cached: Arc<Mutex<Option<Cached>>>,
+    /// Resolutions done, for tests and the log.
+    lookups: Arc<AtomicU64>,
+}
+
+struct Cached {
+    at: Instant,
+    addrs: Arc<[SocketAddr]>,
+}
+
+impl Resolver {
+    /// `host` as a URL gives it: an IPv6 literal in brackets or bare.
+    pub fn new(host: &str, port: u16) -> Self {
+        Self::with_ttl(host, port, TTL)
+    }
+
+    /// [`Resolver::new`] keeping answers for `ttl`.
+    pub fn with_ttl(host: &str, port: u16, ttl: Duration) -> Self {
+        let bare = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        Self {
+            host: host.into(),
+            port,
+            literal: bare
+                .parse::<IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, port)),
+            ttl,
+            cached: Arc::default(),
+            lookups: Arc::default(),
+        }
+    }
+
+    /// Connects to the first of the host's addresses that accepts, in the
+    /// resolver's order (as `TcpStream::connect` does). When none does, the
+    /// cached answer is dropped.
+    pub async fn connect(&self) -> io::Result<TcpStream> {
+        if let Some(addr) = self.literal {
+            return TcpStream::connect(addr).await;
+        }
+        let addrs = self.addrs().await?;
+        let mut last = None;
+        for addr in addrs.iter() {
+            match TcpStream::connect(addr).await {
+                Ok(tcp) => return Ok(tcp),
+                Err(e) => last = Some(e),
+            }
+        }
+        self.forget();
+        Err(last.unwrap_or_else(|| io::Error::other("the upstream host has no address")))
+    }
+
+    /// The host's addresses: cached within the TTL, resolved otherwise.
+    pub async fn addrs(&self) -> io::Result<Arc<[SocketAddr]>> {
+        if let Some(addr) = self.literal {
+            return Ok(Arc::from([addr]));
+        }
+        if let Some(addrs) = self.fresh() {
+            return Ok(addrs);
+        }
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        let addrs: Arc<[SocketAddr]> = tokio::net::lookup_host((&*self.host, self.port))
+            .await?
+            .collect();
+        if addrs.is_empty() {
+            return Err(io::Error::other(format!(
+                "{} resolved to no address",
+                self.host
+            )));
+        }
+        *self.slot() = Some(Cached {
+            at: Instant::now(),
+            addrs: addrs.clone(),
+        });
+        Ok(addrs)
+    }
+
+    /// How many times the name was resolved (an IP literal: never).
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
+    /// `host:port`, for errors.
+    pub fn authority(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    fn fresh(&self) -> Option<Arc<[SocketAddr]>> {
+        let slot = self.slot();
+        let cached = slot.as_ref()?;
+        (cached.at.elapsed() < self.ttl).then(|| cached.addrs.clone())
+    }
+
+    fn forget(&self) {
+        *self.slot() = None;
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Cached>> {
+        // The slot holds no invariant a panic could break.
+        self.cached.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_ip_literal_is_never_resolved() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let r = Resolver::new("127.0.0.1", port);
+        r.connect().await.expect("connects");
+        r.connect().await.expect("connects again");
+        assert_eq!(r.lookups(), 0);
+        let v6 = Resolver::new("[::1]", 443);
+        assert_eq!(&*v6.addrs().await.unwrap(), &["[::1]:443".parse().unwrap()]);
+        assert_eq!(v6.lookups(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_name_is_resolved_once_per_ttl_and_clones_share_the_answer() {
+        let r = Resolver::new("localhost", 9);
+        let first = r.addrs().await.expect("localhost resolves");
+        assert!(first.iter().all(|a| a.ip().is_loopback() && a.port() == 9));
+        let clone = r.clone();
+        assert_eq!(clone.addrs().await.unwrap(), first);
+        assert_eq!(r.lookups(), 1, "the second ask came from the cache");
+
+        let expired = Resolver::with_ttl("localhost", 9, Duration::ZERO);
+        expired.addrs().await.unwrap();
+        expired.addrs().await.unwrap();
+        assert_eq!(expired.lookups(), 2, "past its TTL an answer is not used");
+    }
+
+    #[tokio::test]
+    async fn a_working_answer_is_reused_and_one_no_address_accepts_is_dropped() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let r = Resolver::new("localhost", port);
+        r.connect().await.expect("connects through localhost");
+        r.connect().await.expect("connects again");
+        assert_eq!(r.lookups(), 1, "a working answer is reused");
+        drop(listener);
+        assert!(r.connect().await.is_err(), "nothing listens any more");
+        assert_eq!(r.lookups(), 1, "the cached answer was tried");
+        assert!(r.connect().await.is_err());
+        assert_eq!(r.lookups(), 2, "the failed answer was dropped");
+    }
+}
