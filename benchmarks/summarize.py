@@ -12,7 +12,8 @@ successful sessions, as in the bench's own report. Then, for every report
 that measured the targets' processes (--cpu-pid; cpu-issue.json is the
 issue-15 workload with the issue's four targets, cpu.json the same with the
 ws-relay and metered-relay floors as well), the CPU-seconds per 1000 sessions of tcp-relay and of each
-gateway, and each gateway's ratio to tcp-relay. Standard library only.
+gateway, and each gateway's ratio to tcp-relay (with the CPU-ms per session
+it adds over tcp-relay) and to the other floors. Standard library only.
 """
 
 import json
@@ -71,6 +72,11 @@ def cpu_row(name, doc):
     def ratio(v, floor):
         return "n/a" if v is None or not floor else f"{v / floor:.3f}"
 
+    def ratio_ms(v, floor):
+        # CPU-s per 1000 sessions are CPU-ms per session: the difference is
+        # what a gateway adds per session, steadier than the ratio.
+        return "n/a" if v is None or not floor else f"{v / floor:.3f} ({v - floor:+.3f})"
+
     return [
         name,
         fmt(relay),
@@ -78,11 +84,11 @@ def cpu_row(name, doc):
         fmt(metered),
         ratio(metered, relay),
         fmt(on),
-        ratio(on, relay),
+        ratio_ms(on, relay),
         ratio(on, ws),
         ratio(on, metered),
         fmt(off),
-        ratio(off, relay),
+        ratio_ms(off, relay),
         ratio(off, ws),
         ratio(off, metered),
     ]
@@ -203,11 +209,11 @@ def main(dirs):
             "metered-relay CPU-s/1000",
             "metered/tcp-relay",
             "pool-on CPU-s/1000",
-            "on/tcp-relay",
+            "on/tcp-relay (+ms/session)",
             "on/ws-relay",
             "on/metered",
             "pool-off CPU-s/1000",
-            "off/tcp-relay",
+            "off/tcp-relay (+ms/session)",
             "off/ws-relay",
             "off/metered",
         ]

@@ -317,7 +317,12 @@ impl Report<'_> {
     }
 
     /// Each measured process's CPU over the run, per 1000 sessions of its
-    /// target, and that figure against every baseline that has one.
+    /// target, and that figure against every baseline that has one: as a
+    /// ratio, and as the difference in CPU-milliseconds per session. The
+    /// ratio moves with what the baseline costs (a byte-copying relay's CPU
+    /// is nearly all kernel time, which varies with the machine's state);
+    /// the difference is what a target adds per session, and holds steadier
+    /// from run to run.
     fn cpu_table(&self, w: &mut String, stats: &[TargetStats], bases: &[usize], width: usize) {
         let bases: Vec<(usize, f64)> = bases
             .iter()
@@ -341,7 +346,11 @@ impl Report<'_> {
             "KiB/in flight"
         );
         for &(b, _) in &bases {
-            let _ = write!(w, "  {:>12}", format!("× {}", self.targets[b].name));
+            let _ = write!(
+                w,
+                "  {:>20}",
+                format!("× {} (+ms/sess.)", self.targets[b].name)
+            );
         }
         let _ = writeln!(w);
         for (name, r) in self.cpu {
@@ -369,11 +378,14 @@ impl Report<'_> {
                 per_session.map_or("-".to_string(), |k| format!("{k:.1}"))
             );
             for &(b, base) in &bases {
+                // CPU-seconds per 1000 sessions are CPU-milliseconds per session.
                 let cell = match per {
-                    Some(p) if Some(b) != t && base > 0.0 => format!("{:.3}", p / base),
+                    Some(p) if Some(b) != t && base > 0.0 => {
+                        format!("{:.3} ({:+.3})", p / base, p - base)
+                    }
                     _ => "-".to_string(),
                 };
-                let _ = write!(w, "  {cell:>12}");
+                let _ = write!(w, "  {cell:>20}");
             }
             let _ = writeln!(w);
         }
@@ -795,10 +807,11 @@ mod tests {
             relay.trim_end().ends_with('-'),
             "no ratio to itself: {relay}"
         );
-        // gw: 0.3 s over 2 sessions → 150, 1.5 × relay.
+        // gw: 0.3 s over 2 sessions → 150, 1.5 × relay, 50 ms more CPU
+        // per session.
         let gw = table.lines().find(|l| l.starts_with("gw")).unwrap();
         assert!(gw.contains("150.000"), "{gw}");
-        assert!(gw.trim_end().ends_with("1.500"), "{gw}");
+        assert!(gw.trim_end().ends_with("1.500 (+50.000)"), "{gw}");
         assert!(
             table.contains("direct    n/a (cannot read /proc/9/stat)"),
             "{table}"
