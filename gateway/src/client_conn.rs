@@ -72,16 +72,22 @@ pub async fn read_head(tcp: &mut TcpStream) -> First {
             Ok(_) => {}
         }
         match parse(&buf) {
-            Parsed::Get(head, head_len) => {
-                return First::Get {
-                    head,
-                    read: buf.freeze(),
-                    head_len,
-                }
+            Ok(layout) => {
+                let read = buf.freeze();
+                return match layout.head(&read) {
+                    Some(head) => First::Get {
+                        head,
+                        read,
+                        head_len: layout.len,
+                    },
+                    None => First::Other(read),
+                };
             }
-            Parsed::Other => return First::Other(buf.freeze()),
-            Parsed::Partial if buf.len() >= MAX_HEAD_BYTES => return First::Other(buf.freeze()),
-            Parsed::Partial => {
+            Err(NotGet::Other) => return First::Other(buf.freeze()),
+            Err(NotGet::Partial) if buf.len() >= MAX_HEAD_BYTES => {
+                return First::Other(buf.freeze())
+            }
+            Err(NotGet::Partial) => {
                 if buf.capacity() == buf.len() {
                     buf.reserve(buf.len());
                 }
@@ -90,46 +96,85 @@ pub async fn read_head(tcp: &mut TcpStream) -> First {
     }
 }
 
-enum Parsed {
-    /// A complete `GET` head of this many bytes.
-    Get(Head, usize),
+/// Why the bytes read are not (yet) a `GET` head.
+#[derive(Debug)]
+enum NotGet {
+    /// Some other request, or not HTTP/1.1.
     Other,
+    /// A head that is not complete yet.
     Partial,
 }
 
-fn parse(buf: &[u8]) -> Parsed {
+/// A byte range of the bytes read.
+type Span = (usize, usize);
+
+/// Where a complete `GET` head's parts are in the bytes read: the head is
+/// built from them once those bytes are frozen, its header values sharing
+/// the bytes instead of each copied into an allocation of its own.
+struct Layout {
+    /// The head's length.
+    len: usize,
+    path: Span,
+    query: Span,
+    headers: [(Span, Span); MAX_HEADERS],
+    count: usize,
+}
+
+/// Parses a `GET` head, complete in `buf`.
+fn parse(buf: &[u8]) -> Result<Layout, NotGet> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
         Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(_) => return Parsed::Other,
+        Ok(httparse::Status::Partial) => return Err(NotGet::Partial),
+        Err(_) => return Err(NotGet::Other),
     };
     if req.method != Some("GET") || req.version != Some(1) {
-        return Parsed::Other;
+        return Err(NotGet::Other);
     }
     let Some(target) = req.path.filter(|p| p.starts_with('/')) else {
-        return Parsed::Other;
+        return Err(NotGet::Other);
     };
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let mut map = HeaderMap::with_capacity(req.headers.len());
-    for h in req.headers.iter() {
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(h.name.as_bytes()),
-            HeaderValue::from_bytes(h.value),
-        ) else {
-            return Parsed::Other;
-        };
-        map.append(name, value);
-    }
-    Parsed::Get(
-        Head {
-            path: path.to_string(),
-            query: query.to_string(),
-            headers: map,
-        },
+    // Every non-empty part httparse returns is a slice of `buf` (an empty
+    // one, such as a missing query, may point anywhere).
+    let span = |part: &[u8]| {
+        if part.is_empty() {
+            return (0, 0);
+        }
+        let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+        (start, start + part.len())
+    };
+    let mut layout = Layout {
         len,
-    )
+        path: span(path.as_bytes()),
+        query: span(query.as_bytes()),
+        headers: [((0, 0), (0, 0)); MAX_HEADERS],
+        count: req.headers.len(),
+    };
+    for (slot, h) in layout.headers.iter_mut().zip(req.headers.iter()) {
+        *slot = (span(h.name.as_bytes()), span(h.value));
+    }
+    Ok(layout)
+}
+
+impl Layout {
+    /// The head, from the frozen bytes the layout was parsed from; `None`
+    /// when a header name or value is not valid for `http` (hyper answers).
+    fn head(&self, read: &Bytes) -> Option<Head> {
+        let text = |(start, end): Span| std::str::from_utf8(&read[start..end]).ok();
+        let mut headers = HeaderMap::with_capacity(self.count);
+        for &(name, (start, end)) in &self.headers[..self.count] {
+            let name = HeaderName::from_bytes(&read[name.0..name.1]).ok()?;
+            let value = HeaderValue::from_maybe_shared(read.slice(start..end)).ok()?;
+            headers.append(name, value);
+        }
+        Some(Head {
+            path: text(self.path)?.to_string(),
+            query: text(self.query)?.to_string(),
+            headers,
+        })
+    }
 }
 
 /// A socket whose first bytes were already read: they are read again first.
@@ -239,16 +284,22 @@ pub fn response(status: http::StatusCode, headers: &HeaderMap, body: &[u8]) -> V
 mod tests {
     use super::*;
 
-    fn parsed(bytes: &[u8]) -> Parsed {
+    fn parsed(bytes: &[u8]) -> Result<Layout, NotGet> {
         parse(bytes)
+    }
+
+    fn head_of(bytes: &'static [u8]) -> (Head, usize) {
+        let layout = parsed(bytes).expect("parsed as a GET");
+        let head = layout
+            .head(&Bytes::from_static(bytes))
+            .expect("a valid head");
+        (head, layout.len)
     }
 
     #[test]
     fn a_get_head_is_parsed_with_its_query_and_headers() {
         let raw = b"GET /v1/realtime?model=gpt-realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nSec-WebSocket-Protocol: realtime, openai-insecure-api-key.k\r\n\r\nAB";
-        let Parsed::Get(head, len) = parsed(raw) else {
-            panic!("not parsed as a GET");
-        };
+        let (head, len) = head_of(raw);
         assert_eq!(head.path, "/v1/realtime");
         assert_eq!(head.query, "model=gpt-realtime");
         assert_eq!(
@@ -262,29 +313,49 @@ mod tests {
             Some(&b"realtime, openai-insecure-api-key.k"[..])
         );
         assert_eq!(&raw[len..], b"AB");
+        let (bare, _) = head_of(b"GET /v1/realtime HTTP/1.1\r\nX-Empty:\r\n\r\n");
+        assert_eq!(
+            (bare.path.as_str(), bare.query.as_str()),
+            ("/v1/realtime", "")
+        );
+        assert_eq!(
+            bare.headers.get("x-empty").map(|v| v.as_bytes()),
+            Some(&b""[..])
+        );
+        // The values are the bytes read, not copies of them.
+        let read = raw.as_ptr_range();
+        for value in head.headers.values() {
+            assert!(read.contains(&value.as_bytes().as_ptr()), "{value:?}");
+        }
     }
 
     #[test]
     fn other_requests_and_partial_heads_are_told_apart() {
         assert!(matches!(
             parsed(b"POST /v1/realtime HTTP/1.1\r\n\r\n"),
-            Parsed::Other
+            Err(NotGet::Other)
         ));
         assert!(matches!(
             parsed(b"GET /v1/realtime HTTP/1.0\r\n\r\n"),
-            Parsed::Other
+            Err(NotGet::Other)
         ));
         assert!(matches!(
             parsed(b"GET http://h/v1/realtime HTTP/1.1\r\n\r\n"),
-            Parsed::Other
+            Err(NotGet::Other)
         ));
-        assert!(matches!(parsed(b"GET / HTTP/1.1\r\nHost"), Parsed::Partial));
-        assert!(matches!(parsed(b"\x16\x03\x01\x02\x00"), Parsed::Other));
+        assert!(matches!(
+            parsed(b"GET / HTTP/1.1\r\nHost"),
+            Err(NotGet::Partial)
+        ));
+        assert!(matches!(
+            parsed(b"\x16\x03\x01\x02\x00"),
+            Err(NotGet::Other)
+        ));
         let many: String = (0..MAX_HEADERS + 1)
             .map(|i| format!("x-{i}: v\r\n"))
             .collect();
         let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
-        assert!(matches!(parsed(raw.as_bytes()), Parsed::Other));
+        assert!(matches!(parsed(raw.as_bytes()), Err(NotGet::Other)));
     }
 
     #[test]

@@ -240,9 +240,11 @@ impl Pool {
         }
     }
 
-    /// A warm socket, or why there is none. Never awaits; always wakes the
-    /// replenisher. With a target of 0 the pool is off: `Err(Miss::Empty)`
-    /// and no metrics.
+    /// A warm socket, or why there is none. Never awaits; wakes the
+    /// replenisher to refill. With a target of 0 the pool is off:
+    /// `Err(Miss::Empty)`, no metrics, and no wake-up (nothing to refill; a
+    /// new target wakes it by itself), so a session costs the off pool no
+    /// task switch.
     pub fn take(&self) -> Result<Warm, Miss> {
         let enabled = self.target() > 0 || !self.is_empty();
         let mut miss = Miss::Empty;
@@ -268,7 +270,9 @@ impl Pool {
                 break Some(w);
             }
         };
-        self.wake.notify_one();
+        if enabled {
+            self.wake.notify_one();
+        }
         self.update_gauge();
         close_in_background(discarded);
         match found {
@@ -550,6 +554,32 @@ mod tests {
                 reason: reason.into(),
             })
             .get()
+    }
+
+    /// Whether the replenisher has a wake-up waiting (polls `wake` once).
+    fn woken(p: &Pool) -> bool {
+        let notified = std::pin::pin!(p.wake.notified());
+        let mut cx = Context::from_waker(Waker::noop());
+        std::future::Future::poll(notified, &mut cx).is_ready()
+    }
+
+    #[tokio::test]
+    async fn a_take_wakes_the_replenisher_only_when_the_pool_is_on() {
+        let (_sim, up) = sim_and_upstream(SimConfig::default()).await;
+        let p = pool(up.clone(), 0, WAIT);
+        assert!(matches!(p.take(), Err(Miss::Empty)));
+        assert!(!woken(&p), "an off pool has nothing to refill");
+        p.set_target(1);
+        assert!(woken(&p), "a new target wakes it");
+        assert!(matches!(p.take(), Err(Miss::Empty)));
+        assert!(woken(&p), "a miss of an on pool wakes it to refill");
+        // Off again, but still holding a socket: a take hands it out and
+        // wakes it (it trims or refills by the target).
+        p.set_target(0);
+        assert!(woken(&p));
+        p.push(up.dial().await.unwrap());
+        assert!(p.take().is_ok());
+        assert!(woken(&p));
     }
 
     #[tokio::test]
