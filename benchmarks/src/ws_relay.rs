@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use patchbay_gateway::upstream::handshake;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -122,7 +123,6 @@ async fn session(mut client: TcpStream, relay: &WsRelay) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     up.set_nodelay(true).map_err(|e| e.to_string())?;
-    use patchbay_gateway::upstream::handshake;
     let mut request = handshake::head(&upgrade.target, &relay.upstream.to_string());
     handshake::push_header(
         &mut request,

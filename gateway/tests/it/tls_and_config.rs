@@ -76,6 +76,22 @@ async fn wss_upstream_is_trusted_through_ca_file_and_refused_without_it() {
     let _ = std::fs::remove_file(ca_file);
 }
 
+/// An upstream given by host name (resolved once, then from the cache) is
+/// reached by the pool and by sessions alike.
+#[tokio::test]
+async fn an_upstream_named_by_host_name_is_reached() {
+    let sim = sim(SimConfig::default()).await;
+    let url = sim.url(false).replace("127.0.0.1", "localhost");
+    assert!(url.starts_with("ws://localhost:"), "{url}");
+    let gw = gateway(&gateway_toml(&url, "")).await;
+    for _ in 0..3 {
+        let mut ws = connect(gw.addr).await;
+        assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+        let turn = one_turn(&mut ws).await;
+        assert_eq!(kind(turn.last().unwrap()), "response.done");
+    }
+}
+
 /// Runs `patchbay-gateway serve --config FILE` and returns (exit code, stderr).
 fn serve_with(toml: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
     let file = temp_path("gateway.toml");
