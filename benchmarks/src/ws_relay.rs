@@ -129,7 +129,7 @@ async fn session(mut client: TcpStream, relay: &WsRelay) -> Result<(), String> {
         "authorization",
         format!("Bearer {}", relay.upstream_key).as_bytes(),
     );
-    let early = handshake::client(&mut up, &request)
+    let early = handshake::client(&mut up, request)
         .await
         .map_err(|e| format!("upstream handshake: {e}"))?;
     let mut answer = format!(

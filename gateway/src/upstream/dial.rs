@@ -287,7 +287,7 @@ impl Upstream {
             None => Either::Left(tcp),
         };
         let head = self.head(params)?;
-        let already_read = by(deadline, "upgrade", handshake::client(&mut io, &head))
+        let already_read = by(deadline, "upgrade", handshake::client(&mut io, head))
             .await?
             .map_err(handshake_error)?;
         Ok(Leg::new(
@@ -308,7 +308,11 @@ impl Upstream {
         let name = auth_header_name(self.provider);
         let mut head = if params.is_empty() {
             let mut head = Vec::with_capacity(
-                self.head.len() + name.as_str().len() + value.expose().len() + 4,
+                self.head.len()
+                    + name.as_str().len()
+                    + value.expose().len()
+                    + 4
+                    + handshake::KEY_PART_BYTES,
             );
             head.extend_from_slice(&self.head);
             head

@@ -44,8 +44,14 @@ pub enum HandshakeError {
 
 /// A request head without its key: the request line and headers, each
 /// line ending in CRLF, as [`head`] starts it and [`push_header`] extends
-/// it. [`client`] adds the `Sec-WebSocket-Key` and the blank line.
+/// it. [`client`] adds the `Sec-WebSocket-Key` and the blank line
+/// ([`KEY_PART_BYTES`] more: reserve them and the head is sent as built).
 pub type Head = Vec<u8>;
+
+const KEY_LINE: &[u8] = b"Sec-WebSocket-Key: ";
+/// What [`client`] appends to a [`Head`]: the key's line (a 16-byte nonce
+/// is 24 characters of base64) and the blank line.
+pub const KEY_PART_BYTES: usize = KEY_LINE.len() + 24 + 4;
 
 /// The start of an upgrade request for `target` (path and query) on
 /// `authority`: request line, `Host` and the upgrade headers but the key.
@@ -77,12 +83,12 @@ enum Answer {
     Invalid(&'static str),
 }
 
-/// Sends `head` (with a fresh key) as a WebSocket upgrade and reads the
-/// response; returns the bytes the server sent after it (the start of its
-/// frames).
+/// Sends `head` (with a fresh key appended) as a WebSocket upgrade and
+/// reads the response; returns the bytes the server sent after it (the
+/// start of its frames).
 pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
-    head: &[u8],
+    mut head: Head,
 ) -> Result<Vec<u8>, HandshakeError> {
     let mut nonce = [0u8; 16];
     getrandom::fill(&mut nonce)
@@ -92,14 +98,13 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     base64::engine::general_purpose::STANDARD
         .encode_slice(nonce, &mut key)
         .map_err(|e| HandshakeError::Invalid(format!("cannot encode the key: {e}")))?;
-    let mut request = Vec::with_capacity(head.len() + KEY_LINE.len() + key.len() + 4);
-    request.extend_from_slice(head);
-    request.extend_from_slice(KEY_LINE);
-    request.extend_from_slice(&key);
-    request.extend_from_slice(b"\r\n\r\n");
-    io.write_all(&request).await?;
+    head.reserve(KEY_PART_BYTES);
+    head.extend_from_slice(KEY_LINE);
+    head.extend_from_slice(&key);
+    head.extend_from_slice(b"\r\n\r\n");
+    io.write_all(&head).await?;
     io.flush().await?;
-    drop(request);
+    drop(head);
     let accept = derive_accept_key(&key);
 
     // Read straight into the buffer's spare capacity: a stack array would
@@ -143,8 +148,6 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         }
     }
 }
-
-const KEY_LINE: &[u8] = b"Sec-WebSocket-Key: ";
 
 /// Checks a response head as a client must, reading its headers where they
 /// are (a `101` costs no allocation).
@@ -293,7 +296,7 @@ mod tests {
             theirs.shutdown().await.unwrap();
             head
         });
-        let r = client(&mut ours, request).await;
+        let r = client(&mut ours, request.to_vec()).await;
         (r, server.await.unwrap())
     }
 

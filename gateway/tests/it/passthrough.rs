@@ -136,7 +136,7 @@ async fn frames_cross_the_gateway_byte_for_byte_both_ways() {
         "authorization",
         format!("Bearer {CLIENT_KEY}").as_bytes(),
     );
-    let mut got = handshake::client(&mut tcp, &request).await.unwrap();
+    let mut got = handshake::client(&mut tcp, request).await.unwrap();
     let sent = frames(true);
     tcp.write_all(&sent).await.unwrap();
     let expected = data(
