@@ -57,7 +57,8 @@
 //!    `response.done` within the grace, leaves a turn's usage unknown.
 //!
 //! The client's close never waits on the upstream leg; the session task
-//! ends after both legs, within 2 × [`CLOSE_GRACE`].
+//! ends after both legs, within 3 × [`CLOSE_GRACE`] (a fragmented message
+//! let through to its end first, the cancel's answer, the close).
 //!
 //! Close codes: a received close is forwarded with its code and reason;
 //! codes that may not be sent on the wire (1005, 1006, 1015) become a bare
@@ -655,6 +656,9 @@ where
         tap,
         ..
     } = pump;
+    // Asked again: the upstream's message just forwarded to its end may
+    // have been a `response.created`.
+    let cancels = upstream_answers && !tap.responses_in_flight().is_empty();
     if cancels {
         // The client's message could not finish (its sender closed, broke
         // or left): end it with a last fragment that keeps it valid, so the

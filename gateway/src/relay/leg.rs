@@ -34,7 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
-use super::frame::{self, opcode, FrameError, FrameRole, MAX_HEADER_BYTES};
+use super::frame::{self, opcode, FrameRole, MAX_HEADER_BYTES};
 use super::reader::{FrameReader, RawFrame, ReadError, Utf8Check};
 
 /// Most frames handed to one vectored write.
@@ -96,7 +96,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
         };
         Self {
             io,
-            reader: FrameReader::new(already_read, check, max_message_bytes as u64),
+            reader: FrameReader::new(already_read, check, max_message_bytes as u64)
+                .expect_masked(side == Side::Server),
             side,
             out: VecDeque::new(),
             out_bytes: 0,
@@ -110,15 +111,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<RawFrame>, ReadError>> {
-        let f = ready!(self.reader.poll_next(cx, &mut self.io))?;
-        if let Some(f) = &f {
-            match (self.side, f.header.mask.is_some()) {
-                (Side::Server, false) => return Poll::Ready(Err(FrameError::Unmasked.into())),
-                (Side::Client, true) => return Poll::Ready(Err(FrameError::Masked.into())),
-                _ => {}
-            }
-        }
-        Poll::Ready(Ok(f))
+        // Masking is checked by the reader, at each frame's header.
+        self.reader.poll_next(cx, &mut self.io)
     }
 
     pub async fn next_frame(&mut self) -> Result<Option<RawFrame>, ReadError> {

@@ -40,6 +40,12 @@ impl Tap for Seen {
         if text.contains("response.done") {
             self.in_flight = None;
         }
+        if let Some(id) = text
+            .strip_prefix(r#"{"type":"response.created","response":{"id":""#)
+            .and_then(|rest| rest.split('"').next())
+        {
+            self.in_flight = Some(id.to_string());
+        }
         self.texts.push(text.to_string());
     }
     fn responses_in_flight(&self) -> Vec<Option<String>> {
@@ -405,6 +411,102 @@ async fn a_client_gone_mid_message_has_it_ended_validly_before_the_cancel() {
     drop(rig.upstream);
     let (spliced, _) = tokio::time::timeout(WAIT, rig.done).await.unwrap().unwrap();
     assert_eq!(spliced.end, End::ClientGone);
+}
+
+/// An unmasked fragment ends the session (1002) without counting as
+/// forwarded: the message its masked first fragment opened upstream is
+/// ended validly before the cancel, so the upstream still answers the
+/// cancel with the `response.done` the turn is billed from.
+#[tokio::test]
+async fn an_unmasked_last_fragment_is_not_taken_for_the_end_of_the_message() {
+    let mut rig = rig(in_flight("resp_3")).await;
+    let first = frame(
+        false,
+        OpCode::Data(Data::Text),
+        MASK,
+        br#"{"type":"conversation.item.create","#.to_vec(),
+    );
+    rig.client.write_all(&first).await.unwrap();
+    read_until(&mut rig.upstream, |f| data_count(f) == 1).await;
+    let unmasked = frame(true, OpCode::Data(Data::Continue), None, b"}".to_vec());
+    rig.client.write_all(&unmasked).await.unwrap();
+    let got = read_until(&mut rig.upstream, |f| data_count(f) == 2).await;
+    assert_eq!((got[0].0, got[0].1), (opcode::CONTINUATION, true));
+    assert_ne!(got[0].2, unmasked, "the unmasked frame is not forwarded");
+    assert!(
+        payload(&got[0].2).is_empty(),
+        "the gateway's own, empty end"
+    );
+    assert_eq!(
+        payload(&got[1].2),
+        cancel_event(Some("resp_3")).into_bytes()
+    );
+    drop(rig.client);
+    drop(rig.upstream);
+    let (spliced, _) = tokio::time::timeout(WAIT, rig.done).await.unwrap().unwrap();
+    assert_eq!(spliced.end, End::ClientProtocolError(1002));
+}
+
+/// An unmasked first fragment opens nothing upstream: the cancel is the
+/// next message there, with no continuation before it.
+#[tokio::test]
+async fn an_unmasked_first_fragment_opens_no_message_upstream() {
+    let mut rig = rig(in_flight("resp_4")).await;
+    let unmasked = frame(false, OpCode::Data(Data::Text), None, b"{".to_vec());
+    rig.client.write_all(&unmasked).await.unwrap();
+    let got = read_until(&mut rig.upstream, |f| data_count(f) == 1).await;
+    assert_eq!((got[0].0, got[0].1), (opcode::TEXT, true));
+    assert_eq!(
+        payload(&got[0].2),
+        cancel_event(Some("resp_4")).into_bytes()
+    );
+    drop(rig.client);
+    drop(rig.upstream);
+    let (spliced, _) = tokio::time::timeout(WAIT, rig.done).await.unwrap().unwrap();
+    assert_eq!(spliced.end, End::ClientProtocolError(1002));
+}
+
+/// A kill while both legs are inside a fragmented message, the upstream's
+/// turning out to be a `response.created`: the client's message is ended
+/// before the cancel that response gets, not cut by it.
+#[tokio::test]
+async fn a_response_created_by_the_message_forwarded_at_the_end_is_cancelled_between_messages() {
+    let mut rig = rig(Seen::default()).await;
+    let client_first = frame(
+        false,
+        OpCode::Data(Data::Text),
+        MASK,
+        br#"{"type":"conversation.item.create","#.to_vec(),
+    );
+    rig.client.write_all(&client_first).await.unwrap();
+    read_until(&mut rig.upstream, |f| data_count(f) == 1).await;
+    let created_first = frame(
+        false,
+        OpCode::Data(Data::Text),
+        None,
+        br#"{"type":"response.created","response":{"id":"resp_7""#.to_vec(),
+    );
+    rig.upstream.write_all(&created_first).await.unwrap();
+    read_until(&mut rig.client, |f| data_count(f) == 1).await;
+    rig.kill.take().unwrap().send(budget_kill()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let created_last = frame(true, OpCode::Data(Data::Continue), None, b"}}".to_vec());
+    rig.upstream.write_all(&created_last).await.unwrap();
+    let got = read_until(&mut rig.upstream, |f| data_count(f) == 2).await;
+    assert_eq!(
+        (got[0].0, got[0].1),
+        (opcode::CONTINUATION, true),
+        "the client's message is ended first"
+    );
+    assert_eq!(got[1].0, opcode::TEXT);
+    assert_eq!(
+        payload(&got[1].2),
+        cancel_event(Some("resp_7")).into_bytes()
+    );
+    drop(rig.client);
+    drop(rig.upstream);
+    let (spliced, _) = tokio::time::timeout(WAIT, rig.done).await.unwrap().unwrap();
+    assert_eq!(spliced.end.outcome(), "budget_exhausted");
 }
 
 /// A ping from the upstream with nothing after it is answered at once: its

@@ -106,6 +106,9 @@ pub struct FrameReader {
     /// The UTF-8 state of the text returned so far.
     utf8: Utf8Stream,
     check: Utf8Check,
+    /// Whether every frame must be masked (a client's) or unmasked (a
+    /// server's); `None` reads either (tests of the framing alone).
+    masked: Option<bool>,
     max_message_bytes: u64,
 }
 
@@ -122,8 +125,18 @@ impl FrameReader {
             message: Message::default(),
             utf8: Utf8Stream::default(),
             check,
+            masked: None,
             max_message_bytes,
         }
+    }
+
+    /// Refuses, at its header, a frame masked otherwise than `masked` says
+    /// (RFC 6455 §5.1): before anything of it is read or counted into its
+    /// message, so a refused frame leaves the message state as the frames
+    /// forwarded left it.
+    pub fn expect_masked(mut self, masked: bool) -> Self {
+        self.masked = Some(masked);
+        self
     }
 
     /// No fragmented message is open among the frames returned so far: the
@@ -220,6 +233,11 @@ impl FrameReader {
     /// refuses one over `max_message_bytes`), committed when the frame is
     /// returned.
     fn begin(&mut self, h: FrameHeader) -> Result<(), FrameError> {
+        match (self.masked, h.mask.is_some()) {
+            (Some(true), false) => return Err(FrameError::Unmasked),
+            (Some(false), true) => return Err(FrameError::Masked),
+            _ => {}
+        }
         let mut message = self.message;
         let role = message.on_header(&h, self.max_message_bytes)?;
         self.current = Some((h, role, message));
@@ -670,6 +688,38 @@ mod tests {
             read_all(bytes, 100, Utf8Check::Validate, 1000).await.1,
             Err("text is not valid UTF-8".into())
         );
+    }
+
+    #[tokio::test]
+    async fn a_frame_masked_the_wrong_way_is_refused_at_its_header_and_counts_for_nothing() {
+        let mask = Some([9, 8, 7, 6]);
+        // A client's message: its first fragment masked, the rest not.
+        let mut bytes = frame(false, OpCode::Data(Data::Text), mask, b"{\"a\":".to_vec());
+        let header_len = bytes.len();
+        bytes.extend(frame(
+            true,
+            OpCode::Data(Data::Continue),
+            None,
+            b"1}".to_vec(),
+        ));
+        let mut io = Trickle::new(bytes.clone(), usize::MAX);
+        io.limit = header_len + 2;
+        let mut r = FrameReader::new(&[], Utf8Check::Validate, 1000).expect_masked(true);
+        r.next(&mut io).await.unwrap().unwrap();
+        let e = r.next(&mut io).await.unwrap_err();
+        assert!(matches!(e, ReadError::Frame(FrameError::Unmasked)), "{e}");
+        assert!(
+            !r.at_boundary(),
+            "the message the forwarded fragment opened is still open"
+        );
+        assert_eq!(r.completion(), Some(Vec::new()));
+        // An upstream's frame must not be masked.
+        let masked = frame(true, OpCode::Data(Data::Text), mask, b"{}".to_vec());
+        let mut io = Trickle::new(masked, usize::MAX);
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1000).expect_masked(false);
+        let e = r.next(&mut io).await.unwrap_err();
+        assert!(matches!(e, ReadError::Frame(FrameError::Masked)), "{e}");
+        assert!(r.at_boundary());
     }
 
     #[tokio::test]
