@@ -15,7 +15,9 @@
 //! connection, goes to hyper unchanged: the bytes already read are replayed
 //! to it first ([`Rewind`]). A head that is not complete within
 //! [`MAX_HEAD_BYTES`], or that `httparse` rejects, goes to hyper as well, so
-//! the answer to a malformed request is hyper's.
+//! the answer to a malformed request is hyper's; so does a `GET` that
+//! declares a body (`Transfer-Encoding`, or a `Content-Length` other than
+//! 0), so that its body is read as a body, never as the next request.
 
 use std::io;
 use std::pin::Pin;
@@ -135,6 +137,9 @@ fn parse(buf: &[u8]) -> Result<Layout, NotGet> {
     let Some(target) = req.path.filter(|p| p.starts_with('/')) else {
         return Err(NotGet::Other);
     };
+    if req.headers.iter().any(declares_body) {
+        return Err(NotGet::Other);
+    }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     // Every non-empty part httparse returns is a slice of `buf` (an empty
     // one, such as a missing query, may point anywhere).
@@ -156,6 +161,15 @@ fn parse(buf: &[u8]) -> Result<Layout, NotGet> {
         *slot = (span(h.name.as_bytes()), span(h.value));
     }
     Ok(layout)
+}
+
+/// A `Transfer-Encoding`, or a `Content-Length` other than 0: the request
+/// has a body, which hyper must read as its body (a refused upgrade keeps
+/// the connection open, and a body taken for the next request would let a
+/// client smuggle one past whatever sits in front of the gateway).
+fn declares_body(h: &httparse::Header<'_>) -> bool {
+    h.name.eq_ignore_ascii_case("transfer-encoding")
+        || (h.name.eq_ignore_ascii_case("content-length") && h.value.trim_ascii() != b"0")
 }
 
 impl Layout {
@@ -356,6 +370,24 @@ mod tests {
             .collect();
         let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
         assert!(matches!(parsed(raw.as_bytes()), Err(NotGet::Other)));
+    }
+
+    #[test]
+    fn a_get_that_declares_a_body_goes_to_hyper() {
+        for framing in [
+            "Content-Length: 5",
+            "content-length:  12 ",
+            "Transfer-Encoding: chunked",
+            "TRANSFER-ENCODING: identity",
+        ] {
+            let raw = format!("GET /v1/realtime HTTP/1.1\r\nHost: x\r\n{framing}\r\n\r\n");
+            assert!(
+                matches!(parsed(raw.as_bytes()), Err(NotGet::Other)),
+                "{framing}"
+            );
+        }
+        let empty = b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n";
+        assert!(parsed(empty).is_ok());
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! upgrade skips hyper); everything else, and every later request on the
 //! connection, is hyper's. These tests hold the seams: a request after a
 //! refused upgrade, an upgrade after another request, bytes the client sent
-//! right behind its upgrade request, and a head that arrives in pieces.
+//! right behind its upgrade request, a head that arrives in pieces, and a
+//! body behind an upgrade request.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -195,4 +196,34 @@ async fn a_head_longer_than_the_gateways_read_is_answered_by_hyper() {
     tcp.write_all(head.as_bytes()).await.unwrap();
     let (_, mut ws) = switched(tcp).await;
     assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+}
+
+#[tokio::test]
+async fn a_body_behind_a_refused_upgrade_is_read_as_its_body_not_as_a_request() {
+    let (_sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    // The body spells out a second request; a gateway that took the head
+    // alone would answer it too once the upgrade was refused.
+    let body = "GET /v1/realtime HTTP/1.1\r\nHost: x\r\n\r\n";
+    let head = upgrade_head("pb-wrong").replacen(
+        "Host: x\r\n",
+        &format!("Host: x\r\nContent-Length: {}\r\n", body.len()),
+        1,
+    );
+    tcp.write_all(format!("{head}{body}").as_bytes())
+        .await
+        .unwrap();
+    tcp.shutdown().await.unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(WAIT, tcp.read_to_end(&mut all))
+        .await
+        .expect("the gateway closes in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&all);
+    // A second answer would follow the first one's body on the same line.
+    let statuses: Vec<&str> = text
+        .match_indices("HTTP/1.1 ")
+        .filter_map(|(at, _)| text.get(at..at + 12))
+        .collect();
+    assert_eq!(statuses, ["HTTP/1.1 401"], "{text}");
 }
