@@ -224,8 +224,7 @@ impl Upstream {
             .ok_or("upstream URL has no port")?;
         let tls = if url.scheme() == "wss" {
             let config = tls::client_config(up.ca_file.as_deref()).map_err(|e| e.to_string())?;
-            let name = rustls_pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| format!("invalid TLS server name {host}: {e}"))?;
+            let name = tls_server_name(&url)?;
             Some((TlsConnector::from(config), name))
         } else {
             None
@@ -287,7 +286,10 @@ impl Upstream {
             None => Either::Left(tcp),
         };
         let head = self.head(params)?;
-        let already_read = by(deadline, "upgrade", handshake::client(&mut io, head))
+        // A refusal's body is read until the deadline at most, so that a
+        // slow one still ends as the refusal it is.
+        let upgrade = handshake::client_by(&mut io, head, Some(deadline));
+        let already_read = by(deadline, "upgrade", upgrade)
             .await?
             .map_err(handshake_error)?;
         Ok(Leg::new(
@@ -327,6 +329,19 @@ impl Upstream {
 }
 
 /// The head of an upgrade to `url` with `headers`, the credential not yet.
+/// The name a `wss://` upstream's certificate is checked against: its DNS
+/// name, or its IP address (an IPv6 literal without the URL's brackets).
+fn tls_server_name(url: &Url) -> Result<rustls_pki_types::ServerName<'static>, String> {
+    use std::net::IpAddr;
+    match url.host() {
+        Some(url::Host::Domain(d)) => rustls_pki_types::ServerName::try_from(d.to_string())
+            .map_err(|e| format!("invalid TLS server name {d}: {e}")),
+        Some(url::Host::Ipv4(a)) => Ok(IpAddr::V4(a).into()),
+        Some(url::Host::Ipv6(a)) => Ok(IpAddr::V6(a).into()),
+        None => Err("upstream URL has no host".into()),
+    }
+}
+
 fn head_of(url: &Url, authority: &str, headers: &[(HeaderName, HeaderValue)]) -> handshake::Head {
     let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
     let mut head = handshake::head(target, authority);
@@ -562,6 +577,31 @@ mod tests {
         assert_eq!(h[0].1, "Bearer sk-up");
         assert!(h[0].1.is_sensitive());
         assert!(!h.iter().any(|(n, _)| n == "openai-beta"));
+    }
+
+    #[test]
+    fn a_wss_upstream_is_checked_against_its_name_or_its_ip_address() {
+        use rustls_pki_types::ServerName;
+        let name = |u: &str| tls_server_name(&Url::parse(u).unwrap()).unwrap();
+        assert!(matches!(
+            name("wss://api.openai.com/v1/realtime"),
+            ServerName::DnsName(d) if d.as_ref() == "api.openai.com"
+        ));
+        assert_eq!(
+            name("wss://127.0.0.1:8443/v1/realtime"),
+            ServerName::from(std::net::IpAddr::from([127, 0, 0, 1]))
+        );
+        // The URL's brackets are not part of the address.
+        assert_eq!(
+            name("wss://[::1]:8443/v1/realtime"),
+            ServerName::from(std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST))
+        );
+        let r = route(
+            Provider::Openai,
+            "wss://[::1]:8443/v1/realtime",
+            Protocol::Ga,
+        );
+        Upstream::new(&r, Duration::from_secs(1), 1 << 20).expect("an IPv6 literal upstream");
     }
 
     #[test]

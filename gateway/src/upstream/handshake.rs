@@ -6,8 +6,10 @@
 //! packet) are returned to the caller instead of staying in a decoder's
 //! buffer. The response is checked as a client must: status 101,
 //! `Upgrade: websocket`, `Connection: upgrade`, the `Sec-WebSocket-Accept`
-//! that answers the key sent, and no extension (none is offered, so
-//! permessage-deflate is never negotiated).
+//! that answers the key sent, no extension (none is offered, so
+//! permessage-deflate is never negotiated) and no subprotocol (none is
+//! offered either). Interim `1xx` responses before it (`100`, `103`) are
+//! skipped, as RFC 9110 §15.2 asks of a client.
 //!
 //! Caveat: the request carries the upstream key; nothing here logs the
 //! request or its headers.
@@ -79,16 +81,36 @@ enum Answer {
         status: u16,
         retry_after: Option<String>,
         content_length: Option<String>,
+        chunked: bool,
     },
     Invalid(&'static str),
 }
 
+/// How a refusal's body ends.
+enum Framing {
+    Length(usize),
+    /// At the last chunk (`0`, CRLF, the empty line).
+    Chunked,
+    UntilClose,
+}
+
 /// Sends `head` (with a fresh key appended) as a WebSocket upgrade and
 /// reads the response; returns the bytes the server sent after it (the
-/// start of its frames).
+/// start of its frames). A refusal's body is read for up to [`BODY_GRACE`].
 pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
+    head: Head,
+) -> Result<Vec<u8>, HandshakeError> {
+    client_by(io, head, None).await
+}
+
+/// [`client`], with a refusal's body read until `deadline` at the latest
+/// (the dial's own): a slow body then ends as a refusal with what arrived,
+/// never as the dial's timeout, which would hide the refusal's status.
+pub async fn client_by<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut S,
     mut head: Head,
+    deadline: Option<tokio::time::Instant>,
 ) -> Result<Vec<u8>, HandshakeError> {
     let mut nonce = [0u8; 16];
     getrandom::fill(&mut nonce)
@@ -111,24 +133,32 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     // live in this future (and in every future that awaits it).
     let mut buf = Vec::with_capacity(READ_BYTES);
     let (head_len, answer) = loop {
+        if !buf.is_empty() {
+            let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut response = httparse::Response::new(&mut slots);
+            match response.parse(&buf) {
+                // An interim response (RFC 9110 §15.2: 100, 103 Early
+                // Hints) comes before the final one: skipped.
+                Ok(httparse::Status::Complete(len)) if is_interim(response.code) => {
+                    buf.drain(..len);
+                    continue;
+                }
+                Ok(httparse::Status::Complete(len)) => {
+                    break (len, answer(response.code, response.headers, &accept));
+                }
+                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD_BYTES => {}
+                Ok(httparse::Status::Partial) => {
+                    return Err(HandshakeError::Invalid("response head too long".into()))
+                }
+                Err(e) => return Err(HandshakeError::Invalid(format!("bad response: {e}"))),
+            }
+        }
         buf.reserve(READ_BYTES);
         let n = io.read_buf(&mut buf).await?;
         if n == 0 {
             return Err(HandshakeError::Invalid(
                 "connection closed during the handshake".into(),
             ));
-        }
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut response = httparse::Response::new(&mut slots);
-        match response.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                break (len, answer(response.code, response.headers, &accept));
-            }
-            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD_BYTES => continue,
-            Ok(httparse::Status::Partial) => {
-                return Err(HandshakeError::Invalid("response head too long".into()))
-            }
-            Err(e) => return Err(HandshakeError::Invalid(format!("bad response: {e}"))),
         }
     };
     match answer {
@@ -138,8 +168,16 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
             status,
             retry_after,
             content_length,
+            chunked,
         } => {
-            let body = refusal_body(io, buf.split_off(head_len), content_length).await;
+            let grace = tokio::time::Instant::now() + BODY_GRACE;
+            let until = deadline.map_or(grace, |d| d.min(grace));
+            let framing = match content_length.and_then(|v| v.trim().parse::<usize>().ok()) {
+                Some(n) => Framing::Length(n),
+                None if chunked => Framing::Chunked,
+                None => Framing::UntilClose,
+            };
+            let body = refusal_body(io, buf.split_off(head_len), framing, until).await;
             Err(HandshakeError::Refused {
                 status,
                 retry_after,
@@ -147,6 +185,11 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
             })
         }
     }
+}
+
+/// A 1xx other than `101`: not the answer yet.
+fn is_interim(code: Option<u16>) -> bool {
+    matches!(code, Some(c) if (100..200).contains(&c) && c != 101)
 }
 
 /// Checks a response head as a client must, reading its headers where they
@@ -163,14 +206,6 @@ fn answer(code: Option<u16>, headers: &[httparse::Header<'_>], accept: &str) -> 
             .next()
             .map(|v| String::from_utf8_lossy(v).into_owned())
     };
-    let status = code.unwrap_or(0);
-    if status != 101 {
-        return Answer::Refused {
-            status,
-            retry_after: first("retry-after"),
-            content_length: first("content-length"),
-        };
-    }
     // A token may come in any of the header's lines (RFC 9110 §5.3).
     let has_token = |name: &'static str, token: &str| {
         values(name).any(|v| {
@@ -178,6 +213,15 @@ fn answer(code: Option<u16>, headers: &[httparse::Header<'_>], accept: &str) -> 
                 .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
         })
     };
+    let status = code.unwrap_or(0);
+    if status != 101 {
+        return Answer::Refused {
+            status,
+            retry_after: first("retry-after"),
+            content_length: first("content-length"),
+            chunked: has_token("transfer-encoding", "chunked"),
+        };
+    }
     if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
         return Answer::Invalid("101 without Upgrade: websocket and Connection: upgrade");
     }
@@ -187,23 +231,34 @@ fn answer(code: Option<u16>, headers: &[httparse::Header<'_>], accept: &str) -> 
     if values("sec-websocket-extensions").next().is_some() {
         return Answer::Invalid("the server chose an extension that was not offered");
     }
+    // The dial offers no subprotocol (RFC 6455 §4.1: the client fails the
+    // connection when the server names one it did not offer).
+    if values("sec-websocket-protocol").next().is_some() {
+        return Answer::Invalid("the server chose a subprotocol that was not offered");
+    }
     Answer::Upgraded
 }
 
 /// Up to [`REFUSAL_BODY_MAX`] bytes of a refusal's body: what came with its
-/// head, then what arrives within [`BODY_GRACE`] (up to its
-/// `Content-Length`, or until the server closes).
+/// head, then what arrives until `until` (up to its `Content-Length`, its
+/// last chunk, or until the server closes). A chunked body keeps its chunk
+/// size lines.
 async fn refusal_body<S: AsyncRead + Unpin>(
     io: &mut S,
     mut body: Vec<u8>,
-    content_length: Option<String>,
+    framing: Framing,
+    until: tokio::time::Instant,
 ) -> Vec<u8> {
-    let want = content_length
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(usize::MAX)
-        .min(REFUSAL_BODY_MAX);
-    let _ = tokio::time::timeout(BODY_GRACE, async {
-        while body.len() < want {
+    let want = match framing {
+        Framing::Length(n) => n.min(REFUSAL_BODY_MAX),
+        Framing::Chunked | Framing::UntilClose => REFUSAL_BODY_MAX,
+    };
+    let ended = |body: &[u8]| {
+        matches!(framing, Framing::Chunked)
+            && (body.starts_with(b"0\r\n\r\n") || body.ends_with(b"\r\n0\r\n\r\n"))
+    };
+    let _ = tokio::time::timeout_at(until, async {
+        while body.len() < want && !ended(&body) {
             body.reserve(want - body.len());
             match io.read_buf(&mut body).await {
                 Ok(0) | Err(_) => break,
@@ -300,6 +355,71 @@ mod tests {
         (r, server.await.unwrap())
     }
 
+    /// A server that answers the upgrade with `parts`, each written
+    /// `gap` after the one before, then holds the connection open.
+    fn held_open(
+        parts: &'static [&'static [u8]],
+        gap: std::time::Duration,
+    ) -> tokio::io::DuplexStream {
+        let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                theirs.read_exact(&mut b).await.unwrap();
+                head.push(b[0]);
+            }
+            for part in parts {
+                theirs.write_all(part).await.unwrap();
+                tokio::time::sleep(gap).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        });
+        ours
+    }
+
+    #[tokio::test]
+    async fn a_refusal_with_a_chunked_body_ends_at_its_last_chunk() {
+        let mut io = held_open(
+            &[
+                b"HTTP/1.1 401 No\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nnope!\r\n0\r\n\r\n",
+                b"late",
+            ],
+            std::time::Duration::from_millis(100),
+        );
+        let r = client(&mut io, head("/v1/realtime", "upstream")).await;
+        let Err(HandshakeError::Refused { status, body, .. }) = r else {
+            panic!("not a refusal: {r:?}");
+        };
+        assert_eq!(status, 401);
+        assert_eq!(
+            body, b"5\r\nnope!\r\n0\r\n\r\n",
+            "nothing read past the last chunk"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_whose_body_is_slower_than_the_deadline_is_still_a_refusal() {
+        let mut io = held_open(
+            &[b"HTTP/1.1 429 Slow\r\nRetry-After: 3\r\nContent-Length: 100\r\n\r\nslow"],
+            std::time::Duration::ZERO,
+        );
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(150);
+        let upgrade = client_by(&mut io, head("/v1/realtime", "upstream"), Some(deadline));
+        // As the dial bounds it: by the same deadline.
+        let r = tokio::time::timeout_at(deadline, upgrade).await;
+        let Ok(Err(HandshakeError::Refused {
+            status,
+            retry_after,
+            body,
+        })) = r
+        else {
+            panic!("not a refusal: {r:?}");
+        };
+        assert_eq!((status, retry_after.as_deref()), (429, Some("3")));
+        assert_eq!(body, b"slow");
+    }
+
     #[tokio::test]
     async fn bytes_after_the_101_are_returned() {
         let rest = against_then(
@@ -327,6 +447,35 @@ mod tests {
         };
         assert_eq!((status, retry_after.as_deref()), (429, Some("7")));
         assert_eq!(body, b"slow");
+    }
+
+    #[tokio::test]
+    async fn interim_responses_before_the_101_are_skipped() {
+        let rest = against_then(
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n\
+             HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n",
+            b"\x81\x02hi",
+        )
+        .await
+        .expect("the 101 behind the interim responses");
+        assert_eq!(rest, b"\x81\x02hi");
+        // An interim response is not a refusal, but a final one after it is.
+        let refused = against("HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 401 No\r\n\r\n").await;
+        assert!(matches!(
+            refused,
+            Err(HandshakeError::Refused { status: 401, .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_subprotocol_that_was_not_offered_is_refused() {
+        let chosen = against(
+            "HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Protocol: realtime\r\n\r\n",
+        )
+        .await;
+        assert!(matches!(chosen, Err(HandshakeError::Invalid(m)) if m.contains("subprotocol")));
     }
 
     #[tokio::test]

@@ -7,8 +7,10 @@
 //! pool miss — paid a thread hand-off and, where no local cache answers, a
 //! DNS round trip before its TCP handshake. `getaddrinfo` does not say how
 //! long an answer may be kept, so [`TTL`] is short; and an answer none of
-//! whose addresses accepts a connection is dropped at once, so a moved
-//! upstream is found again on the next dial rather than after the TTL.
+//! whose addresses accepts a connection, or whose address did not answer
+//! before the dial gave up, is dropped at once, so a moved upstream is found
+//! again on the next dial rather than after the TTL. (The addresses are
+//! tried one after another, as `TcpStream::connect` tries them.)
 //!
 //! Clones share one cache (the pool and the sessions of a route dial the
 //! same [`Resolver`]). Dials that find the cache stale at the same moment
@@ -45,6 +47,21 @@ struct Cached {
     addrs: Arc<[SocketAddr]>,
 }
 
+/// Drops the cached answer when dropped armed: a connect that failed on
+/// every address, or was given up on.
+struct ForgetOnDrop<'a> {
+    resolver: &'a Resolver,
+    armed: bool,
+}
+
+impl Drop for ForgetOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.resolver.forget();
+        }
+    }
+}
+
 impl Resolver {
     /// `host` as a URL gives it: an IPv6 literal in brackets or bare.
     pub fn new(host: &str, port: u16) -> Self {
@@ -71,21 +88,28 @@ impl Resolver {
     }
 
     /// Connects to the first of the host's addresses that accepts, in the
-    /// resolver's order (as `TcpStream::connect` does). When none does, the
-    /// cached answer is dropped.
+    /// resolver's order (as `TcpStream::connect` does). When none does, or
+    /// the caller gives up first (a dial's deadline passed while an address
+    /// did not answer), the cached answer is dropped.
     pub async fn connect(&self) -> io::Result<TcpStream> {
         if let Some(addr) = self.literal {
             return TcpStream::connect(addr).await;
         }
         let addrs = self.addrs().await?;
+        let mut unanswered = ForgetOnDrop {
+            resolver: self,
+            armed: true,
+        };
         let mut last = None;
         for addr in addrs.iter() {
             match TcpStream::connect(addr).await {
-                Ok(tcp) => return Ok(tcp),
+                Ok(tcp) => {
+                    unanswered.armed = false;
+                    return Ok(tcp);
+                }
                 Err(e) => last = Some(e),
             }
         }
-        self.forget();
         Err(last.unwrap_or_else(|| io::Error::other("the upstream host has no address")))
     }
 
@@ -185,5 +209,33 @@ mod tests {
         assert_eq!(r.lookups(), 1, "the cached answer was tried");
         assert!(r.connect().await.is_err());
         assert_eq!(r.lookups(), 2, "the failed answer was dropped");
+    }
+
+    #[tokio::test]
+    async fn an_answer_given_up_on_mid_connect_is_dropped() {
+        // A listener whose accept queue is full drops the next SYN: a
+        // connect to it hangs, as to a blackholed address, on loopback.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut held = Vec::new();
+        loop {
+            let attempt =
+                tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr));
+            match attempt.await {
+                Ok(Ok(s)) => held.push(s),
+                Ok(Err(e)) => panic!("connect: {e}"),
+                Err(_) => break,
+            }
+            assert!(held.len() < 64, "the accept queue never filled");
+        }
+        let r = Resolver::new("localhost", addr.port());
+        let cut = tokio::time::timeout(Duration::from_millis(300), r.connect()).await;
+        assert!(cut.is_err(), "the connect was given up on: {cut:?}");
+        assert_eq!(r.lookups(), 1);
+        r.addrs().await.unwrap();
+        assert_eq!(r.lookups(), 2, "the answer given up on was dropped");
+        drop((held, listener));
     }
 }
