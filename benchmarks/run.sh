@@ -29,6 +29,12 @@
 #    tcp-relay, pool-off, pool-on), so each process has as many sessions in
 #    flight (c/4) as it had there; the six-target stage gives each c/6,
 #    and fewer frames per wake-up cost a gateway more over tcp-relay.
+# 5c. Runtime-shape run (stage "cpu-runtime", not in the default STAGES):
+#    the same workload with four targets, tcp-relay and the pool-off
+#    gateway each on its runtime's default worker threads (one per core) and
+#    on one worker thread (TOKIO_WORKER_THREADS=1, [server] worker_threads =
+#    1), so the runtime's shape is compared at equal shape on both sides
+#    (the CPU table against tcp-relay and against tcp-relay-1w).
 # 6. Many-sessions run (stage "many", not in the default STAGES): MANY_N
 #    sessions at once through one gateway (pool MANY_POOL_SIZE), held open
 #    by MANY_MODEL_MS of model time before each one's first audio, one turn
@@ -43,7 +49,7 @@
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
-# all; "many" only when named)
+# all; "cpu-runtime" and "many" only when named)
 # N C SMALL_N SMALL_C SMALL_DELTAS SMALL_DELTA_BYTES POOL_SIZE CPU_N_PER_TARGET
 # CPU_C CPU_POOL_SIZE CPU_DELTAS CPU_DELTA_BYTES CPU_DELTA_INTERVAL_MS
 # CPU_INFERENCE_MS MANY_N MANY_MODEL_MS MANY_POOL_SIZE BASE_PORT OUT_DIR
@@ -87,6 +93,9 @@ GW_ON_PORT=$((BASE_PORT + 82))
 RELAY_PORT=$((BASE_PORT + 83))
 WS_RELAY_PORT=$((BASE_PORT + 84))
 METERED_RELAY_PORT=$((BASE_PORT + 85))
+RELAY_1W_PORT=$((BASE_PORT + 86))
+GW_OFF_1W_PORT=$((BASE_PORT + 87))
+ADMIN_OFF_1W_PORT=$((BASE_PORT + 93))
 ADMIN_OFF_PORT=$((BASE_PORT + 91))
 ADMIN_ON_PORT=$((BASE_PORT + 92))
 
@@ -117,9 +126,11 @@ wait_http() {
   return 1
 }
 
-# gateway NAME PORT ADMIN_PORT POOL UPSTREAM_URL
+# gateway NAME PORT ADMIN_PORT POOL UPSTREAM_URL [VAR=VALUE...]: the
+# extra variables go to the gateway's environment.
 gateway() {
   local name=$1 port=$2 admin=$3 pool=$4 upstream=$5
+  shift 5
   cat >"$tmp/$name.toml" <<EOF
 [server]
 listen = "127.0.0.1:$port"
@@ -137,7 +148,7 @@ upstream_url = "$upstream"
 api_key_env = "BENCH_UPSTREAM_KEY"
 EOF
   start "$name" env PATCHBAY_MASTER_KEY="$CLIENT_KEY" BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" \
-    REALTIME_POOL_SIZE="$pool" "$BIN/patchbay-gateway" serve --config "$tmp/$name.toml"
+    REALTIME_POOL_SIZE="$pool" "$@" "$BIN/patchbay-gateway" serve --config "$tmp/$name.toml"
 }
 
 # cpu_ticks PID: user+system clock ticks used so far.
@@ -268,6 +279,41 @@ if stage cpu; then
   wait_port "$METERED_RELAY_PORT"
   # Six targets, CPU_N_PER_TARGET sessions each.
   bench cpu 3 -n $((6 * CPU_N_PER_TARGET)) -c "$CPU_C"
+  stop_pids
+  echo
+fi
+
+if stage cpu-runtime; then
+  POOL_SIZE=$CPU_POOL_SIZE C=$CPU_C
+  STACK=cpu-runtime
+  start sim "$BIN/patchbay-gateway" sim --listen "127.0.0.1:$SIM_PORT" --keys "$UPSTREAM_KEY" \
+    --upgrade-delay-ms 250 --session-delay-ms 7 --inference-delay-ms "$CPU_INFERENCE_MS" \
+    --audio-deltas "$CPU_DELTAS" --audio-delta-bytes "$CPU_DELTA_BYTES" \
+    --delta-interval-ms "$CPU_DELTA_INTERVAL_MS"
+  wait_port "$SIM_PORT"
+  start relay "$BIN/tcp-relay" "127.0.0.1:$RELAY_PORT" "127.0.0.1:$SIM_PORT"
+  start relay_1w env TOKIO_WORKER_THREADS=1 \
+    "$BIN/tcp-relay" "127.0.0.1:$RELAY_1W_PORT" "127.0.0.1:$SIM_PORT"
+  up="ws://127.0.0.1:$SIM_PORT/v1/realtime"
+  gateway gw-off "$GW_OFF_PORT" "$ADMIN_OFF_PORT" 0 "$up"
+  gateway gw-off-1w "$GW_OFF_1W_PORT" "$ADMIN_OFF_1W_PORT" 0 "$up" \
+    PATCHBAY_SERVER_WORKER_THREADS=1
+  wait_port "$RELAY_PORT"
+  wait_port "$RELAY_1W_PORT"
+  wait_http "http://127.0.0.1:$ADMIN_OFF_PORT/readyz"
+  wait_http "http://127.0.0.1:$ADMIN_OFF_1W_PORT/readyz"
+  echo "== cpu runtime: tcp-relay and the pool-off gateway, each on N and on 1 worker thread"
+  # Four targets, CPU_N_PER_TARGET sessions each, as in cpu-issue.
+  PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
+    --target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "tcp-relay-1w=ws://127.0.0.1:$RELAY_1W_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "pool-off=ws://127.0.0.1:$GW_OFF_PORT/v1/realtime" \
+    --target "pool-off-1w=ws://127.0.0.1:$GW_OFF_1W_PORT/v1/realtime" \
+    --against tcp-relay-1w \
+    --cpu-pid "tcp-relay=$PID_relay" --cpu-pid "tcp-relay-1w=$PID_relay_1w" \
+    --cpu-pid "pool-off=$PID_gw_off" --cpu-pid "pool-off-1w=$PID_gw_off_1w" \
+    --threads "$BENCH_THREADS" --out "$OUT_DIR/cpu-runtime.json" \
+    -n $((4 * CPU_N_PER_TARGET)) -c "$CPU_C" | tee "$OUT_DIR/cpu-runtime.txt"
   stop_pids
   echo
 fi
