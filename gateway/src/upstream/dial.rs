@@ -328,7 +328,6 @@ impl Upstream {
     }
 }
 
-/// The head of an upgrade to `url` with `headers`, the credential not yet.
 /// The name a `wss://` upstream's certificate is checked against: its DNS
 /// name, or its IP address (an IPv6 literal without the URL's brackets).
 fn tls_server_name(url: &Url) -> Result<rustls_pki_types::ServerName<'static>, String> {
@@ -342,6 +341,7 @@ fn tls_server_name(url: &Url) -> Result<rustls_pki_types::ServerName<'static>, S
     }
 }
 
+/// The head of an upgrade to `url` with `headers`, the credential not yet.
 fn head_of(url: &Url, authority: &str, headers: &[(HeaderName, HeaderValue)]) -> handshake::Head {
     let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
     let mut head = handshake::head(target, authority);
