@@ -9,8 +9,12 @@
 //! long an answer may be kept, so [`TTL`] is short; and an answer none of
 //! whose addresses accepts a connection, or whose address did not answer
 //! before the dial gave up, is dropped at once, so a moved upstream is found
-//! again on the next dial rather than after the TTL. (The addresses are
-//! tried one after another, as `TcpStream::connect` tries them.)
+//! again on the next dial rather than after the TTL. The addresses are
+//! tried in the resolver's order, the next one started beside an attempt
+//! that has not answered within [`ATTEMPT_DELAY`] (RFC 8305's connection
+//! attempts, without its address sorting): an address that drops packets,
+//! such as an AAAA record on a host whose IPv6 goes nowhere, costs a
+//! quarter of a second, not the dial's deadline.
 //!
 //! Clones share one cache (the pool and the sessions of a route dial the
 //! same [`Resolver`]). Dials that find the cache stale at the same moment
@@ -22,12 +26,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// How long a resolved name's addresses are used before it is resolved
 /// again.
 pub const TTL: Duration = Duration::from_secs(30);
+/// How long a connection attempt to one address goes unanswered before the
+/// next address is tried beside it (RFC 8305 §5 recommends 250 ms).
+pub const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
 
 /// One upstream host and port, resolved as needed.
 #[derive(Clone)]
@@ -87,10 +95,12 @@ impl Resolver {
         }
     }
 
-    /// Connects to the first of the host's addresses that accepts, in the
-    /// resolver's order (as `TcpStream::connect` does). When none does, or
-    /// the caller gives up first (a dial's deadline passed while an address
-    /// did not answer), the cached answer is dropped.
+    /// Connects to the host's addresses in the resolver's order, the
+    /// next one started when the last failed or [`ATTEMPT_DELAY`] passed
+    /// without an answer, the attempts racing (RFC 8305's connection
+    /// attempts): the first that accepts wins, the others are dropped. When
+    /// none accepts, or the caller gives up first (a dial's deadline passed
+    /// while no address answered), the cached answer is dropped.
     pub async fn connect(&self) -> io::Result<TcpStream> {
         if let Some(addr) = self.literal {
             return TcpStream::connect(addr).await;
@@ -100,14 +110,32 @@ impl Resolver {
             resolver: self,
             armed: true,
         };
+        let mut next = addrs.iter().copied();
+        let mut attempts = FuturesUnordered::new();
         let mut last = None;
-        for addr in addrs.iter() {
-            match TcpStream::connect(addr).await {
-                Ok(tcp) => {
-                    unanswered.armed = false;
-                    return Ok(tcp);
+        loop {
+            if attempts.is_empty() {
+                match next.next() {
+                    Some(addr) => attempts.push(TcpStream::connect(addr)),
+                    None => break,
                 }
-                Err(e) => last = Some(e),
+            }
+            let more = next.len() > 0;
+            tokio::select! {
+                biased;
+                Some(done) = attempts.next() => match done {
+                    Ok(tcp) => {
+                        unanswered.armed = false;
+                        return Ok(tcp);
+                    }
+                    Err(e) => last = Some(e),
+                },
+                () = tokio::time::sleep(ATTEMPT_DELAY), if more => {
+                    if let Some(addr) = next.next() {
+                        attempts.push(TcpStream::connect(addr));
+                    }
+                }
+                else => break,
             }
         }
         Err(last.unwrap_or_else(|| io::Error::other("the upstream host has no address")))
@@ -211,10 +239,10 @@ mod tests {
         assert_eq!(r.lookups(), 2, "the failed answer was dropped");
     }
 
-    #[tokio::test]
-    async fn an_answer_given_up_on_mid_connect_is_dropped() {
-        // A listener whose accept queue is full drops the next SYN: a
-        // connect to it hangs, as to a blackholed address, on loopback.
+    /// A listener whose accept queue is full drops the next SYN: a connect
+    /// to it hangs, as to a blackholed address, on loopback. Returns it
+    /// with the connections that fill its queue.
+    async fn blackhole() -> (tokio::net::TcpListener, Vec<TcpStream>) {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let listener = socket.listen(0).unwrap();
@@ -226,10 +254,35 @@ mod tests {
             match attempt.await {
                 Ok(Ok(s)) => held.push(s),
                 Ok(Err(e)) => panic!("connect: {e}"),
-                Err(_) => break,
+                Err(_) => return (listener, held),
             }
             assert!(held.len() < 64, "the accept queue never filled");
         }
+    }
+
+    #[tokio::test]
+    async fn an_address_that_does_not_answer_does_not_hold_up_the_next() {
+        let (dead, held) = blackhole().await;
+        let live = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let r = Resolver::new("example.invalid", 443);
+        *r.slot() = Some(Cached {
+            at: Instant::now(),
+            addrs: Arc::from([dead.local_addr().unwrap(), live.local_addr().unwrap()]),
+        });
+        let tcp = tokio::time::timeout(Duration::from_secs(5), r.connect())
+            .await
+            .expect("the second address is tried beside the first")
+            .expect("connected");
+        assert_eq!(tcp.peer_addr().unwrap(), live.local_addr().unwrap());
+        assert_eq!(r.lookups(), 0, "the seeded answer was used");
+        assert!(r.fresh().is_some(), "a working answer is kept");
+        drop((held, dead));
+    }
+
+    #[tokio::test]
+    async fn an_answer_given_up_on_mid_connect_is_dropped() {
+        let (listener, held) = blackhole().await;
+        let addr = listener.local_addr().unwrap();
         let r = Resolver::new("localhost", addr.port());
         let cut = tokio::time::timeout(Duration::from_millis(300), r.connect()).await;
         assert!(cut.is_err(), "the connect was given up on: {cut:?}");
