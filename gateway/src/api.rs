@@ -150,12 +150,9 @@ async fn mint_inner(
     query: Option<&str>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = match http_body_util::Limited::new(body, request::MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
+    let body = match read_body(gw, body, request::MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => {
             return Err(Refusal::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
@@ -167,6 +164,7 @@ async fn mint_inner(
             )
             .into())
         }
+        Err(e @ BodyError::Slow(_)) => return Err(e.refusal().into()),
     };
     let query_model = query.and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes())
@@ -215,6 +213,47 @@ async fn mint_inner(
     // The body is a credential: no cache may keep it.
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(r)
+}
+
+/// Why a request body was not read.
+#[derive(Debug)]
+pub(crate) enum BodyError {
+    /// Over its limit, or cut off.
+    TooLarge,
+    /// Not all there within this long.
+    Slow(std::time::Duration),
+}
+
+impl BodyError {
+    /// `408` for a body that did not arrive in time.
+    pub(crate) fn refusal(&self) -> Refusal {
+        let after = match self {
+            BodyError::Slow(after) => after.as_secs(),
+            BodyError::TooLarge => 0,
+        };
+        Refusal::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!("the request body did not arrive within {after} s"),
+        )
+    }
+}
+
+/// A request body of at most `max` bytes, all of it within the gateway's
+/// `upgrade_timeout_secs` (hyper bounds the head's read, not the body's: a
+/// client trickling a declared body would hold its connection and task).
+pub(crate) async fn read_body(
+    gw: &Gateway,
+    body: Body,
+    max: usize,
+) -> Result<bytes::Bytes, BodyError> {
+    let within = std::time::Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    match tokio::time::timeout(within, http_body_util::Limited::new(body, max).collect()).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(_)) => Err(BodyError::TooLarge),
+        Err(_) => Err(BodyError::Slow(within)),
+    }
 }
 
 async fn websocket_required(State(gw): State<Arc<Gateway>>) -> ApiError {

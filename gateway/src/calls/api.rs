@@ -30,12 +30,11 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
-use http_body_util::BodyExt;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::admission::Refusal;
-use crate::api::ApiError;
+use crate::api::{ApiError, BodyError};
 use crate::auth::{presented_key, KeyEntry};
 use crate::client_secret::{is_client_secret, Grant};
 use crate::gateway::{Gateway, Route};
@@ -167,13 +166,11 @@ fn call_not_found(call_id: &str) -> Refusal {
     )
 }
 
-async fn read_body(body: Body) -> Result<Bytes, Refusal> {
-    match http_body_util::Limited::new(body, offer::MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(_) => Err(offer_refusal(&OfferError::TooLarge)),
+async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, Refusal> {
+    match crate::api::read_body(gw, body, offer::MAX_BODY_BYTES).await {
+        Ok(b) => Ok(b),
+        Err(BodyError::TooLarge) => Err(offer_refusal(&OfferError::TooLarge)),
+        Err(e @ BodyError::Slow(_)) => Err(e.refusal()),
     }
 }
 
@@ -267,7 +264,7 @@ async fn create(
         Ok(a) => a,
         Err(r) => return refuse(gw, "", r),
     };
-    let body = match read_body(body).await {
+    let body = match read_body(gw, body).await {
         Ok(b) => b,
         Err(r) => return refuse(gw, "", r),
     };
@@ -459,7 +456,7 @@ async fn act(
     if call_id_from_location(&call_id).as_deref() != Some(call_id.as_str()) {
         return refuse(gw, "", call_not_found(&call_id));
     }
-    let body = match read_body(body).await {
+    let body = match read_body(gw, body).await {
         Ok(b) => b,
         Err(r) => return refuse(gw, "", r),
     };

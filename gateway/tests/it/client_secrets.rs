@@ -684,3 +684,25 @@ async fn a_keys_model_allow_list_applies_when_minting_and_again_when_the_secret_
         "nothing is dialled for a refused session"
     );
 }
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
+    let (_key_file, toml) = signing_key();
+    let (_sim, gw) = sim_and_gateway(SimConfig::default(), &toml).await;
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    // 100 bytes declared, 2 sent, the connection held open: the gateway
+    // (upgrade_timeout_secs = 5 in the tests) stops waiting.
+    let head = format!(
+        "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CLIENT_KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{}}"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+        .await
+        .expect("answered while the body is still awaited")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+}
