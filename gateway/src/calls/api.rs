@@ -157,6 +157,17 @@ fn unreachable_refusal(e: &UpstreamCallError) -> Refusal {
     )
 }
 
+/// `503`: the calls store could not say who holds a call.
+fn calls_store_unavailable() -> Refusal {
+    Refusal::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "store_unavailable",
+        "the call's owner cannot be looked up right now; retry".to_string(),
+    )
+    .retry_after(Duration::from_secs(1))
+}
+
 fn call_not_found(call_id: &str) -> Refusal {
     Refusal::new(
         StatusCode::NOT_FOUND,
@@ -462,7 +473,12 @@ async fn act(
     };
     let owner = match (st.owners.get(&call_id), &st.fleet) {
         (Some(o), _) => Some(o),
-        (None, Some(f)) => f.record(&call_id).await.map(|r| r.owner()),
+        (None, Some(f)) => match f.record(&call_id).await {
+            Ok(rec) => rec.map(|r| r.owner()),
+            // Whose call it is cannot be told: refused, not taken as
+            // nobody's (which would let any key act on it).
+            Err(_) => return refuse(gw, "", calls_store_unavailable()),
+        },
         (None, None) => None,
     };
     if let Some(o) = &owner {

@@ -229,12 +229,16 @@ impl CallFleet {
             .await;
     }
 
-    /// The record of a call, from any replica.
-    pub async fn record(&self, call_id: &str) -> Option<CallRecord> {
+    /// The record of a call, from any replica: `Ok(None)` when there is
+    /// none, `Err` when Redis could not say (logged and counted).
+    pub async fn record(&self, call_id: &str) -> Result<Option<CallRecord>, Unavailable> {
         let mut conn = self.conn.get();
         let cmd = redis::cmd("GET").arg(self.record_key(call_id)).to_owned();
-        let json: Option<String> = self.bounded("call_get", cmd.query_async(&mut conn)).await?;
-        serde_json::from_str(&json?).ok()
+        let json: Option<String> = self
+            .bounded("call_get", cmd.query_async(&mut conn))
+            .await
+            .ok_or(Unavailable)?;
+        Ok(json.and_then(|j| serde_json::from_str(&j).ok()))
     }
 
     /// Claims every call of `route` that no replica holds; the records of
@@ -264,16 +268,23 @@ impl CallFleet {
                 continue;
             }
             match self.record(&id).await {
-                Some(rec) => claimed.push(rec),
-                None => {
+                Ok(Some(rec)) => claimed.push(rec),
+                Ok(None) => {
                     // The record expired or the call ended meanwhile.
                     self.forget(route, &id).await;
                 }
+                // Not known: the record stays; the claim lapses with its
+                // TTL and the call is claimed again on a later poll.
+                Err(Unavailable) => {}
             }
         }
         claimed
     }
 }
+
+/// Redis did not answer a calls-store read in time, or failed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable;
 
 /// Milliseconds since the Unix epoch.
 pub fn unix_ms(t: SystemTime) -> u64 {

@@ -1012,3 +1012,30 @@ async fn a_lost_sideband_connection_is_attached_again_and_the_call_stays_metered
     );
     assert_eq!(gw.gateway.sessions.active(), 1, "still one live call");
 }
+
+#[tokio::test]
+async fn an_action_on_a_call_whose_owner_cannot_be_looked_up_is_refused_not_forwarded() {
+    let sim = sim(SimConfig::default()).await;
+    // Redis configured, nothing listening: no replica's record can be read.
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let toml = gateway_toml(
+        &sim.url(false),
+        &format!("{PRICES}[store]\nredis_url_env = \"CALLS_REDIS\"\n"),
+    );
+    let env = |k: &str| match k {
+        "CALLS_REDIS" => Some(url.clone()),
+        other => test_env(other),
+    };
+    let config = patchbay_gateway::config::Config::from_toml_with_env(&toml, &env).unwrap();
+    let gw = patchbay_gateway::gateway::start(config).await.unwrap();
+    for action in ["reject", "accept", "hangup"] {
+        let r = act(gw.addr, CLIENT_KEY, "rtc_held_elsewhere", action, "{}").await;
+        assert_eq!(r.status, 503, "{action}: {}", r.body);
+        assert_eq!(r.json()["error"]["code"], "store_unavailable");
+        assert!(r.header("retry-after").is_some(), "{}", r.head);
+    }
+    assert!(
+        sim.stats.calls.actions().is_empty(),
+        "nothing was forwarded"
+    );
+}
