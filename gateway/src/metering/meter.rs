@@ -24,8 +24,9 @@
 //!
 //! The key is re-read whenever the key store's set is swapped (the meter
 //! subscribes to it; before, it polled every second, a timer per session):
-//! a removed or disabled key fires the kill at once; a changed budget or
-//! tpm applies from the next flush.
+//! a removed or disabled key, or one whose id now has another secret (a
+//! rotation), fires the kill at once; a changed budget or tpm applies from
+//! the next flush.
 //!
 //! Overshoot: a budget is checked at flushes, so a session can spend up to
 //! one flush window plus the turn in flight past its limit before it is
@@ -244,15 +245,17 @@ impl MeterTask {
             return;
         }
         match set.by_id(&self.meta.key.id) {
-            Some(k) if !k.disabled => {
+            // The same key: its id may have been given a new secret (a
+            // rotation), which revokes the one this session opened with.
+            Some(k) if !k.disabled && k.sha256 == self.meta.key.sha256 => {
                 self.key = k.clone();
                 self.team = self.meta.team.as_deref().and_then(|t| set.team(t)).cloned();
             }
             found => {
-                let why = if found.is_some() {
-                    "disabled"
-                } else {
-                    "removed"
+                let why = match found {
+                    Some(k) if k.disabled => "disabled",
+                    Some(_) => "replaced",
+                    None => "removed",
                 };
                 let message = format!("the API key '{}' of this session was {why}", self.key.id);
                 let kill = Kill {

@@ -170,6 +170,29 @@ async fn removing_a_key_from_the_keys_file_ends_its_live_session_with_1008() {
 }
 
 #[tokio::test]
+async fn giving_a_key_id_a_new_secret_ends_the_sessions_opened_with_the_old_one() {
+    let sim = sim(SimConfig::default()).await;
+    let keys = TempFile::new("keys.toml", &key_entry("app", "pb-app-old", ""));
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
+    ))
+    .await;
+    let mut ws = open_with(gw.addr, "pb-app-old").await.unwrap();
+    // Rotated: the same id (its budgets and counters carry over), a new secret.
+    std::fs::write(&keys.0, key_entry("app", "pb-app-new", "")).unwrap();
+    let (texts, code, _) = until_close(&mut ws).await;
+    let e: serde_json::Value = serde_json::from_str(texts.last().expect("an error event")).unwrap();
+    assert_eq!(e["error"]["code"], "invalid_api_key");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("replaced"),
+        "{e}"
+    );
+    assert_eq!(code, Some(1008));
+    assert!(open_with(gw.addr, "pb-app-new").await.is_ok());
+}
+
+#[tokio::test]
 async fn an_unpriced_model_is_refused_under_block_before_any_dial() {
     let sim = sim(SimConfig::default()).await;
     let gw = gateway(&gateway_toml(
