@@ -123,9 +123,11 @@ end
 return {failed, totals}
 "#;
 
-/// Server error codes that a later retry can succeed past (a loading,
-/// busy, read-only or full server); any other error rejects the write.
-const TRANSIENT_ERRORS: [&str; 8] = [
+/// Server error codes that a later retry can succeed past: a loading,
+/// busy, read-only or full server, one that cannot persist (`MISCONF`) or
+/// lacks its replicas (`NOREPLICAS`), a user whose rights or login changed
+/// (`NOPERM`, `NOAUTH`). Any other error rejects the write.
+const TRANSIENT_ERRORS: [&str; 12] = [
     "LOADING",
     "BUSY",
     "TRYAGAIN",
@@ -134,7 +136,22 @@ const TRANSIENT_ERRORS: [&str; 8] = [
     "OOM",
     "CLUSTERDOWN",
     "NOSCRIPT",
+    "MISCONF",
+    "NOREPLICAS",
+    "NOPERM",
+    "NOAUTH",
 ];
+
+/// Whether a write refused with `code` and `message` may succeed later.
+/// Redis 6 reports an error raised inside a script as `ERR Error running
+/// script … -READONLY …`: the code that matters is inside the message.
+fn transient(code: &str, message: &str) -> bool {
+    TRANSIENT_ERRORS.contains(&code)
+        || (code == "ERR"
+            && TRANSIENT_ERRORS
+                .iter()
+                .any(|t| message.contains(&format!("-{t} "))))
+}
 
 pub struct RedisStore {
     conn: RedisConn,
@@ -437,8 +454,7 @@ impl RedisStore {
         for reply in &replies[1..] {
             match reply {
                 Value::ServerError(e) => {
-                    let code = e.code();
-                    if TRANSIENT_ERRORS.contains(&code) {
+                    if transient(e.code(), &e.to_string()) {
                         return Err(StoreError::Reply {
                             op: OP,
                             message: e.to_string(),
@@ -575,5 +591,37 @@ impl Store for RedisStore {
 
     fn describe(&self) -> String {
         format!("redis at {}", self.conn.endpoint())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient;
+
+    #[test]
+    fn errors_a_retry_can_get_past_are_transient_even_inside_a_script_error() {
+        assert!(transient(
+            "NOREPLICAS",
+            "Not enough good replicas to write."
+        ));
+        assert!(transient(
+            "MISCONF",
+            "Redis is configured to save RDB snapshots"
+        ));
+        assert!(transient("NOPERM", "this user has no permissions"));
+        // Redis 6: the code of a call inside a script is in the message.
+        assert!(transient(
+            "ERR",
+            "Error running script (call to f_1): @user_script:76: @user_script: 76: \
+             -READONLY You can't write against a read only replica."
+        ));
+        assert!(!transient(
+            "WRONGTYPE",
+            "Operation against a key holding the wrong kind of value"
+        ));
+        assert!(!transient(
+            "ERR",
+            "Error running script: attempt to compare nil with number"
+        ));
     }
 }

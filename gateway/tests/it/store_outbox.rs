@@ -532,3 +532,55 @@ async fn a_session_is_closed_on_its_own_spend_while_its_writes_wait_in_the_outbo
     .await;
     assert_exactly_once(redis.addr(), &id, 3).await;
 }
+
+#[tokio::test]
+async fn a_redis_that_refuses_writes_for_a_while_loses_no_row_and_no_spend() {
+    // Writes are refused (NOREPLICAS) until the replica requirement is
+    // lifted: a state that clears up on its own, so nothing may be dropped.
+    let Some(redis) = RedisServer::plain("noreplicas", &["--min-replicas-to-write", "1"]).await
+    else {
+        return;
+    };
+    let sim = sim(SimConfig::default()).await;
+    let dir = TempDir::new("noreplicas");
+    let id = unique("noreplicas");
+    let key = format!("pb-{id}");
+    let gw = metered_gateway(
+        &dir,
+        &sim.url(false),
+        &id,
+        &format!("redis://{}", redis.addr()),
+    )
+    .await;
+    sessions(gw.addr, &key, 3).await;
+    let metering = gw.gateway.metering.clone();
+    let admin = gw.admin_addr;
+    // The direct flushes and then several replays refused.
+    until("replays refused", WAIT, || async {
+        metric(admin, "patchbay_store_errors_total", "").await >= 6.0
+    })
+    .await;
+    assert!(metering.outbox_len() > 0, "the refused writes wait");
+    assert_eq!(
+        metric(admin, "patchbay_outbox_dropped_total", "").await,
+        0.0,
+        "nothing dropped"
+    );
+    let mut conn = redis_conn(redis.addr()).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    until("the outbox replayed", WAIT, || async {
+        metering.outbox_len() == 0
+    })
+    .await;
+    assert_eq!(
+        metric(admin, "patchbay_outbox_dropped_total", "").await,
+        0.0
+    );
+    assert_exactly_once(redis.addr(), &id, 3).await;
+}
