@@ -34,10 +34,15 @@ use crate::gateway::Gateway;
 
 /// The mint route (the SDKs call `{base_url}/realtime/client_secrets`).
 pub const CLIENT_SECRETS_PATH: &str = "/v1/realtime/client_secrets";
+/// The same under Azure's prefix, as the calls and the upgrade paths are.
+pub const AZURE_CLIENT_SECRETS_PATH: &str = "/openai/v1/realtime/client_secrets";
 
 /// The router for the client listener's non-upgrade requests.
 pub fn router(gw: Arc<Gateway>) -> Router {
-    let mut r = Router::new().route(CLIENT_SECRETS_PATH, post(mint).fallback(method_not_allowed));
+    let mut r = Router::new();
+    for path in [CLIENT_SECRETS_PATH, AZURE_CLIENT_SECRETS_PATH] {
+        r = r.route(path, post(mint).fallback(method_not_allowed));
+    }
     for path in crate::server::REALTIME_PATHS {
         r = r.route(path, any(websocket_required));
     }

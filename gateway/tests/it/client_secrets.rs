@@ -706,3 +706,22 @@ async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
     assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
     assert!(text.contains("request_timeout"), "{text}");
 }
+
+#[tokio::test]
+async fn azure_clients_mint_under_the_openai_prefix() {
+    let (_key_file, toml) = signing_key();
+    let (_sim, gw) = sim_and_gateway(SimConfig::default(), &toml).await;
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let (status, _, body) = post(
+        gw.addr,
+        "/openai/v1/realtime/client_secrets",
+        &[("Authorization", &bearer)],
+        &json!({"session": {"type": "realtime", "model": MODEL}}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let secret = body["value"].as_str().unwrap();
+    let (mut ws, _, _) = open_by_subprotocol(gw.addr, secret).await;
+    let turn = one_turn(&mut ws).await;
+    assert_eq!(kind(turn.last().unwrap()), "response.done");
+}
