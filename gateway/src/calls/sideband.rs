@@ -53,6 +53,46 @@ pub const LET_GO_MARGIN: Duration = Duration::from_secs(relay::CLOSE_GRACE.as_se
 pub const ATTACH_ATTEMPTS: u32 = 3;
 /// Time between two attempts.
 pub const ATTACH_BACKOFF: Duration = Duration::from_millis(500);
+/// A sideband lost within this long of its attach dropped quickly: the next
+/// attach waits (see [`Reattach`]).
+pub const QUICK_DROP: Duration = Duration::from_secs(2);
+/// Quick drops in a row after which the call is hung up, as when it cannot
+/// be attached at all.
+pub const MAX_QUICK_DROPS: u32 = 5;
+
+/// When a lost sideband is attached again: at once after a connection that
+/// lasted; after [`ATTACH_BACKOFF`] times the count of quick drops in a row
+/// otherwise, so an upstream that accepts and drops at once is not dialled
+/// in a tight loop; never past [`MAX_QUICK_DROPS`] in a row.
+#[derive(Debug)]
+struct Reattach {
+    attached_at: Instant,
+    quick: u32,
+}
+
+impl Reattach {
+    fn new(now: Instant) -> Self {
+        Self {
+            attached_at: now,
+            quick: 0,
+        }
+    }
+
+    /// The sideband was lost at `now`: the pause before attaching again, or
+    /// `None` to give up.
+    fn lost(&mut self, now: Instant) -> Option<Duration> {
+        if now.saturating_duration_since(self.attached_at) < QUICK_DROP {
+            self.quick += 1;
+        } else {
+            self.quick = 0;
+        }
+        (self.quick <= MAX_QUICK_DROPS).then(|| ATTACH_BACKOFF * self.quick)
+    }
+
+    fn attached(&mut self, now: Instant) {
+        self.attached_at = now;
+    }
+}
 
 /// A call admitted and answered by the upstream.
 pub struct Call {
@@ -155,6 +195,7 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
             tokio::pin!(let_go);
             let kill = kill.fired();
             tokio::pin!(kill);
+            let mut reattach = Reattach::new(Instant::now());
             let end = loop {
                 let mut lost = false;
                 tokio::select! {
@@ -180,9 +221,19 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                     }
                 }
                 if lost {
-                    tracing::warn!(call_id = %call.id, "sideband connection lost; attaching again");
+                    let Some(pause) = reattach.lost(Instant::now()) else {
+                        break SidebandEnd::AttachFailed(format!(
+                            "the sideband dropped more than {MAX_QUICK_DROPS} times in a row right after attaching"
+                        ));
+                    };
+                    tracing::warn!(call_id = %call.id, pause_ms = pause.as_millis() as u64,
+                        "sideband connection lost; attaching again");
+                    tokio::time::sleep(pause).await;
                     match attach(&gw, &route, &call.id, timeout).await {
-                        Ok(ws) => (tx, rx) = ws.split(),
+                        Ok(ws) => {
+                            (tx, rx) = ws.split();
+                            reattach.attached(Instant::now());
+                        }
                         Err(e) => break SidebandEnd::AttachFailed(e.to_string()),
                     }
                 }
@@ -309,5 +360,33 @@ async fn hang_up(gw: &Gateway, call: &Call, end: &SidebandEnd) {
         Err(e) => {
             tracing::warn!(call_id = %call.id, error = %e, reason = end.outcome(), "could not hang up the call")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sideband_that_keeps_dropping_is_attached_again_ever_later_then_given_up() {
+        let t0 = Instant::now();
+        let mut r = Reattach::new(t0);
+        // A connection that lasted: attached again at once.
+        let mut now = t0 + QUICK_DROP * 3;
+        assert_eq!(r.lost(now), Some(Duration::ZERO));
+        r.attached(now);
+        // Dropped right after each attach: a growing pause, then given up.
+        for n in 1..=MAX_QUICK_DROPS {
+            now += Duration::from_millis(10);
+            assert_eq!(r.lost(now), Some(ATTACH_BACKOFF * n), "drop {n}");
+            r.attached(now);
+        }
+        now += Duration::from_millis(10);
+        assert_eq!(r.lost(now), None);
+        // One that lasts again resets the count.
+        let mut r = Reattach::new(t0);
+        assert_eq!(r.lost(t0), Some(ATTACH_BACKOFF));
+        r.attached(t0);
+        assert_eq!(r.lost(t0 + QUICK_DROP), Some(Duration::ZERO));
     }
 }
