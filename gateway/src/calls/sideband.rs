@@ -170,11 +170,12 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     let (mut tracker, meter, kill) = gw.metering.start_session(meta);
     gw.tasks.spawn(meter.run());
     let deadline = call.started + Duration::from_secs(gw.config.relay.max_session_secs);
-    let end = match attach(&gw, &route, &call.id, timeout).await {
-        Err(e) => {
-            // A call the gateway cannot see cannot be governed: end it.
-            let end = SidebandEnd::AttachFailed(e.to_string());
-            hang_up(&gw, &call, &end).await;
+    let end = match attach_holding(&gw, &route, &call.id, timeout, fleet.as_ref()).await {
+        Err(end) => {
+            if matches!(end, SidebandEnd::AttachFailed(_)) {
+                // A call the gateway cannot see cannot be governed: end it.
+                hang_up(&gw, &call, &end).await;
+            }
             end
         }
         Ok(ws) => {
@@ -229,12 +230,12 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                     tracing::warn!(call_id = %call.id, pause_ms = pause.as_millis() as u64,
                         "sideband connection lost; attaching again");
                     tokio::time::sleep(pause).await;
-                    match attach(&gw, &route, &call.id, timeout).await {
+                    match attach_holding(&gw, &route, &call.id, timeout, fleet.as_ref()).await {
                         Ok(ws) => {
                             (tx, rx) = ws.split();
                             reattach.attached(Instant::now());
                         }
-                        Err(e) => break SidebandEnd::AttachFailed(e.to_string()),
+                        Err(end) => break end,
                     }
                 }
             };
@@ -315,6 +316,38 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
         );
     }
     drop(call.permit);
+}
+
+/// [`attach`], with a fleet the call's hold renewed meanwhile: the attempts
+/// can outlast the hold's TTL, and a lapsed hold lets another replica adopt
+/// the call while this one attaches it too. `Err` is `AttachFailed`, or
+/// `TakenOver` when another replica holds the call already.
+async fn attach_holding(
+    gw: &Gateway,
+    route: &crate::config::RouteConfig,
+    call_id: &str,
+    timeout: Duration,
+    fleet: Option<&CallFleet>,
+) -> Result<crate::upstream::dial::UpstreamSocket, SidebandEnd> {
+    let failed = |e: upstream::UpstreamCallError| SidebandEnd::AttachFailed(e.to_string());
+    let attaching = attach(gw, route, call_id, timeout);
+    let Some(fleet) = fleet else {
+        return attaching.await.map_err(failed);
+    };
+    tokio::pin!(attaching);
+    let mut renew = tokio::time::interval(HOLD_RENEW);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    renew.reset();
+    loop {
+        tokio::select! {
+            r = &mut attaching => return r.map_err(failed),
+            _ = renew.tick() => {
+                if fleet.renew(call_id).await == Some(false) {
+                    return Err(SidebandEnd::TakenOver);
+                }
+            }
+        }
+    }
 }
 
 /// Opens the sideband, [`ATTACH_ATTEMPTS`] times at most,
