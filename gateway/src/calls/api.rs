@@ -144,17 +144,24 @@ pub fn upstream_refusal(status: StatusCode) -> Refusal {
     Refusal::new(status, kind, code, message)
 }
 
+/// The client learns that the upstream could not be reached, not where it
+/// is (the error names its host and port, perhaps an internal proxy's):
+/// that goes to the log.
 fn unreachable_refusal(e: &UpstreamCallError) -> Refusal {
-    let (status, code) = match e {
-        UpstreamCallError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
-        _ => (StatusCode::BAD_GATEWAY, "upstream_unavailable"),
+    tracing::warn!(error = %e, "calls upstream could not be reached");
+    let (status, code, message) = match e {
+        UpstreamCallError::Timeout(_) => (
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            "the upstream did not answer in time",
+        ),
+        _ => (
+            StatusCode::BAD_GATEWAY,
+            "upstream_unavailable",
+            "the upstream could not be reached",
+        ),
     };
-    Refusal::new(
-        status,
-        "server_error",
-        code,
-        format!("the upstream could not be reached: {e}"),
-    )
+    Refusal::new(status, "server_error", code, message.to_string())
 }
 
 /// `503`: the calls store could not say who holds a call.
@@ -731,6 +738,19 @@ async fn adopt(st: &CallsState, fleet: &CallFleet, route: &Arc<Route>, rec: Call
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreachable_upstream_is_not_named_to_the_client() {
+        let e = UpstreamCallError::Connect {
+            authority: "proxy.internal:3128".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        let r = unreachable_refusal(&e);
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+        assert!(!r.body().contains("proxy.internal"), "{}", r.body());
+        let r = unreachable_refusal(&UpstreamCallError::Timeout(Duration::from_secs(5)));
+        assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    }
 
     #[test]
     fn offer_errors_map_to_413_415_and_400() {
