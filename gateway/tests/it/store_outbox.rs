@@ -136,6 +136,41 @@ async fn metered_gateway(
     gateway_with_env(&toml, vec![("PB_REDIS", redis_url.to_string())]).await
 }
 
+/// A `redis-server` of the test's own (with `redis_args`), the simulator,
+/// and a metered gateway on both with one key; `None` (the test skips)
+/// without a `redis-server` binary.
+struct Rig {
+    redis: RedisServer,
+    _sim: patchbay_gateway::sim::SimHandle,
+    _dir: TempDir,
+    /// The key's id; its secret is `key`.
+    id: String,
+    key: String,
+    gw: gateway::Running,
+}
+
+async fn rig(name: &str, redis_args: &[&str]) -> Option<Rig> {
+    let redis = RedisServer::plain(name, redis_args).await?;
+    let sim = sim(SimConfig::default()).await;
+    let dir = TempDir::new(name);
+    let id = unique(name);
+    let gw = metered_gateway(
+        &dir,
+        &sim.url(false),
+        &id,
+        &format!("redis://{}", redis.addr()),
+    )
+    .await;
+    Some(Rig {
+        redis,
+        _sim: sim,
+        _dir: dir,
+        key: format!("pb-{id}"),
+        id,
+        gw,
+    })
+}
+
 async fn close(mut ws: Client) {
     let _ = ws.close(None).await;
     let _ = until_close(&mut ws).await;
@@ -223,25 +258,21 @@ async fn assert_exactly_once(addr: SocketAddr, key_id: &str, expected_rows: usiz
 #[tokio::test]
 async fn a_redis_outage_loses_no_row_and_no_spend() {
     // Acknowledged writes survive the kill (as on a managed Redis).
-    let Some(mut redis) = RedisServer::plain(
-        "redis_outage",
+    let Some(Rig {
+        mut redis,
+        _sim,
+        _dir,
+        id,
+        key,
+        gw,
+    }) = rig(
+        "outage",
         &["--appendonly", "yes", "--appendfsync", "always"],
     )
     .await
     else {
         return;
     };
-    let sim = sim(SimConfig::default()).await;
-    let dir = TempDir::new("outage");
-    let id = unique("outage");
-    let key = format!("pb-{id}");
-    let gw = metered_gateway(
-        &dir,
-        &sim.url(false),
-        &id,
-        &format!("redis://{}", redis.addr()),
-    )
-    .await;
 
     sessions(gw.addr, &key, 5).await;
     // Three sessions live across the outage.
@@ -537,21 +568,17 @@ async fn a_session_is_closed_on_its_own_spend_while_its_writes_wait_in_the_outbo
 async fn a_redis_that_refuses_writes_for_a_while_loses_no_row_and_no_spend() {
     // Writes are refused (NOREPLICAS) until the replica requirement is
     // lifted: a state that clears up on its own, so nothing may be dropped.
-    let Some(redis) = RedisServer::plain("noreplicas", &["--min-replicas-to-write", "1"]).await
+    let Some(Rig {
+        redis,
+        _sim,
+        _dir,
+        id,
+        key,
+        gw,
+    }) = rig("noreplicas", &["--min-replicas-to-write", "1"]).await
     else {
         return;
     };
-    let sim = sim(SimConfig::default()).await;
-    let dir = TempDir::new("noreplicas");
-    let id = unique("noreplicas");
-    let key = format!("pb-{id}");
-    let gw = metered_gateway(
-        &dir,
-        &sim.url(false),
-        &id,
-        &format!("redis://{}", redis.addr()),
-    )
-    .await;
     sessions(gw.addr, &key, 3).await;
     let metering = gw.gateway.metering.clone();
     let admin = gw.admin_addr;
