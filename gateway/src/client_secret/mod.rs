@@ -225,7 +225,7 @@ impl ClientSecrets {
         let expires_at = unix_secs(now).saturating_add(req.ttl_secs);
         let value = self
             .keys()
-            .mint(id, &parent.id, &req.model, expires_at)
+            .mint(id, &parent.id, &parent.sha256, &req.model, expires_at)
             .map_err(|e| {
                 Refusal::new(
                     StatusCode::BAD_REQUEST,
@@ -293,8 +293,8 @@ impl ClientSecrets {
         requested_model: Option<&str>,
         now: SystemTime,
     ) -> Result<(KeyEntry, Grant), (&'static str, Refusal)> {
-        let claims = self
-            .keys()
+        let signing = self.keys();
+        let claims = signing
             .verify(presented.expose(), unix_secs(now))
             .map_err(|e| {
                 let message = match e {
@@ -303,16 +303,19 @@ impl ClientSecrets {
                 };
                 (e.reason(), Refusal::unauthorized(message))
             })?;
-        let parent =
-            match keys.by_id(&claims.parent_key_id) {
-                Some(k) if !k.disabled => k.clone(),
-                _ => return Err((
+        // The parent by id, and still the key that minted the secret (a
+        // rotation gives the id another secret).
+        let parent = match keys.by_id(&claims.parent_key_id) {
+            Some(k) if !k.disabled && signing.binds(&claims, &k.sha256) => k.clone(),
+            _ => {
+                return Err((
                     "parent_key_invalid",
                     Refusal::unauthorized(
-                        "the key that minted this client secret is disabled or no longer exists",
+                        "the key that minted this client secret is disabled, replaced or no longer exists",
                     ),
-                )),
-            };
+                ))
+            }
+        };
         if let Some(m) = requested_model {
             if m != claims.model {
                 return Err(("model_mismatch", model_not_allowed(&claims.model, m)));
@@ -532,6 +535,7 @@ mod tests {
             .mint(
                 [9; token::SECRET_ID_BYTES],
                 "parent",
+                "the parent's digest",
                 "gpt-realtime",
                 claims.expires_at,
             )

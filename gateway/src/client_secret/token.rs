@@ -4,8 +4,10 @@
 //! Format: `pbek_` followed by the unpadded base64url encoding of
 //! `payload ‖ tag`, where
 //! - `payload` = version byte ([`VERSION`]) ‖ secret id (16 random bytes) ‖
-//!   `expires_at` (Unix seconds, u64 big-endian) ‖ parent key id (u8 length
-//!   ‖ UTF-8) ‖ model (u8 length ‖ UTF-8);
+//!   `expires_at` (Unix seconds, u64 big-endian) ‖ parent binding (16 bytes:
+//!   HMAC-SHA256(signing key, [`PARENT_CONTEXT`] ‖ the parent key's
+//!   `sha256`), truncated) ‖ parent key id (u8 length ‖ UTF-8) ‖ model (u8
+//!   length ‖ UTF-8);
 //! - `tag` = HMAC-SHA256(signing key, [`MAC_CONTEXT`] ‖ payload), 32 bytes.
 //!
 //! Guarantees:
@@ -19,9 +21,14 @@
 //!   would be visible to the browser holding it); the config waits in the
 //!   store under the secret id.
 //!
+//! - The parent binding ties a secret to the parent key's secret, not only
+//!   its id: a key given a new secret under the same id (a rotation) no
+//!   longer opens what the old one minted ([`SigningKeys::binds`]). It
+//!   reveals nothing of the key's digest without the signing key.
+//!
 //! Caveats: the token is a bearer credential until `expires_at`; there is no
-//! per-secret revocation other than disabling or removing the parent key
-//! (checked at every connect) or removing the signing key. Time comes in as
+//! per-secret revocation other than disabling, removing or rotating the
+//! parent key (checked at every connect) or removing the signing key. Time comes in as
 //! a parameter, so expiry is tested without a clock.
 
 use std::fmt;
@@ -37,10 +44,14 @@ use crate::secret::Secret;
 /// What every client secret starts with, so it is recognised (and never
 /// looked up as a plain client key).
 pub const TOKEN_PREFIX: &str = "pbek_";
-/// Payload format version.
-pub const VERSION: u8 = 1;
+/// Payload format version (2: with the parent binding).
+pub const VERSION: u8 = 2;
 /// Domain separation: a MAC made for anything else never verifies here.
-pub const MAC_CONTEXT: &[u8] = b"patchbay client secret v1\0";
+pub const MAC_CONTEXT: &[u8] = b"patchbay client secret v2\0";
+/// Domain separation of the parent binding.
+pub const PARENT_CONTEXT: &[u8] = b"patchbay client secret parent\0";
+/// Bytes of the parent binding.
+pub const BIND_BYTES: usize = 16;
 /// Shortest accepted signing key, in bytes (HMAC-SHA256's block-size
 /// security needs at least the output size).
 pub const MIN_SIGNING_KEY_BYTES: usize = 32;
@@ -53,7 +64,8 @@ const TAG_BYTES: usize = 32;
 pub const MAX_FIELD_BYTES: usize = 255;
 /// Longest token accepted for decoding: prefix plus the largest payload.
 const MAX_TOKEN_CHARS: usize = TOKEN_PREFIX.len()
-    + 4 * (1 + SECRET_ID_BYTES + 8 + 2 * (1 + MAX_FIELD_BYTES) + TAG_BYTES).div_ceil(3);
+    + 4 * (1 + SECRET_ID_BYTES + 8 + BIND_BYTES + 2 * (1 + MAX_FIELD_BYTES) + TAG_BYTES)
+        .div_ceil(3);
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -68,6 +80,8 @@ pub struct Claims {
     pub model: String,
     /// Unix seconds; the secret opens no session at or after this.
     pub expires_at: u64,
+    /// See [`SigningKeys::binds`].
+    pub parent_bind: [u8; BIND_BYTES],
 }
 
 /// Why a presented client secret was refused; each is a 401.
@@ -143,6 +157,16 @@ impl SigningKey {
         mac.update(payload);
         mac.finalize().into_bytes().into()
     }
+
+    fn bind(&self, parent_sha256: &str) -> [u8; BIND_BYTES] {
+        let mut mac = self.mac.clone();
+        mac.update(PARENT_CONTEXT);
+        mac.update(parent_sha256.as_bytes());
+        let full: [u8; TAG_BYTES] = mac.finalize().into_bytes().into();
+        let mut out = [0u8; BIND_BYTES];
+        out.copy_from_slice(&full[..BIND_BYTES]);
+        out
+    }
 }
 
 impl PartialEq for SigningKey {
@@ -180,10 +204,13 @@ impl SigningKeys {
     }
 
     /// A token for `id` (16 random bytes), signed with the first key.
+    /// A token for the parent key `parent_key_id` whose digest is
+    /// `parent_sha256` (its `sha256` in the key set).
     pub fn mint(
         &self,
         id: [u8; SECRET_ID_BYTES],
         parent_key_id: &str,
+        parent_sha256: &str,
         model: &str,
         expires_at: u64,
     ) -> Result<Secret, MintError> {
@@ -193,11 +220,18 @@ impl SigningKeys {
         let key_len = field("the parent key id", parent_key_id)?;
         let model_len = field("the model", model)?;
         let mut buf = Vec::with_capacity(
-            1 + SECRET_ID_BYTES + 8 + 2 + parent_key_id.len() + model.len() + TAG_BYTES,
+            1 + SECRET_ID_BYTES
+                + 8
+                + BIND_BYTES
+                + 2
+                + parent_key_id.len()
+                + model.len()
+                + TAG_BYTES,
         );
         buf.push(VERSION);
         buf.extend_from_slice(&id);
         buf.extend_from_slice(&expires_at.to_be_bytes());
+        buf.extend_from_slice(&self.keys[0].bind(parent_sha256));
         buf.push(key_len);
         buf.extend_from_slice(parent_key_id.as_bytes());
         buf.push(model_len);
@@ -222,7 +256,7 @@ impl SigningKeys {
         let raw = URL_SAFE_NO_PAD
             .decode(body)
             .map_err(|_| VerifyError::Malformed)?;
-        if raw.len() < 1 + SECRET_ID_BYTES + 8 + 2 + TAG_BYTES {
+        if raw.len() < 1 + SECRET_ID_BYTES + 8 + BIND_BYTES + 2 + TAG_BYTES {
             return Err(VerifyError::Malformed);
         }
         let (payload, tag) = raw.split_at(raw.len() - TAG_BYTES);
@@ -239,6 +273,17 @@ impl SigningKeys {
         }
         Ok(claims)
     }
+
+    /// Whether verified `claims` were minted by the key whose digest is
+    /// `parent_sha256` now (any signing key, compared in constant time):
+    /// false once the parent's id carries another secret.
+    pub fn binds(&self, claims: &Claims, parent_sha256: &str) -> bool {
+        let mut matched = subtle::Choice::from(0u8);
+        for key in &self.keys {
+            matched |= key.bind(parent_sha256).ct_eq(&claims.parent_bind);
+        }
+        bool::from(matched)
+    }
 }
 
 /// The fields of a signed payload; `None` when it does not parse exactly
@@ -251,6 +296,7 @@ fn parse_payload(p: &[u8]) -> Option<Claims> {
     let (id, rest) = rest.split_at_checked(SECRET_ID_BYTES)?;
     let (exp, rest) = rest.split_at_checked(8)?;
     let expires_at = u64::from_be_bytes(exp.try_into().ok()?);
+    let (bind, rest) = rest.split_at_checked(BIND_BYTES)?;
     let (key, rest) = length_prefixed(rest)?;
     let (model, rest) = length_prefixed(rest)?;
     if !rest.is_empty() || key.is_empty() || model.is_empty() {
@@ -261,6 +307,7 @@ fn parse_payload(p: &[u8]) -> Option<Claims> {
         parent_key_id: key.to_string(),
         model: model.to_string(),
         expires_at,
+        parent_bind: bind.try_into().ok()?,
     })
 }
 
@@ -286,6 +333,7 @@ mod tests {
     use super::*;
 
     const NOW: u64 = 1_800_000_000;
+    const PARENT_SHA: &str = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8";
 
     fn key(c: char) -> SigningKey {
         SigningKey::from_file_text(&c.to_string().repeat(40)).unwrap()
@@ -299,6 +347,7 @@ mod tests {
         k.mint(
             [7; SECRET_ID_BYTES],
             "team-a-key",
+            PARENT_SHA,
             "gpt-realtime",
             NOW + 600,
         )
@@ -325,7 +374,13 @@ mod tests {
                 parent_key_id: "team-a-key".into(),
                 model: "gpt-realtime".into(),
                 expires_at: NOW + 600,
+                parent_bind: k.keys[0].bind(PARENT_SHA),
             }
+        );
+        assert!(k.binds(&c, PARENT_SHA));
+        assert!(
+            !k.binds(&c, &"0".repeat(64)),
+            "another secret under the same id"
         );
     }
 
@@ -408,10 +463,10 @@ mod tests {
     fn the_model_and_parent_are_bound_by_the_signature() {
         let k = keys(&['a']);
         let a = k
-            .mint([1; SECRET_ID_BYTES], "k1", "model-a", NOW + 60)
+            .mint([1; SECRET_ID_BYTES], "k1", PARENT_SHA, "model-a", NOW + 60)
             .unwrap();
         let b = k
-            .mint([1; SECRET_ID_BYTES], "k1", "model-b", NOW + 60)
+            .mint([1; SECRET_ID_BYTES], "k1", PARENT_SHA, "model-b", NOW + 60)
             .unwrap();
         assert_ne!(a, b);
         assert_eq!(k.verify(a.expose(), NOW).unwrap().model, "model-a");
@@ -423,11 +478,13 @@ mod tests {
         let k = keys(&['a']);
         let long = "m".repeat(MAX_FIELD_BYTES + 1);
         assert!(matches!(
-            k.mint([0; SECRET_ID_BYTES], "k", &long, NOW),
+            k.mint([0; SECRET_ID_BYTES], "k", PARENT_SHA, &long, NOW),
             Err(MintError::FieldTooLong { .. })
         ));
         let max = "m".repeat(MAX_FIELD_BYTES);
-        let t = k.mint([0; SECRET_ID_BYTES], &max, &max, NOW + 1).unwrap();
+        let t = k
+            .mint([0; SECRET_ID_BYTES], &max, PARENT_SHA, &max, NOW + 1)
+            .unwrap();
         assert_eq!(k.verify(t.expose(), NOW).unwrap().model, max);
     }
 

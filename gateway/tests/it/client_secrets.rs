@@ -209,7 +209,18 @@ async fn expired_and_forged_secrets_are_refused_with_401() {
     let gw = gateway(&gateway_toml(&sim.url(false), &toml)).await;
     let keys = SigningKeys::new(vec![read_signing_key(&key_file.0).unwrap()]).unwrap();
     // Signed with the gateway's key, expired a second ago.
-    let expired = keys.mint([3; 16], "master", MODEL, now_secs() - 1).unwrap();
+    // The master key's digest, as the gateway's key set holds it.
+    let master = gw
+        .gateway
+        .keys
+        .get()
+        .by_id("master")
+        .unwrap()
+        .sha256
+        .clone();
+    let expired = keys
+        .mint([3; 16], "master", &master, MODEL, now_secs() - 1)
+        .unwrap();
     let bearer = format!("Bearer {}", expired.expose());
     let (status, _, body) = refused(
         gw.addr,
@@ -231,7 +242,7 @@ async fn expired_and_forged_secrets_are_refused_with_401() {
     ])
     .unwrap();
     let forged = other
-        .mint([4; 16], "master", MODEL, now_secs() + 600)
+        .mint([4; 16], "master", &master, MODEL, now_secs() + 600)
         .unwrap();
     let bearer = format!("Bearer {}", forged.expose());
     let (status, _, _) = refused(
@@ -243,7 +254,7 @@ async fn expired_and_forged_secrets_are_refused_with_401() {
     assert_eq!(status, 401);
     // Correctly signed, but never minted: no config to apply.
     let unminted = keys
-        .mint([5; 16], "master", MODEL, now_secs() + 600)
+        .mint([5; 16], "master", &master, MODEL, now_secs() + 600)
         .unwrap();
     let bearer = format!("Bearer {}", unminted.expose());
     let (status, _, body) = refused(
@@ -722,6 +733,54 @@ async fn azure_clients_mint_under_the_openai_prefix() {
     assert_eq!(status, 200, "{body}");
     let secret = body["value"].as_str().unwrap();
     let (mut ws, _, _) = open_by_subprotocol(gw.addr, secret).await;
+    let turn = one_turn(&mut ws).await;
+    assert_eq!(kind(turn.last().unwrap()), "response.done");
+}
+
+#[tokio::test]
+async fn a_new_secret_under_the_parents_id_revokes_what_the_old_one_minted() {
+    let sim = sim(SimConfig::default()).await;
+    let keys = TempFile::new("keys.toml", &key_entry("app", "pb-app-old", ""));
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
+    ))
+    .await;
+    let (status, _, body) = mint_with(gw.addr, "pb-app-old", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let old_secret = body["value"].as_str().unwrap().to_string();
+    let old_sha = gw.gateway.keys.get().by_id("app").unwrap().sha256.clone();
+
+    // Rotated: the same id, a new secret.
+    std::fs::write(&keys.0, key_entry("app", "pb-app-new", "")).unwrap();
+    assert!(
+        eventually(|| gw
+            .gateway
+            .keys
+            .get()
+            .by_id("app")
+            .is_some_and(|k| k.sha256 != old_sha))
+        .await
+    );
+    let bearer = format!("Bearer {old_secret}");
+    let (status, _, body) = refused(
+        gw.addr,
+        &format!("?model={MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("replaced"),
+        "{body}"
+    );
+    // What the new secret mints opens sessions.
+    let (status, _, body) = mint_with(gw.addr, "pb-app-new", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (mut ws, _, _) = open_by_subprotocol(gw.addr, body["value"].as_str().unwrap()).await;
     let turn = one_turn(&mut ws).await;
     assert_eq!(kind(turn.last().unwrap()), "response.done");
 }
