@@ -6,8 +6,12 @@
 //!
 //! There is no baseline: the first poll hands the file to `apply` even if it
 //! is what was loaded at start, so an edit made before the watcher first
-//! ran is never missed (`apply` must be idempotent). Each changed content is
-//! handed over once, and counted in `patchbay_config_reloads_total{file,
+//! ran is never missed (`apply` must be idempotent). A changed content is
+//! handed over only once it reads the same twice, [`SETTLE`] apart: a file
+//! edited in place (truncated, then written) can be read between the two,
+//! and an empty or half-written keys file applied would end the sessions of
+//! every key missing from it. Each changed content is handed over once, and
+//! counted in `patchbay_config_reloads_total{file,
 //! result}` as `applied` or `rejected` (what `apply` answered; a rejection
 //! is logged as a warning and keeps what is loaded). A read failure is
 //! logged once until the file is readable again, and keeps what is loaded.
@@ -22,11 +26,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ReloadLabels;
 
+/// How long after reading a changed content the file is read again, to
+/// see that it stays (see the module doc).
+pub const SETTLE: Duration = Duration::from_millis(250);
+
 /// What one read of the file calls for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {
-    /// New content: hand it to `apply`.
+    /// New content that read the same twice: hand it to `apply`.
     Apply(String),
+    /// New content read once: read again after [`SETTLE`].
+    Settling,
     /// Same content as the last handed over: nothing to do.
     Unchanged,
     /// The read failed and the last one did not: warn once.
@@ -39,6 +49,8 @@ pub enum Step {
 #[derive(Debug, Default)]
 pub struct Tracker {
     last_text: Option<String>,
+    /// A changed content read once, not yet handed over.
+    candidate: Option<String>,
     unreadable: bool,
 }
 
@@ -59,10 +71,15 @@ impl Tracker {
             Ok(text) => {
                 self.unreadable = false;
                 if self.last_text.as_deref() == Some(text.as_str()) {
+                    self.candidate = None;
                     Step::Unchanged
-                } else {
+                } else if self.candidate.as_deref() == Some(text.as_str()) {
+                    self.candidate = None;
                     self.last_text = Some(text.clone());
                     Step::Apply(text)
+                } else {
+                    self.candidate = Some(text);
+                    Step::Settling
                 }
             }
         }
@@ -101,14 +118,24 @@ pub async fn on_change(
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut tracker = Tracker::default();
+    let mut settling = false;
     loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
+        if settling {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(SETTLE) => {}
+            }
+        } else {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
         }
         let read = tokio::fs::read_to_string(&path).await;
         let error = read.as_ref().err().map(ToString::to_string);
-        match tracker.observe(read) {
+        let step = tracker.observe(read);
+        settling = step == Step::Settling;
+        match step {
             Step::Apply(text) => match apply(&text) {
                 Ok(()) => reloads.count("applied"),
                 Err(e) => {
@@ -120,7 +147,7 @@ pub async fn on_change(
                 let error = error.unwrap_or_default();
                 tracing::warn!(file = %path.display(), %error, "cannot read the {what}; keeping what is loaded");
             }
-            Step::Unchanged | Step::StillUnreadable => {}
+            Step::Settling | Step::Unchanged | Step::StillUnreadable => {}
         }
     }
 }
@@ -134,25 +161,45 @@ mod tests {
     }
 
     #[test]
-    fn each_content_is_applied_once_and_each_outage_reported_once() {
+    fn each_content_is_applied_once_it_reads_the_same_twice_and_each_outage_reported_once() {
         let mut t = Tracker::default();
+        assert_eq!(t.observe(ok("a")), Step::Settling);
         assert_eq!(t.observe(ok("a")), Step::Apply("a".into()));
         assert_eq!(t.observe(ok("a")), Step::Unchanged);
+        assert_eq!(t.observe(ok("b")), Step::Settling);
         assert_eq!(t.observe(ok("b")), Step::Apply("b".into()));
         assert_eq!(t.observe(Err(())), Step::Unreadable);
         assert_eq!(t.observe(Err(())), Step::StillUnreadable);
         // Back with the same content: nothing to apply again.
         assert_eq!(t.observe(ok("b")), Step::Unchanged);
         assert_eq!(t.observe(Err(())), Step::Unreadable, "a new outage");
+        assert_eq!(t.observe(ok("c")), Step::Settling);
         assert_eq!(t.observe(ok("c")), Step::Apply("c".into()));
         // Going back to an earlier content is a change.
+        assert_eq!(t.observe(ok("a")), Step::Settling);
         assert_eq!(t.observe(ok("a")), Step::Apply("a".into()));
+    }
+
+    #[test]
+    fn a_file_read_mid_write_is_not_applied() {
+        let mut t = Tracker::default();
+        assert_eq!(t.observe(ok("k1\nk2\n")), Step::Settling);
+        assert_eq!(t.observe(ok("k1\nk2\n")), Step::Apply("k1\nk2\n".into()));
+        // Truncated, then written: each state read once only.
+        assert_eq!(t.observe(ok("")), Step::Settling);
+        assert_eq!(t.observe(ok("k1\n")), Step::Settling);
+        assert_eq!(t.observe(ok("k1\nk3\n")), Step::Settling);
+        assert_eq!(t.observe(ok("k1\nk3\n")), Step::Apply("k1\nk3\n".into()));
+        // A change undone before it settled was never applied.
+        assert_eq!(t.observe(ok("x")), Step::Settling);
+        assert_eq!(t.observe(ok("k1\nk3\n")), Step::Unchanged);
     }
 
     #[test]
     fn a_file_unreadable_from_the_start_is_applied_when_it_appears() {
         let mut t = Tracker::default();
         assert_eq!(t.observe(Err(())), Step::Unreadable);
+        assert_eq!(t.observe(ok("")), Step::Settling);
         assert_eq!(t.observe(ok("")), Step::Apply(String::new()));
         assert_eq!(t.observe(ok("")), Step::Unchanged);
     }

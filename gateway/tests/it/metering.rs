@@ -180,8 +180,7 @@ async fn giving_a_key_id_a_new_secret_ends_the_sessions_opened_with_the_old_one(
     .await;
     let mut ws = open_with(gw.addr, "pb-app-old").await.unwrap();
     // Rotated: the same id (its budgets and counters carry over), a new
-    // secret; written whole (a watcher reading a file mid-write would see
-    // the key removed first).
+    // secret; written whole, as a deployment swaps the file.
     let next = keys.0.with_extension("next");
     std::fs::write(&next, key_entry("app", "pb-app-new", "")).unwrap();
     std::fs::rename(&next, &keys.0).unwrap();
