@@ -169,7 +169,7 @@ async fn mint_inner(
             )
             .into())
         }
-        Err(e @ BodyError::Slow(_)) => return Err(e.refusal().into()),
+        Err(BodyError::Slow(after)) => return Err(body_timeout(after).into()),
     };
     let query_model = query.and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes())
@@ -229,20 +229,17 @@ pub(crate) enum BodyError {
     Slow(std::time::Duration),
 }
 
-impl BodyError {
-    /// `408` for a body that did not arrive in time.
-    pub(crate) fn refusal(&self) -> Refusal {
-        let after = match self {
-            BodyError::Slow(after) => after.as_secs(),
-            BodyError::TooLarge => 0,
-        };
-        Refusal::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "invalid_request_error",
-            "request_timeout",
-            format!("the request body did not arrive within {after} s"),
-        )
-    }
+/// `408` for a body that did not arrive within `after`.
+pub(crate) fn body_timeout(after: std::time::Duration) -> Refusal {
+    Refusal::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        "request_timeout",
+        format!(
+            "the request body did not arrive within {} s",
+            after.as_secs()
+        ),
+    )
 }
 
 /// A request body of at most `max` bytes, all of it within the gateway's

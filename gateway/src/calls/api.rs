@@ -34,7 +34,7 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::admission::Refusal;
-use crate::api::{ApiError, BodyError};
+use crate::api::{body_timeout, ApiError, BodyError};
 use crate::auth::{presented_key, KeyEntry};
 use crate::client_secret::{is_client_secret, Grant};
 use crate::gateway::{Gateway, Route};
@@ -188,7 +188,7 @@ async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, Refusal> {
     match crate::api::read_body(gw, body, offer::MAX_BODY_BYTES).await {
         Ok(b) => Ok(b),
         Err(BodyError::TooLarge) => Err(offer_refusal(&OfferError::TooLarge)),
-        Err(e @ BodyError::Slow(_)) => Err(e.refusal()),
+        Err(BodyError::Slow(after)) => Err(body_timeout(after)),
     }
 }
 

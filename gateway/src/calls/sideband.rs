@@ -186,9 +186,7 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
             } else {
                 Duration::from_secs(gw.config.drain.wait_secs).saturating_sub(LET_GO_MARGIN)
             };
-            let mut renew = tokio::time::interval(HOLD_RENEW);
-            renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            renew.reset();
+            let mut renew = renew_ticks();
             let let_go = async move {
                 draining.cancelled().await;
                 tokio::time::sleep(wait).await;
@@ -318,6 +316,15 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     drop(call.permit);
 }
 
+/// When a call's hold is renewed: every [`HOLD_RENEW`], the first one
+/// period from now.
+fn renew_ticks() -> tokio::time::Interval {
+    let mut renew = tokio::time::interval(HOLD_RENEW);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    renew.reset();
+    renew
+}
+
 /// [`attach`], with a fleet the call's hold renewed meanwhile: the attempts
 /// can outlast the hold's TTL, and a lapsed hold lets another replica adopt
 /// the call while this one attaches it too. `Err` is `AttachFailed`, or
@@ -335,9 +342,7 @@ async fn attach_holding(
         return attaching.await.map_err(failed);
     };
     tokio::pin!(attaching);
-    let mut renew = tokio::time::interval(HOLD_RENEW);
-    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    renew.reset();
+    let mut renew = renew_ticks();
     loop {
         tokio::select! {
             r = &mut attaching => return r.map_err(failed),

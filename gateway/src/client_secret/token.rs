@@ -151,18 +151,20 @@ impl SigningKey {
         })
     }
 
-    fn tag(&self, payload: &[u8]) -> [u8; TAG_BYTES] {
+    /// HMAC-SHA256 of `context ‖ data` under this key.
+    fn mac(&self, context: &[u8], data: &[u8]) -> [u8; TAG_BYTES] {
         let mut mac = self.mac.clone();
-        mac.update(MAC_CONTEXT);
-        mac.update(payload);
+        mac.update(context);
+        mac.update(data);
         mac.finalize().into_bytes().into()
     }
 
+    fn tag(&self, payload: &[u8]) -> [u8; TAG_BYTES] {
+        self.mac(MAC_CONTEXT, payload)
+    }
+
     fn bind(&self, parent_sha256: &str) -> [u8; BIND_BYTES] {
-        let mut mac = self.mac.clone();
-        mac.update(PARENT_CONTEXT);
-        mac.update(parent_sha256.as_bytes());
-        let full: [u8; TAG_BYTES] = mac.finalize().into_bytes().into();
+        let full = self.mac(PARENT_CONTEXT, parent_sha256.as_bytes());
         let mut out = [0u8; BIND_BYTES];
         out.copy_from_slice(&full[..BIND_BYTES]);
         out

@@ -80,8 +80,8 @@ enum Answer {
     Refused {
         status: u16,
         retry_after: Option<String>,
-        content_length: Option<String>,
-        chunked: bool,
+        /// How its body ends.
+        framing: Framing,
     },
     Invalid(&'static str),
 }
@@ -167,16 +167,10 @@ pub async fn client_by<S: AsyncRead + AsyncWrite + Unpin>(
         Answer::Refused {
             status,
             retry_after,
-            content_length,
-            chunked,
+            framing,
         } => {
             let grace = tokio::time::Instant::now() + BODY_GRACE;
             let until = deadline.map_or(grace, |d| d.min(grace));
-            let framing = match content_length.and_then(|v| v.trim().parse::<usize>().ok()) {
-                Some(n) => Framing::Length(n),
-                None if chunked => Framing::Chunked,
-                None => Framing::UntilClose,
-            };
             let body = refusal_body(io, buf.split_off(head_len), framing, until).await;
             Err(HandshakeError::Refused {
                 status,
@@ -215,11 +209,17 @@ fn answer(code: Option<u16>, headers: &[httparse::Header<'_>], accept: &str) -> 
     };
     let status = code.unwrap_or(0);
     if status != 101 {
+        let length = values("content-length")
+            .next()
+            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok());
         return Answer::Refused {
             status,
             retry_after: first("retry-after"),
-            content_length: first("content-length"),
-            chunked: has_token("transfer-encoding", "chunked"),
+            framing: match length {
+                Some(n) => Framing::Length(n),
+                None if has_token("transfer-encoding", "chunked") => Framing::Chunked,
+                None => Framing::UntilClose,
+            },
         };
     }
     if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
@@ -331,13 +331,7 @@ mod tests {
     ) -> (Result<Vec<u8>, HandshakeError>, String) {
         let (mut ours, mut theirs) = tokio::io::duplex(64 * 1024);
         let server = tokio::spawn(async move {
-            let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                theirs.read_exact(&mut b).await.unwrap();
-                head.push(b[0]);
-            }
-            let head = String::from_utf8(head).unwrap();
+            let head = String::from_utf8(request_head(&mut theirs).await).unwrap();
             let key = head
                 .lines()
                 .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
@@ -355,6 +349,17 @@ mod tests {
         (r, server.await.unwrap())
     }
 
+    /// The request head a test server reads, byte by byte (nothing past it).
+    async fn request_head(theirs: &mut tokio::io::DuplexStream) -> Vec<u8> {
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            theirs.read_exact(&mut b).await.unwrap();
+            head.push(b[0]);
+        }
+        head
+    }
+
     /// A server that answers the upgrade with `parts`, each written
     /// `gap` after the one before, then holds the connection open.
     fn held_open(
@@ -363,12 +368,7 @@ mod tests {
     ) -> tokio::io::DuplexStream {
         let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
         tokio::spawn(async move {
-            let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                theirs.read_exact(&mut b).await.unwrap();
-                head.push(b[0]);
-            }
+            request_head(&mut theirs).await;
             for part in parts {
                 theirs.write_all(part).await.unwrap();
                 tokio::time::sleep(gap).await;

@@ -92,6 +92,19 @@ async fn mint(addr: SocketAddr, instructions: &str) -> String {
     body["value"].as_str().unwrap().to_string()
 }
 
+/// The refusal of a session opened with `secret` as a Bearer token on the
+/// test route: status and JSON body.
+async fn refused_by_bearer(addr: SocketAddr, secret: &str) -> (u16, Value) {
+    let bearer = format!("Bearer {secret}");
+    let (status, _, body) = refused(
+        addr,
+        &format!("?model={MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    (status, body)
+}
+
 /// Opens a session with `secret` in the browser subprotocol; the client
 /// and the first two events' texts.
 async fn open_by_subprotocol(addr: SocketAddr, secret: &str) -> (Client, String, String) {
@@ -346,13 +359,7 @@ async fn disabling_the_parent_key_ends_live_secret_sessions_and_refuses_the_next
             .is_some_and(|k| k.disabled))
         .await
     );
-    let bearer = format!("Bearer {secret}");
-    let (status, _, body) = refused(
-        gw.addr,
-        &format!("?model={MODEL}"),
-        &[("authorization", &bearer)],
-    )
-    .await;
+    let (status, body) = refused_by_bearer(gw.addr, &secret).await;
     assert_eq!(status, 401, "{body}");
     assert!(
         body["error"]["message"]
@@ -365,12 +372,7 @@ async fn disabling_the_parent_key_ends_live_secret_sessions_and_refuses_the_next
     // Removed entirely: still refused, and the key itself cannot mint.
     std::fs::write(&keys.0, key_entry("other", "pb-other", "")).unwrap();
     assert!(eventually(|| gw.gateway.keys.get().by_id("parent").is_none()).await);
-    let (status, _, _) = refused(
-        gw.addr,
-        &format!("?model={MODEL}"),
-        &[("authorization", &bearer)],
-    )
-    .await;
+    let (status, _) = refused_by_bearer(gw.addr, &secret).await;
     assert_eq!(status, 401);
     let (status, _, _) = mint_with(gw.addr, "pb-parent", json!({})).await;
     assert_eq!(status, 401);
@@ -762,13 +764,7 @@ async fn a_new_secret_under_the_parents_id_revokes_what_the_old_one_minted() {
             .is_some_and(|k| k.sha256 != old_sha))
         .await
     );
-    let bearer = format!("Bearer {old_secret}");
-    let (status, _, body) = refused(
-        gw.addr,
-        &format!("?model={MODEL}"),
-        &[("authorization", &bearer)],
-    )
-    .await;
+    let (status, body) = refused_by_bearer(gw.addr, &old_secret).await;
     assert_eq!(status, 401, "{body}");
     assert!(
         body["error"]["message"]
