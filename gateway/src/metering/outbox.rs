@@ -20,7 +20,11 @@
 //! - **Bounded.** At most [`Bounds::max_rows`] rows and [`Bounds::max_bytes`]
 //!   (approximate) are kept; past that the oldest writes are dropped, with a
 //!   warning and `patchbay_outbox_dropped_total{sink="store"}` (rows) and
-//!   `patchbay_outbox_dropped_usd_total` (their spend).
+//!   `patchbay_outbox_dropped_usd_total` (their spend). Writes already sent
+//!   in the replay's round trip are not dropped: the store's answer decides
+//!   them (dropped and then applied, a write was counted twice: in the
+//!   store, and by its meter as lost spend). The bound can be over by one
+//!   replay batch ([`REPLAY_BATCH`] writes) for one round trip.
 //! - **Never in the way.** Pushing is a short lock; the replay runs on its
 //!   own task, retrying with a backoff from [`RETRY_MIN`] to [`RETRY_MAX`]
 //!   (at once when the drain asks, see [`Outbox::settle`]). A write the
@@ -75,15 +79,28 @@ impl Default for Bounds {
 }
 
 /// A FIFO of items that each stand for some rows and bytes, bounded by
-/// [`Bounds`]: pushing past the bound drops the oldest items. Pure data;
-/// the outbox and the stdout row queue wrap it in their own locks.
+/// [`Bounds`]: pushing past the bound drops the oldest items that are not
+/// in flight. Pure data; the outbox and the stdout row queue wrap it in
+/// their own locks.
 #[derive(Debug)]
 pub struct Lane<T> {
-    items: VecDeque<(u64, T, usize, usize)>,
+    items: VecDeque<Item<T>>,
     rows: usize,
     bytes: usize,
     next_id: u64,
     bounds: Bounds,
+}
+
+#[derive(Debug)]
+struct Item<T> {
+    id: u64,
+    item: T,
+    rows: usize,
+    bytes: usize,
+    /// Sent to the store and not answered yet: its fate is the store's
+    /// answer, so the bound does not drop it (the replay's batch at most
+    /// can stand over the bound for one round trip).
+    in_flight: bool,
 }
 
 impl<T> Lane<T> {
@@ -99,22 +116,28 @@ impl<T> Lane<T> {
 
     /// Appends `item`; returns its id and the items dropped (oldest first)
     /// to get back within the bound (which can include `item` itself when
-    /// it alone is over the bound).
+    /// it alone is over the bound). Items in flight are never dropped.
     pub fn push(&mut self, item: T, rows: usize, bytes: usize) -> (u64, Vec<(T, usize)>) {
         let id = self.next_id;
         self.next_id += 1;
-        self.items.push_back((id, item, rows, bytes));
+        self.items.push_back(Item {
+            id,
+            item,
+            rows,
+            bytes,
+            in_flight: false,
+        });
         self.rows += rows;
         self.bytes += bytes;
         let mut dropped = Vec::new();
         while self.rows > self.bounds.max_rows || self.bytes > self.bounds.max_bytes {
-            match self.items.pop_front() {
-                Some((_, item, rows, bytes)) => {
-                    self.rows -= rows;
-                    self.bytes -= bytes;
-                    dropped.push((item, rows));
-                }
-                None => break,
+            let Some(at) = self.items.iter().position(|i| !i.in_flight) else {
+                break;
+            };
+            if let Some(i) = self.items.remove(at) {
+                self.rows -= i.rows;
+                self.bytes -= i.bytes;
+                dropped.push((i.item, i.rows));
             }
         }
         (id, dropped)
@@ -122,30 +145,31 @@ impl<T> Lane<T> {
 
     /// Up to `n` items from the front, with their ids.
     pub fn front(&self, n: usize) -> Vec<(u64, &T)> {
-        self.items
-            .iter()
-            .take(n)
-            .map(|(id, t, _, _)| (*id, t))
-            .collect()
+        self.items.iter().take(n).map(|i| (i.id, &i.item)).collect()
+    }
+
+    /// Marks the item `id`, if still queued, as sent to the store (`true`)
+    /// or back to waiting (`false`).
+    pub fn set_in_flight(&mut self, id: u64, in_flight: bool) {
+        if let Some(i) = self.items.iter_mut().find(|i| i.id == id) {
+            i.in_flight = in_flight;
+        }
     }
 
     /// Removes the item `id` if it is still queued.
     pub fn remove(&mut self, id: u64) -> Option<T> {
-        let at = self.items.iter().position(|(i, ..)| *i == id)?;
-        let (_, item, rows, bytes) = self.items.remove(at)?;
-        self.rows -= rows;
-        self.bytes -= bytes;
-        Some(item)
+        let at = self.items.iter().position(|i| i.id == id)?;
+        let i = self.items.remove(at)?;
+        self.rows -= i.rows;
+        self.bytes -= i.bytes;
+        Some(i.item)
     }
 
     /// Takes every item (oldest first).
     pub fn take_all(&mut self) -> Vec<(T, usize)> {
         self.rows = 0;
         self.bytes = 0;
-        self.items
-            .drain(..)
-            .map(|(_, t, rows, _)| (t, rows))
-            .collect()
+        self.items.drain(..).map(|i| (i.item, i.rows)).collect()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -362,6 +386,12 @@ impl Outbox {
         if front.is_empty() {
             return Ok(false);
         }
+        {
+            let mut lane = self.lock();
+            for (id, _) in &front {
+                lane.set_in_flight(*id, true);
+            }
+        }
         let batches: Vec<&FlushBatch> = front.iter().map(|(_, q)| &q.batch).collect();
         let results = match tokio::time::timeout(
             crate::store::redis::REPLAY_TIMEOUT,
@@ -369,12 +399,14 @@ impl Outbox {
         )
         .await
         {
-            Ok(r) => r?,
+            Ok(Ok(results)) => results,
+            Ok(Err(e)) => return Err(self.back_to_waiting(&front, e)),
             Err(_) => {
-                return Err(StoreError::Timeout {
+                let e = StoreError::Timeout {
                     op: "replay",
                     after: crate::store::redis::REPLAY_TIMEOUT,
-                })
+                };
+                return Err(self.back_to_waiting(&front, e));
             }
         };
         let mut lane = self.lock();
@@ -395,6 +427,16 @@ impl Outbox {
         }
         self.update_gauges(&lane);
         Ok(true)
+    }
+
+    /// After a failed round trip its writes wait again (and the bound may
+    /// drop them from now on); returns `e`.
+    fn back_to_waiting(&self, front: &[(u64, Arc<Queued>)], e: StoreError) -> StoreError {
+        let mut lane = self.lock();
+        for (id, _) in front {
+            lane.set_in_flight(*id, false);
+        }
+        e
     }
 }
 
@@ -580,6 +622,42 @@ mod tests {
         assert!(!outbox.settle(deadline).await);
     }
 
+    #[tokio::test]
+    async fn a_write_in_the_replays_round_trip_is_decided_by_the_store_not_dropped_by_the_bound() {
+        let Ok(url) = std::env::var("PATCHBAY_TEST_REDIS_URL") else {
+            println!("skipping: PATCHBAY_TEST_REDIS_URL is not set");
+            return;
+        };
+        let proxy = crate::store::held_replies::HeldReplies::start(&url).await;
+        let prefix = format!("patchbay-test-{}:", crate::ids::short_id());
+        let store = Arc::new(RedisStore::new(&proxy.url(), &prefix).unwrap());
+        let metrics = Metrics::new();
+        let outbox = Outbox::start(store, bounds(2, usize::MAX), &metrics);
+        let first = outbox.push(one_row_batch(1, 0.5));
+        // Its replay reached Redis; the answer is held.
+        tokio::time::timeout(Duration::from_secs(5), proxy.replied())
+            .await
+            .expect("the replay is sent");
+        let second = outbox.push(one_row_batch(2, 0.25));
+        let third = outbox.push(one_row_batch(3, 0.125));
+        // Over the bound: the oldest write not in flight goes.
+        assert_eq!(first.state(), QueuedState::Pending);
+        assert_eq!(second.state(), QueuedState::Dropped);
+        proxy.release();
+        assert!(outbox.settle(Instant::now() + Duration::from_secs(5)).await);
+        assert_eq!(first.state(), QueuedState::Applied);
+        assert_eq!(third.state(), QueuedState::Applied);
+        let text = metrics.encode();
+        assert!(
+            text.contains("patchbay_outbox_dropped_total{sink=\"store\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("patchbay_outbox_dropped_usd_total 0.25"),
+            "{text}"
+        );
+    }
+
     fn bounds(max_rows: usize, max_bytes: usize) -> Bounds {
         Bounds {
             max_rows,
@@ -609,6 +687,25 @@ mod tests {
         assert_eq!(dropped, vec![("b", 1), ("huge", 1)]);
         assert!(lane.is_empty());
         assert_eq!((lane.rows(), lane.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_lane_never_drops_an_item_in_flight() {
+        let mut lane = Lane::new(bounds(2, 1000));
+        let (a, _) = lane.push("a", 1, 1);
+        lane.set_in_flight(a, true);
+        lane.push("b", 1, 1);
+        let (c, dropped) = lane.push("c", 1, 1);
+        assert_eq!(dropped, vec![("b", 1)]);
+        // Only items in flight left over the bound: kept until answered.
+        lane.set_in_flight(c, true);
+        let (_, dropped) = lane.push("d", 1, 1);
+        assert_eq!(dropped, vec![("d", 1)]);
+        assert_eq!(lane.remove(a), Some("a"));
+        lane.set_in_flight(c, false);
+        let (_, dropped) = lane.push("e", 1, 1);
+        assert!(dropped.is_empty());
+        assert_eq!(lane.take_all(), vec![("c", 1), ("e", 1)]);
     }
 
     #[test]

@@ -51,7 +51,10 @@
 //! # Failure
 //! Every call is bounded by [`CALL_TIMEOUT`]. [`Leases::acquire`] returns
 //! the error and admission falls back to the process's own count (fail
-//! open); renewal and removal failures are logged and counted in
+//! open; the lease id is held and removed like any other, in case the
+//! script ran although its reply was lost). An acquire abandoned before it
+//! returns (the client went away during admission) queues the lease's
+//! removal the same way. Renewal and removal failures are logged and counted in
 //! `patchbay_store_errors_total`, and a failed removal is retried. The
 //! script is sent with `EVAL`: it is a few hundred bytes, Redis caches it by
 //! its hash either way, and `EVAL` needs no `NOSCRIPT` retry.
@@ -241,7 +244,10 @@ impl Leases {
 
     /// One round trip: takes a slot for `lease_id` if `key_id` holds fewer
     /// than `cap` live leases across the fleet (an id already live counts
-    /// as held). Expiries are computed from `now`.
+    /// as held). Expiries are computed from `now`. On an error the script
+    /// may still have run: the caller [`Leases::hold`]s the id so that its
+    /// removal goes out when it ends. Dropped before it returns, it queues
+    /// the removal itself.
     pub async fn acquire(
         &self,
         key_id: &str,
@@ -259,18 +265,32 @@ impl Leases {
             .arg(cap)
             .arg(lease_id)
             .arg(LEASE_TTL.as_millis() as u64);
+        // Until the call returns, the script may have added the lease
+        // without anyone holding it: this future dropped mid-call (the
+        // caller gave up on admission) would leave the slot taken for a
+        // whole TTL. Then the lease's removal is queued, as when a held
+        // lease ends. Once the call returns, the caller owns the outcome:
+        // a granted lease is held below; on an error (the reply lost, a
+        // timeout) the caller holds the id, so it is removed when that ends.
+        let mut unanswered = Unanswered {
+            leases: self,
+            key_id,
+            lease_id,
+            answered: false,
+        };
         let mut conn = self.inner.conn.get();
-        let (held, holders): (i64, i64) =
-            match tokio::time::timeout(self.inner.timeout, cmd.query_async(&mut conn)).await {
-                Ok(Ok(reply)) => reply,
-                Ok(Err(source)) => return Err(StoreError::Redis { op: OP, source }),
-                Err(_) => {
-                    return Err(StoreError::Timeout {
-                        op: OP,
-                        after: self.inner.timeout,
-                    })
-                }
-            };
+        let reply = tokio::time::timeout(self.inner.timeout, cmd.query_async(&mut conn)).await;
+        unanswered.answered = true;
+        let (held, holders): (i64, i64) = match reply {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(source)) => return Err(StoreError::Redis { op: OP, source }),
+            Err(_) => {
+                return Err(StoreError::Timeout {
+                    op: OP,
+                    after: self.inner.timeout,
+                })
+            }
+        };
         let holders = holders.max(0) as u64;
         Ok(if held == 1 {
             Acquire::Granted {
@@ -336,16 +356,17 @@ impl Leases {
             }
         }
         if remove {
-            if s.ended.len() >= MAX_PENDING_REMOVALS {
-                s.ended.pop_front();
-            }
-            s.ended.push_back(Ended {
-                key_id: key_id.to_string(),
-                lease_id: lease_id.to_string(),
-                at: Instant::now(),
-            });
+            queue_removal(&mut s, key_id, lease_id);
         }
         drop(s);
+        self.inner.wake.notify_one();
+    }
+
+    /// Queues the removal of a lease this gateway may never have held (an
+    /// acquire left without its answer). Skipped when sent if the id is
+    /// held here by then.
+    fn remove_unheld(&self, key_id: &str, lease_id: &str) {
+        queue_removal(&mut self.lock(), key_id, lease_id);
         self.inner.wake.notify_one();
     }
 
@@ -443,6 +464,34 @@ impl Leases {
     }
 }
 
+fn queue_removal(s: &mut State, key_id: &str, lease_id: &str) {
+    if s.ended.len() >= MAX_PENDING_REMOVALS {
+        s.ended.pop_front();
+    }
+    s.ended.push_back(Ended {
+        key_id: key_id.to_string(),
+        lease_id: lease_id.to_string(),
+        at: Instant::now(),
+    });
+}
+
+/// An acquire that has not returned: dropped so, it queues the lease's
+/// removal.
+struct Unanswered<'a> {
+    leases: &'a Leases,
+    key_id: &'a str,
+    lease_id: &'a str,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.leases.remove_unheld(self.key_id, self.lease_id);
+        }
+    }
+}
+
 async fn renew_loop(inner: Weak<Inner>) {
     let mut tick = tokio::time::interval(LEASE_RENEW);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -508,6 +557,7 @@ impl Drop for Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::held_replies::HeldReplies;
 
     fn live(pairs: &[(&str, &[&str])]) -> HashMap<String, HashMap<String, u32>> {
         pairs
@@ -740,6 +790,33 @@ mod tests {
         l.send_removals(Instant::now()).await.unwrap();
         assert!(members(&l, "k").await.is_empty());
         assert!(members(&l, "other").await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_acquire_dropped_after_the_script_ran_frees_its_slot() {
+        let Some(url) = redis_url() else { return };
+        let proxy = HeldReplies::start(&url).await;
+        let prefix = format!("patchbay-test-{}:", crate::ids::short_id());
+        let l = Leases::new(&proxy.url(), &prefix, Arc::new(Metrics::new())).unwrap();
+        // The script runs (Redis answered the proxy), and the admission
+        // waiting for that answer is dropped.
+        tokio::select! {
+            r = l.acquire("k", "s1", 1, SystemTime::now()) => panic!("answered through a holding proxy: {r:?}"),
+            _ = proxy.replied() => {}
+        }
+        let names = |m: Vec<(String, u64)>| m.into_iter().map(|(id, _)| id).collect::<Vec<_>>();
+        assert_eq!(
+            names(members(&l, "k").await),
+            ["s1"],
+            "the script took the slot"
+        );
+        proxy.release();
+        l.send_removals(Instant::now()).await.unwrap();
+        let held = names(members(&l, "k").await);
+        assert!(
+            held.is_empty(),
+            "the abandoned lease still holds a slot: {held:?}"
+        );
     }
 
     #[tokio::test]

@@ -55,6 +55,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::BudgetPeriod;
 use crate::logs::RequestLogRow;
 
+#[cfg(test)]
+pub(crate) mod held_replies;
 pub mod leases;
 pub mod memory;
 pub mod redis;
