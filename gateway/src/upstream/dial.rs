@@ -133,13 +133,21 @@ fn body_suffix(body: &str) -> String {
 }
 
 impl DialError {
-    /// The message a client may see. A refusal's body stays in the logs:
-    /// OpenAI's 401 body quotes the gateway's own upstream key (masked, but
-    /// with its prefix and last characters), which is no client's business.
+    /// The message a client may see. What only the logs get: a refusal's
+    /// body (OpenAI's 401 body quotes the gateway's own upstream key,
+    /// masked, but with its prefix and last characters), and where the
+    /// upstream is and what its connection said (its host and port may
+    /// name an internal proxy; TLS and handshake errors carry library
+    /// detail). None of it is any client's business.
     pub fn client_message(&self) -> String {
         match self {
             DialError::Refused { status, .. } => {
                 format!("upstream refused the connection: HTTP {status}")
+            }
+            DialError::Connect { .. } => "cannot connect to the upstream".to_string(),
+            DialError::Tls { .. } => "TLS handshake with the upstream failed".to_string(),
+            DialError::Handshake { .. } => {
+                "WebSocket handshake with the upstream failed".to_string()
             }
             other => other.to_string(),
         }

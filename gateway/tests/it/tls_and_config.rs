@@ -76,6 +76,29 @@ async fn wss_upstream_is_trusted_through_ca_file_and_refused_without_it() {
     let _ = std::fs::remove_file(ca_file);
 }
 
+/// Where the upstream is stays in the logs: a client whose session cannot
+/// reach it is told so, not the upstream's host and port (it may name an
+/// internal proxy).
+#[tokio::test]
+async fn an_unreachable_upstream_is_not_named_to_the_client() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let gw = gateway(&gateway_toml(
+        &format!("ws://127.0.0.1:{port}/v1/realtime"),
+        "",
+    ))
+    .await;
+    let mut ws = connect(gw.addr).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    let e: serde_json::Value = serde_json::from_str(&texts[0]).unwrap();
+    assert_eq!(e["error"]["code"], "upstream_unavailable");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert_eq!(message, "cannot connect to the upstream");
+    assert!(!texts[0].contains(&port.to_string()), "{e}");
+    assert_eq!(code, Some(1011));
+}
+
 /// An upstream given by host name (resolved once, then from the cache) is
 /// reached by the pool and by sessions alike.
 #[tokio::test]
