@@ -87,10 +87,22 @@ pub async fn drain(gw: &Gateway) {
         ),
     }
     // The sessions just closed free their fleet slots now rather than when
-    // their leases expire (bounded by the store's call timeout).
+    // their leases expire: one store call, its wait for a renewal in
+    // flight included.
     if let Some(leases) = &gw.leases {
-        if let Err(e) = leases.send_removals(std::time::Instant::now()).await {
-            tracing::warn!(error = %e, "could not release session leases; they expire on their own");
+        match tokio::time::timeout(
+            crate::store::CALL_TIMEOUT,
+            leases.send_removals(std::time::Instant::now()),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not release session leases; they expire on their own")
+            }
+            Err(_) => {
+                tracing::warn!("releasing session leases timed out; they expire on their own")
+            }
         }
     }
 }

@@ -12,6 +12,8 @@ use patchbay_gateway::{demo, drain, gateway, sim};
 
 /// Exit code for configuration errors.
 const EXIT_CONFIG: u8 = 2;
+/// How long the exit waits for blocking tasks once the drain is done.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
 
 #[derive(Parser)]
 #[command(name = "patchbay-gateway", version, about = "OpenAI Realtime gateway")]
@@ -129,7 +131,15 @@ fn run(cli: Cli) -> ExitCode {
                 }
             };
             match runtime(config.server.worker_threads) {
-                Ok(rt) => rt.block_on(serve(config)),
+                Ok(rt) => {
+                    let code = rt.block_on(serve(config));
+                    // Dropping the runtime would wait, unbounded, for
+                    // blocking tasks still running: a DNS lookup of a
+                    // pool refill stuck on a slow resolver held the exit
+                    // far past the drain's wait.
+                    rt.shutdown_timeout(EXIT_GRACE);
+                    code
+                }
                 Err(code) => code,
             }
         }
