@@ -728,6 +728,11 @@ fn section_keys(section: &str) -> &'static [&'static str] {
             "admin_listen",
             "upgrade_timeout_secs",
             "worker_threads",
+            "max_failovers",
+            "breaker_failures",
+            "breaker_open_secs",
+            "breaker_max_open_secs",
+            "cors_origins",
         ],
         "pool" => &[
             "size",
@@ -984,6 +989,29 @@ mod tests {
             let toml = format!("[{section}]\n{key} = {MAX_SECS}\n");
             Config::from_toml_with_env(&toml, &env_of(BASE_ENV))
                 .unwrap_or_else(|e| panic!("a year of {section}.{key} is allowed: {e}"));
+        }
+    }
+
+    /// Every key of every section can be set from the environment: the
+    /// keys probed are the section's own, as serde names them when it
+    /// refuses an unknown one.
+    #[test]
+    fn every_key_of_every_section_has_its_env_override() {
+        for section in TABLE_SECTIONS {
+            let err =
+                Config::from_toml_with_env(&format!("[{section}]\nnot_a_key = 1\n"), &|_| None)
+                    .unwrap_err()
+                    .to_string();
+            let expected = err
+                .split_once("expected one of ")
+                .or_else(|| err.split_once("expected "))
+                .unwrap_or_else(|| panic!("[{section}]: {err}"))
+                .1;
+            let mut known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+            known.sort_unstable();
+            let mut probed = section_keys(section).to_vec();
+            probed.sort_unstable();
+            assert_eq!(probed, known, "[{section}]");
         }
     }
 
