@@ -16,9 +16,14 @@ fn seed() -> &'static RandomState {
 
 /// A fresh 16-hex-digit id.
 pub fn short_id() -> String {
+    format!("{:016x}", random_u64())
+}
+
+/// A fresh number, spread evenly (not for secrets: the seed is per process).
+pub fn random_u64() -> u64 {
     let mut h = seed().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    format!("{:016x}", h.finish())
+    h.finish()
 }
 
 #[cfg(test)]

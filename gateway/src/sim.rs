@@ -85,6 +85,10 @@ pub enum SimFault {
     /// after its `response.done`, as when that event was already on its way
     /// when the close arrived.
     FinishResponseBeforeClose,
+    /// Refuse upgrades with 429 (`Retry-After: 2`, as OpenAI's rate limits
+    /// answer) while this many sessions are open: a key at its limit, whose
+    /// slots free up as sessions end.
+    SessionLimit { max: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -162,6 +166,9 @@ pub struct SimStats {
     pub cancels: Mutex<Vec<Option<String>>>,
     /// While set, every upgrade is refused with 401 (see [`SimHandle::set_refusing`]).
     pub refusing: std::sync::atomic::AtomicBool,
+    /// Sessions holding a slot of [`SimFault::SessionLimit`] (taken by the
+    /// upgrade's check, given back when the session ends).
+    pub limited: AtomicUsize,
     /// Calls and what was asked of them.
     pub calls: SimCalls,
 }
@@ -280,31 +287,37 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     let mut beta = false;
     let mut transcription = false;
     let mut call = None;
+    let mut slot = false;
     let check = UpgradeCheck {
         config: &config,
         stats: &handle.stats,
         beta: &mut beta,
         transcription: &mut transcription,
         call: &mut call,
+        slot: &mut slot,
     };
     let ws_config = WebSocketConfig::default()
         .max_message_size(Some(config.max_message_bytes))
         .max_frame_size(Some(config.max_message_bytes));
-    let ws = match tokio_tungstenite::accept_hdr_async_with_config(io, check, Some(ws_config)).await
-    {
-        Ok(ws) => ws,
+    let accepted =
+        tokio_tungstenite::accept_hdr_async_with_config(io, check, Some(ws_config)).await;
+    match accepted {
+        Ok(ws) => {
+            handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
+            handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
+            let mut session = Session::new(config, handle.clone(), beta);
+            session.transcription = transcription;
+            session.call = call;
+            session.run(ws).await;
+            handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
+        }
         Err(_) => {
             handle.stats.refused.fetch_add(1, Ordering::Relaxed);
-            return;
         }
-    };
-    handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
-    handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
-    let mut session = Session::new(config, handle.clone(), beta);
-    session.transcription = transcription;
-    session.call = call;
-    session.run(ws).await;
-    handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
+    }
+    if slot {
+        handle.stats.limited.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The upgrade's key check (a `Callback` rather than a closure: the return
@@ -316,6 +329,8 @@ struct UpgradeCheck<'a> {
     transcription: &'a mut bool,
     /// The call a sideband (`?call_id=`) attached to.
     call: &'a mut Option<(String, CancellationToken)>,
+    /// Set when the upgrade took a [`SimFault::SessionLimit`] slot.
+    slot: &'a mut bool,
 }
 
 impl Callback for UpgradeCheck<'_> {
@@ -352,6 +367,18 @@ impl Callback for UpgradeCheck<'_> {
                 mask_key(key)
             );
             return Err(refusal(401, &message));
+        }
+        if let Some(SimFault::SessionLimit { max }) = &self.config.fault {
+            let took = self
+                .stats
+                .limited
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < *max).then_some(n + 1)
+                });
+            if took.is_err() {
+                return Err(refusal(429, "Too many concurrent sessions for this key."));
+            }
+            *self.slot = true;
         }
         if let Some(id) = call_id {
             match self.stats.calls.attach(&id) {

@@ -2,9 +2,10 @@
 //! `session.created`, waiting for a client.
 //!
 //! The pool is never on the correctness path. [`Pool::take`] does not await
-//! anything: it pops the freshest socket, discarding those older than
-//! `max_idle` (the upstream's session clock runs while a socket waits) or no
-//! longer alive, and returns `None` on a miss, when the session dials fresh.
+//! anything: it pops the freshest socket, discarding those past their
+//! retirement (80–100 % of `max_idle` after `session.created`, spread so a
+//! pool filled at once is not retired and redialled at once; the upstream's
+//! session clock runs while a socket waits) or no longer alive, and returns `None` on a miss, when the session dials fresh.
 //! A warm socket has read exactly one event, `session.created`, kept as
 //! received, so a client cannot tell a warm socket from a cold one.
 //!
@@ -20,11 +21,11 @@
 //! dialled concurrently (at most [`MAX_DIALS_IN_FLIGHT`] at a time); a
 //! [`REPLENISH_TICK`] reaps stale and dead sockets and tops up
 //! (`MissedTickBehavior::Skip`). A failed dial backs the pool off
-//! exponentially ([`BACKOFF_BASE`], doubling, [`BACKOFF_CAP`]); the first
-//! success resets it. Dials carry the generation (pass) they started in and
-//! only the first failure of a pass doubles the backoff, so a bad key costs
-//! one pass of dials per backoff period instead of hammering the upstream,
-//! and no new dial starts while backing off.
+//! exponentially ([`BACKOFF_BASE`], doubling, [`BACKOFF_CAP`], at least the
+//! upstream's `Retry-After`); successes decay it, a full pool ends it. Only the first failure of
+//! a pass counts, so a bad key costs one pass of dials per backoff period
+//! instead of hammering the upstream, and no new dial starts while backing
+//! off (see [`Backoff`]).
 //!
 //! One pool per upstream of a route: an upstream is exactly one (model,
 //! upstream key, upstream URL) triple, which is what must not be mixed
@@ -97,7 +98,7 @@ pub struct Pool {
     breaker: Option<Arc<Mutex<Breaker>>>,
     max_idle: Duration,
     /// Freshest at the back.
-    warm: Mutex<VecDeque<Warm>>,
+    warm: Mutex<VecDeque<Pooled>>,
     target: AtomicUsize,
     in_flight: AtomicUsize,
     wake: Notify,
@@ -164,6 +165,12 @@ impl Pool {
     /// The pool of upstream `name` of a route with several, sharing that
     /// upstream's circuit breaker.
     pub fn with_breaker(mut self, name: &str, breaker: Arc<Mutex<Breaker>>) -> Self {
+        // The series `new` made under the route's model is this upstream's
+        // no more: left, it would read 0 warm sockets for good.
+        self.metrics.pool_warm_sockets.remove(&UpstreamLabels {
+            model: self.model.clone(),
+            upstream: self.name.clone(),
+        });
         self.gauge = self
             .metrics
             .pool_warm_sockets
@@ -201,7 +208,7 @@ impl Pool {
         Duration::from_millis(self.backoff_ms.load(Ordering::Acquire))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Warm>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pooled>> {
         self.warm.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -251,15 +258,18 @@ impl Pool {
         let mut discarded = Vec::new();
         let found = {
             let mut warm = self.lock();
+            let now = Instant::now();
             loop {
-                let Some(mut w) = warm.pop_back() else {
+                let Some(Pooled {
+                    warm: mut w,
+                    retire_at,
+                }) = warm.pop_back()
+                else {
                     break None;
                 };
-                if w.connected_at.elapsed() >= self.max_idle {
+                if now >= retire_at {
                     miss = Miss::Stale;
                     discarded.push(w);
-                    // Everything in front of a stale socket is older still.
-                    discarded.extend(warm.drain(..));
                     continue;
                 }
                 if check(&mut w) == Health::Dead {
@@ -311,16 +321,15 @@ impl Pool {
             let mut out = Vec::new();
             let mut i = 0;
             while i < warm.len() {
-                let w = &mut warm[i];
-                let stale = now.saturating_duration_since(w.connected_at) >= self.max_idle;
-                if stale || (poll_health && check(w) == Health::Dead) {
-                    out.extend(warm.remove(i));
+                let p = &mut warm[i];
+                if now >= p.retire_at || (poll_health && check(&mut p.warm) == Health::Dead) {
+                    out.extend(warm.remove(i).map(|p| p.warm));
                 } else {
                     i += 1;
                 }
             }
             while warm.len() > target {
-                out.extend(warm.pop_front());
+                out.extend(warm.pop_front().map(|p| p.warm));
             }
             out
         };
@@ -328,10 +337,12 @@ impl Pool {
         close_in_background(discarded);
     }
 
-    fn push(&self, w: Warm) {
+    /// Pools `w`; true when that filled the pool to its target.
+    fn push(&self, w: Warm) -> bool {
+        let retire_at = w.connected_at + retire_after(self.max_idle, crate::ids::random_u64());
         let full = {
             let mut warm = self.lock();
-            warm.push_back(w);
+            warm.push_back(Pooled { warm: w, retire_at });
             warm.len() >= self.target()
         };
         self.update_gauge();
@@ -339,6 +350,7 @@ impl Pool {
             self.reached_target_once.store(true, Ordering::Release);
             self.filled.notify_waiters();
         }
+        full
     }
 
     async fn dial(&self) -> Result<Warm, DialError> {
@@ -374,14 +386,10 @@ impl Pool {
     pub async fn replenish(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.tick);
         tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        // Each dial carries the generation it was started in; a generation
-        // is a pass. The first failure of a pass with no success backs off
-        // and opens a new generation, so the rest of that pass's failures do
-        // not double the backoff again.
+        // Each dial carries the generation it was started in; see
+        // [`Backoff`].
         let mut dials: JoinSet<(u64, Result<Warm, DialError>)> = JoinSet::new();
-        let mut generation = 0u64;
-        let mut backoff = Duration::ZERO;
-        let mut backoff_until: Option<tokio::time::Instant> = None;
+        let mut backoff = Backoff::default();
         let mut ticks = 0u64;
         loop {
             tokio::select! {
@@ -397,33 +405,27 @@ impl Pool {
                     // bug cannot spin the pool without backing off.
                     let done = done.unwrap_or_else(|e| {
                         let message = format!("dial task failed: {e}");
-                        (generation, Err(DialError::Handshake { message }))
+                        (backoff.generation, Err(DialError::Handshake { message }))
                     });
                     match done {
                         (_, Ok(w)) => {
-                            if !backoff.is_zero() {
-                                generation += 1;
-                            }
-                            backoff = Duration::ZERO;
-                            backoff_until = None;
-                            self.backoff_ms.store(0, Ordering::Release);
-                            self.push(w);
+                            let full = self.push(w);
+                            backoff.succeeded(full);
+                            self.backoff_ms.store(backoff.delay.as_millis() as u64, Ordering::Release);
                         }
                         (g, Err(e)) => {
                             tracing::debug!(model = %self.model, error = %e, "pool dial failed");
-                            if g == generation {
-                                generation += 1;
-                                backoff = (backoff * 2).clamp(BACKOFF_BASE, BACKOFF_CAP);
-                                backoff_until = Some(tokio::time::Instant::now() + backoff);
-                                self.backoff_ms.store(backoff.as_millis() as u64, Ordering::Release);
+                            let now = tokio::time::Instant::now();
+                            if let Some(pause) = backoff.failed(g, retry_after(&e), now) {
+                                self.backoff_ms.store(backoff.delay.as_millis() as u64, Ordering::Release);
                                 tracing::warn!(model = %self.model, error = %e,
-                                    backoff_ms = backoff.as_millis() as u64, "pool dial failed; backing off");
+                                    backoff_ms = pause.as_millis() as u64, "pool dial failed; backing off");
                             }
                         }
                     }
                 }
             }
-            if backoff_until.is_some_and(|t| tokio::time::Instant::now() < t) {
+            if backoff.paused(tokio::time::Instant::now()) {
                 continue;
             }
             let have = self.len() + self.in_flight.load(Ordering::Acquire);
@@ -435,14 +437,94 @@ impl Pool {
                 }
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
                 let pool = self.clone();
+                let generation = backoff.generation;
                 dials.spawn(async move { (generation, pool.dial().await) });
             }
         }
         dials.abort_all();
-        let all: Vec<Warm> = self.lock().drain(..).collect();
+        let all: Vec<Warm> = self.lock().drain(..).map(|p| p.warm).collect();
         self.update_gauge();
         close_all(all).await;
     }
+}
+
+/// The refill's backoff. Dials carry the generation (pass) they started
+/// in; the first failure of a generation doubles the delay (from
+/// [`BACKOFF_BASE`] to [`BACKOFF_CAP`]), pauses the refill for it (or for
+/// the upstream's `Retry-After`, when longer, up to the cap) and opens a
+/// new generation, so the rest of that pass's failures (dials already in
+/// flight) change nothing. A success halves the delay (below the base, or
+/// once the pool is full, it is gone) but does not end a pause: an upstream that refuses some dials
+/// and takes others (a key at its concurrency limit, whose slots free up as
+/// warm sockets are retired) sees one pass of dials per pause, not one
+/// after every success.
+#[derive(Debug, Default)]
+struct Backoff {
+    generation: u64,
+    delay: Duration,
+    until: Option<tokio::time::Instant>,
+}
+
+impl Backoff {
+    /// A dial succeeded; `full` when the pool is at its target again (the
+    /// delay is gone then).
+    fn succeeded(&mut self, full: bool) {
+        self.delay = if full || self.delay <= BACKOFF_BASE {
+            Duration::ZERO
+        } else {
+            self.delay / 2
+        };
+    }
+
+    /// A dial of `generation` failed; returns the pause when it starts one.
+    fn failed(
+        &mut self,
+        generation: u64,
+        retry_after: Option<Duration>,
+        now: tokio::time::Instant,
+    ) -> Option<Duration> {
+        if generation != self.generation {
+            return None;
+        }
+        self.generation += 1;
+        self.delay = (self.delay * 2).clamp(BACKOFF_BASE, BACKOFF_CAP);
+        let pause = retry_after.map_or(self.delay, |r| r.clamp(self.delay, BACKOFF_CAP));
+        self.until = Some(now + pause);
+        Some(pause)
+    }
+
+    fn paused(&self, now: tokio::time::Instant) -> bool {
+        self.until.is_some_and(|t| now < t)
+    }
+}
+
+/// A refusal's `Retry-After` in seconds (the HTTP-date form is not used by
+/// OpenAI and is ignored).
+fn retry_after(e: &DialError) -> Option<Duration> {
+    match e {
+        DialError::Refused {
+            retry_after: Some(v),
+            ..
+        } => v.trim().parse::<u64>().ok().map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+/// A pooled socket and when it is retired.
+struct Pooled {
+    warm: Warm,
+    retire_at: Instant,
+}
+
+/// How long after its `session.created` a warm socket is retired: between
+/// 80 % and 100 % of `max_idle`, drawn from `r`. A pool filled at once
+/// (at start, after an outage) would otherwise retire every socket at the
+/// same tick, miss while all of them are redialled, and dial them all at
+/// once again every `max_idle`; spread this way, retirements and their
+/// redials spread over a fifth of it.
+fn retire_after(max_idle: Duration, r: u64) -> Duration {
+    let spread = max_idle / 5;
+    max_idle - spread.mul_f64((r % 1024) as f64 / 1024.0)
 }
 
 /// Polls a pooled socket without awaiting: see the module doc.
@@ -600,7 +682,12 @@ mod tests {
         sim.close_all(1001);
         until(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await;
         // The close frame is on its way: wait until it reached the socket.
-        until(|| p.lock().iter_mut().all(|w| check(w) == Health::Dead)).await;
+        until(|| {
+            p.lock()
+                .iter_mut()
+                .all(|p| check(&mut p.warm) == Health::Dead)
+        })
+        .await;
         assert_eq!(p.len(), 1);
         assert_eq!(p.take().err(), Some(Miss::Dead));
     }
@@ -633,7 +720,12 @@ mod tests {
         for _ in 0..3 {
             p.push(up.dial().await.unwrap());
         }
-        let ids = |p: &Pool| p.lock().iter().map(|w| w.connected_at).collect::<Vec<_>>();
+        let ids = |p: &Pool| {
+            p.lock()
+                .iter()
+                .map(|p| p.warm.connected_at)
+                .collect::<Vec<_>>()
+        };
         let fresh = ids(&p)[2..].to_vec();
         p.reap(false);
         assert_eq!(ids(&p), fresh, "only the stale ones go");
@@ -694,6 +786,29 @@ mod tests {
         stop.cancel();
     }
 
+    /// A key at its upstream's session limit: some dials are taken, the
+    /// rest refused with 429 and `Retry-After: 2`. Successes (slots freed
+    /// as warm sockets are retired) do not end the pause, and the pause is
+    /// the upstream's `Retry-After`: two passes in 3 s, not a pass after
+    /// every success.
+    #[tokio::test]
+    async fn a_partly_refusing_upstream_gets_one_pass_of_dials_per_retry_after() {
+        let (sim, up) = sim_and_upstream(SimConfig {
+            fault: Some(crate::sim::SimFault::SessionLimit { max: 2 }),
+            ..SimConfig::default()
+        })
+        .await;
+        let p = pool(up, 4, Duration::from_millis(300));
+        let stop = CancellationToken::new();
+        tokio::spawn(p.clone().replenish(stop.clone()));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.cancel();
+        let refused = sim.stats.refused.load(Ordering::Relaxed);
+        let taken = sim.stats.upgrades.load(Ordering::Relaxed);
+        assert!((2..=4).contains(&refused), "{refused} refused dials");
+        assert!((2..=4).contains(&taken), "{taken} dials taken");
+    }
+
     #[tokio::test]
     async fn upstream_whose_first_event_is_an_error_never_enters_the_pool() {
         let (sim, up) = sim_and_upstream(SimConfig {
@@ -734,6 +849,74 @@ mod tests {
         until(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 1).await;
         stop.cancel();
         until(|| sim.stats.sessions_active.load(Ordering::Relaxed) == 0).await;
+    }
+
+    #[test]
+    fn the_backoff_doubles_once_per_pass_decays_on_success_and_keeps_its_pause() {
+        let t0 = tokio::time::Instant::now();
+        let mut b = Backoff::default();
+        assert_eq!(b.failed(0, None, t0), Some(BACKOFF_BASE));
+        assert_eq!(b.failed(0, None, t0), None, "the same pass counts once");
+        assert_eq!(
+            b.failed(1, Some(Duration::from_secs(2)), t0),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(b.delay, BACKOFF_BASE * 2);
+        b.succeeded(false);
+        assert_eq!(b.delay, BACKOFF_BASE);
+        assert!(
+            b.paused(t0 + Duration::from_millis(1999)),
+            "a success ends no pause"
+        );
+        assert!(!b.paused(t0 + Duration::from_secs(2)));
+        b.succeeded(false);
+        assert_eq!(b.delay, Duration::ZERO);
+        assert_eq!(
+            b.failed(2, Some(Duration::from_secs(3600)), t0),
+            Some(BACKOFF_CAP)
+        );
+        b.failed(3, None, t0);
+        b.succeeded(true);
+        assert_eq!(b.delay, Duration::ZERO, "a full pool ends the backoff");
+        let refused = |retry_after: &str| DialError::Refused {
+            status: 429,
+            retry_after: Some(retry_after.into()),
+            body: String::new(),
+        };
+        assert_eq!(retry_after(&refused(" 7 ")), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(&refused("Wed, 21 Oct 2015 07:28:00 GMT")), None);
+    }
+
+    #[tokio::test]
+    async fn an_upstream_of_several_exports_its_warm_sockets_under_its_own_name_only() {
+        let (_sim, up) = sim_and_upstream(SimConfig::default()).await;
+        let breaker = Arc::new(Mutex::new(Breaker::new(
+            crate::config::ServerConfig::default().breaker(),
+        )));
+        let p =
+            Pool::new(up, "m", 1, WAIT, Arc::new(Metrics::new())).with_breaker("azure", breaker);
+        p.update_gauge();
+        let text = p.metrics.encode();
+        assert!(
+            text.contains("patchbay_pool_warm_sockets{model=\"m\",upstream=\"azure\"} 0"),
+            "{text}"
+        );
+        assert!(!text.contains("upstream=\"m\""), "{text}");
+    }
+
+    #[test]
+    fn warm_sockets_retire_spread_over_the_last_fifth_of_max_idle() {
+        let idle = Duration::from_secs(30);
+        assert_eq!(retire_after(idle, 0), idle);
+        assert_eq!(retire_after(idle, 512), Duration::from_secs(27));
+        assert!(retire_after(idle, 1023) > Duration::from_secs(24));
+        let spread: std::collections::HashSet<Duration> = (0..64)
+            .map(|_| retire_after(idle, crate::ids::random_u64()))
+            .collect();
+        assert!(spread.len() > 16, "{} distinct of 64", spread.len());
+        assert!(spread
+            .iter()
+            .all(|d| *d > Duration::from_secs(24) && *d <= idle));
     }
 
     #[test]
