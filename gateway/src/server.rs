@@ -121,11 +121,8 @@ async fn serve_client(
 ) {
     match Box::pin(first_request(tcp, &gw)).await {
         Next::Session(session) => {
-            drop((builder, api));
-            // Tracked, so a drain waits for it as for any session.
-            let tasks = gw.tasks.clone();
-            drop(gw);
-            tasks.track_future(session).await;
+            drop((builder, api, gw));
+            session.await;
         }
         Next::Hyper(io) => Box::pin(serve_with_hyper(io, gw, &builder, api)).await,
         Next::Done => {}
@@ -134,8 +131,9 @@ async fn serve_client(
 
 /// What a connection does after its first request.
 enum Next {
-    /// An admitted Realtime upgrade: its session, boxed (this future's
-    /// state holds only the pointer while it runs).
+    /// An admitted Realtime upgrade: its session, tracked (a drain waits for
+    /// it as for any session) and boxed (this future's state holds only the
+    /// pointer while it runs).
     Session(Pin<Box<dyn Future<Output = ()> + Send>>),
     /// Everything else: hyper serves the connection (from its first byte, or
     /// after a refused upgrade's answer).
@@ -163,6 +161,9 @@ async fn first_request(mut tcp: TcpStream, gw: &Arc<Gateway>) -> Next {
         } if REALTIME_PATHS.contains(&head.path.as_str())
             && is_websocket_upgrade(&Method::GET, &head.headers) =>
         {
+            // Tracked from admission on: a drain that starts while the
+            // admission waits for Redis waits for this session too.
+            let admitting = gw.tasks.token();
             match check_upgrade(gw, &head.query, &head.headers, started).await {
                 Ok(accepted) => {
                     let response =
@@ -172,7 +173,9 @@ async fn first_request(mut tcp: TcpStream, gw: &Arc<Gateway>) -> Next {
                         already_read: read.slice(head_len..),
                         response: response.into(),
                     };
-                    return Next::Session(Box::pin(accepted.session.run(start)));
+                    let session = gw.tasks.track_future(accepted.session.run(start));
+                    drop(admitting);
+                    return Next::Session(Box::pin(session));
                 }
                 Err(refusal) => {
                     let (status, headers, body) = refusal_parts(&refusal);
@@ -322,6 +325,8 @@ impl Accepted {
 async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body> {
     let started = Instant::now();
     let query = req.uri().query().unwrap_or("");
+    // Tracked from admission on, as in `first_request`.
+    let admitting = gw.tasks.token();
     let accepted = match check_upgrade(&gw, query, req.headers(), started).await {
         Ok(a) => a,
         Err(r) => return refusal_response(&r),
@@ -330,6 +335,7 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
     let on_upgrade = hyper::upgrade::on(&mut req);
     gw.tasks
         .spawn(accepted.session.run(ClientStart::Hyper(on_upgrade)));
+    drop(admitting);
 
     let mut r = Response::new(Full::new(Bytes::new()));
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
