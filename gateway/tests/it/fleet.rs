@@ -302,3 +302,73 @@ async fn with_redis_unreachable_the_cap_falls_back_to_the_process_and_leases_ret
         .unwrap();
     assert_eq!(open_with(two.addr, &key.secret).await.err(), Some(429));
 }
+
+/// Blocks the Redis at `url` for `ms` milliseconds (a script that spins:
+/// Redis runs one command at a time); returns once the script started.
+async fn block_redis(url: &str, ms: u64) -> tokio::task::JoinHandle<()> {
+    let script = "local t = redis.call('TIME') \
+                  local stop = t[1] * 1000000 + t[2] + ARGV[1] * 1000 \
+                  repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop \
+                  return 1";
+    let mut c = redis(url).await;
+    let blocking = tokio::spawn(async move {
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .arg(ms)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    });
+    // The script is sent; give Redis a moment to be inside it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    blocking
+}
+
+/// A drain that starts while an upgrade's admission waits for Redis waits
+/// for that session too: it is admitted, told 1001, and the gateway exits
+/// 0. It used to be tracked only from its 101, so the drain ended without
+/// it and the process exited under it.
+#[tokio::test]
+async fn a_drain_that_starts_during_an_admission_waits_for_its_session() {
+    if redis_url("drain during admission").is_none() {
+        return;
+    }
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let _redis = OwnRedis::start(port).await;
+    let sim = sim(SimConfig::default()).await;
+    let key = capped_key(2);
+    let mut child = Child::start(
+        &sim.url(false),
+        &fleet_extra(&key, REDIS_ENV),
+        &[(REDIS_ENV, &url)],
+    )
+    .await;
+    let blocked = block_redis(&url, 450).await;
+    let addr = child.addr;
+    let secret = key.secret.clone();
+    let client = tokio::spawn(async move {
+        let bearer = format!("Bearer {secret}");
+        let (mut ws, _) = connect_with(
+            addr,
+            &format!("?model={MODEL}"),
+            &[("authorization", &bearer)],
+        )
+        .await
+        .expect("admitted");
+        let (_, code, _) = until_close(&mut ws).await;
+        code
+    });
+    // The upgrade's lease acquire now waits behind the script.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    child.sigterm();
+    let code = tokio::time::timeout(WAIT, client)
+        .await
+        .expect("the client is closed")
+        .unwrap();
+    assert_eq!(code, Some(1001), "{}", child.logs());
+    let (exit, _) = child.wait_exit(WAIT).await;
+    assert_eq!(exit, Some(0), "{}", child.logs());
+    blocked.await.unwrap();
+}
