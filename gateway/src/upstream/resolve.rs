@@ -18,7 +18,10 @@
 //!
 //! Clones share one cache (the pool and the sessions of a route dial the
 //! same [`Resolver`]). Dials that find the cache stale at the same moment
-//! each resolve; the last answer is kept.
+//! share one resolution: the first resolves, the others wait for its
+//! answer (a pool refilling hundreds of sockets at once would otherwise
+//! start as many `getaddrinfo` calls, each a blocking-pool thread and a
+//! DNS query per search domain).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -46,6 +49,8 @@ pub struct Resolver {
     literal: Option<SocketAddr>,
     ttl: Duration,
     cached: Arc<Mutex<Option<Cached>>>,
+    /// Held by the one resolution in progress.
+    resolving: Arc<tokio::sync::Mutex<()>>,
     /// Resolutions done, for tests and the log.
     lookups: Arc<AtomicU64>,
 }
@@ -91,6 +96,7 @@ impl Resolver {
                 .map(|ip| SocketAddr::new(ip, port)),
             ttl,
             cached: Arc::default(),
+            resolving: Arc::default(),
             lookups: Arc::default(),
         }
     }
@@ -146,6 +152,11 @@ impl Resolver {
         if let Some(addr) = self.literal {
             return Ok(Arc::from([addr]));
         }
+        if let Some(addrs) = self.fresh() {
+            return Ok(addrs);
+        }
+        let _resolving = self.resolving.lock().await;
+        // Resolved while this dial waited: that answer is this dial's too.
         if let Some(addrs) = self.fresh() {
             return Ok(addrs);
         }
@@ -222,6 +233,21 @@ mod tests {
         expired.addrs().await.unwrap();
         expired.addrs().await.unwrap();
         assert_eq!(expired.lookups(), 2, "past its TTL an answer is not used");
+    }
+
+    #[tokio::test]
+    async fn dials_that_find_no_answer_at_once_share_one_resolution() {
+        let r = Resolver::new("localhost", 9);
+        let asks: Vec<_> = (0..64)
+            .map(|_| {
+                let r = r.clone();
+                tokio::spawn(async move { r.addrs().await })
+            })
+            .collect();
+        for ask in asks {
+            assert!(ask.await.unwrap().is_ok());
+        }
+        assert_eq!(r.lookups(), 1);
     }
 
     #[tokio::test]
