@@ -167,17 +167,22 @@ pub fn route_priced(prices: &[PriceRow], route: &crate::config::RouteConfig) -> 
 
 const PER: f64 = 1_000_000.0;
 
-/// USD for `u` at `p`.
+/// USD for `u` at `p`, to the nano-dollar: the sum's binary rounding noise
+/// (`1.9999999999999998e-5` for what is 2e-5) would otherwise be printed in
+/// every row. The row, the budgets and the metrics all take this one value.
 pub fn cost_usd(p: &PriceRow, u: &Usage) -> f64 {
     let tokens = |n: u64, usd_per_million: f64| n as f64 * usd_per_million / PER;
-    tokens(u.input_text - u.cached_text, p.text_input)
+    let usd = tokens(u.input_text - u.cached_text, p.text_input)
         + tokens(u.cached_text, p.cached_text_input)
         + tokens(u.input_image, p.text_input)
         + tokens(u.input_audio - u.cached_audio, p.audio_input)
         + tokens(u.cached_audio, p.cached_audio_input)
         + tokens(u.output_text, p.text_output)
-        + tokens(u.output_audio, p.audio_output)
+        + tokens(u.output_audio, p.audio_output);
+    (usd * NANO).round() / NANO
 }
+
+const NANO: f64 = 1e9;
 
 #[cfg(test)]
 mod tests {
@@ -281,6 +286,20 @@ mod tests {
         assert!(close(cost_usd(&p, &u), (30.0 * 6.0 + 5.0 * 10.0) / 1e6));
         let d = usage(serde_json::json!({"type": "duration", "seconds": 2.5}));
         assert_eq!(cost_usd(&p, &d), 0.0);
+    }
+
+    #[test]
+    fn a_cost_is_kept_to_the_nano_dollar_without_binary_noise() {
+        let u = usage(serde_json::json!({"input_tokens": 1, "output_tokens": 1,
+            "input_token_details": {"text_tokens": 1}, "output_token_details": {"text_tokens": 1}}));
+        let c = cost_usd(&realtime_price(), &u);
+        assert_eq!(c, 2e-5);
+        assert_eq!(serde_json::to_string(&c).unwrap(), "0.00002");
+        // Below a nano-dollar nothing is lost that a row could show.
+        let one = usage(
+            serde_json::json!({"input_tokens": 1, "input_token_details": {"cached_tokens": 1, "text_tokens": 1}}),
+        );
+        assert_eq!(cost_usd(&realtime_price(), &one), 4e-7);
     }
 
     #[test]
