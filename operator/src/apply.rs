@@ -1,7 +1,15 @@
 //! Stage 3 of a reconcile: server-side apply of the desired children, in dependency order.
 //!
 //! ConfigMaps go first (the Deployment's pods mount them), then the Deployment, the Service, the
-//! HPA (which scales the Deployment) and the PDB. Every apply uses field manager
+//! HPA (which scales the Deployment) and the PDB. Before the ConfigMaps, the Deployment is applied
+//! as a dry run (`dryRun=All`: validated and admitted, not stored), so a pod template the API
+//! server refuses (a bad `resources`, `tolerations`, `nodeSelector` or image value) stops the
+//! reconcile before anything is written. Applied the other way round, `gateway.toml` would carry
+//! the new restart settings while the pod template never rolls, and any pod that restarted would
+//! run a config its siblings do not. Nor can the Deployment go first: its new pods would start on
+//! the old ConfigMap and keep its restart settings. A child the API server refuses as invalid
+//! (HTTP 400 or 422) is the spec's problem, not a transient one: [`refused_as_invalid`] turns it
+//! into [`Error::InvalidSpec`] with the API server's message. Every apply uses field manager
 //! `patchbay-operator` with `force`: the operator is the only writer of the fields it sets, and a
 //! conflict with a stray manager should resolve in the route's favour. Fields it does not set
 //! (`spec.replicas` under an HPA) stay with whoever owns them.
@@ -25,8 +33,11 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::build::{gateway_name, Desired, MANAGER};
 use crate::context::Context;
 use crate::crd::RealtimeRoute;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ownership::{Claims, Holder};
+
+/// HTTP codes with which the API server refuses an object as written: `BadRequest` and `Invalid`.
+const REFUSED_AS_INVALID: [u16; 2] = [400, 422];
 
 /// What applying changed beyond the objects themselves.
 #[derive(Debug)]
@@ -60,6 +71,26 @@ where
         api.patch(&name, &apply_params(), &Patch::Apply(object)),
     )
     .await
+    .map_err(refused_as_invalid)
+}
+
+/// An API error refusing the object as invalid (400, 422) becomes [`Error::InvalidSpec`] naming
+/// the object, with the API server's message; every other error is returned as it is.
+pub fn refused_as_invalid(error: Error) -> Error {
+    if let Error::Api {
+        kind, name, source, ..
+    } = &error
+    {
+        if let kube::Error::Api(status) = &**source {
+            if REFUSED_AS_INVALID.contains(&status.code) {
+                return Error::InvalidSpec(format!(
+                    "the API server refused {kind} {name}: {}",
+                    status.message
+                ));
+            }
+        }
+    }
+    error
 }
 
 /// Field manager that keeps `spec.replicas` while a fixed-count route becomes autoscaled.
@@ -109,12 +140,20 @@ pub async fn apply_all(
         config_hash: _,
     } = desired;
     let client = ctx.client.clone();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let name = deployment.name_any();
+    ctx.call(
+        "dry_run_apply",
+        "Deployment",
+        &name,
+        deployments.patch(&name, &apply_params().dry_run(), &Patch::Apply(deployment)),
+    )
+    .await
+    .map_err(refused_as_invalid)?;
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     apply_one(ctx, &config_maps, gateway_config).await?;
     apply_one(ctx, &config_maps, pool_config).await?;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     if let Some(replicas) = replicas_to_hand_off(deployment, before) {
-        let name = gateway_name(route);
         let handoff = serde_json::json!({
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -131,7 +170,8 @@ pub async fn apply_all(
                 &Patch::Apply(&handoff),
             ),
         )
-        .await?;
+        .await
+        .map_err(refused_as_invalid)?;
     }
     let deployment = apply_one(ctx, &deployments, deployment).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
@@ -178,7 +218,7 @@ where
     {
         Ok(_) => Ok(true),
         // Gone between the get and the delete: the outcome wanted.
-        Err(crate::error::Error::Api { source, .. }) if matches!(&*source, kube::Error::Api(s) if s.is_not_found()) => {
+        Err(Error::Api { source, .. }) if matches!(&*source, kube::Error::Api(s) if s.is_not_found()) => {
             Ok(false)
         }
         Err(e) => Err(e),
@@ -214,6 +254,39 @@ mod tests {
                 ..DeploymentSpec::default()
             }),
             ..Deployment::default()
+        }
+    }
+
+    fn api_error(code: u16) -> Error {
+        Error::Api {
+            verb: "apply",
+            kind: "Deployment",
+            name: "voice-gateway".into(),
+            source: Box::new(kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: format!("refused with {code}"),
+                ..kube::core::Status::default()
+            }))),
+        }
+    }
+
+    #[test]
+    fn an_apply_refused_as_invalid_is_the_specs_problem_and_any_other_error_is_not() {
+        for code in [400, 422] {
+            let error = refused_as_invalid(api_error(code));
+            assert_eq!(error.reason(), "InvalidSpec", "{code}");
+            assert!(error.is_user_error());
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    "invalid spec: the API server refused Deployment voice-gateway: refused with {code}"
+                )
+            );
+        }
+        for code in [403, 404, 409, 500, 503] {
+            let error = refused_as_invalid(api_error(code));
+            assert_eq!(error.reason(), "ApiError", "{code}");
+            assert!(!error.is_user_error());
         }
     }
 

@@ -9,11 +9,18 @@
 //! 4. **status**: observed generation, counts, endpoint, conditions ([`crate::status`]); when the
 //!    Deployment is short of ready pods, why, from the pods' events ([`crate::pods`]).
 //!
-//! Bad input is a condition, not a crash loop: an unservable spec or a taken name sets `Degraded`
-//! with the reason, publishes a warning event, leaves the existing children as they are and
-//! returns the error, so [`error_policy`] counts it and retries with exponential backoff. The
-//! operator cannot read Secrets: a missing one shows as pods that do not start
-//! (`Degraded=True/PodsNotStarting`), rechecked every [`NOT_READY_RESYNC_INTERVAL`].
+//! Bad input is a condition, not a crash loop: an unservable spec, a taken name, or a child the API
+//! server refuses as invalid (found by a dry run of the Deployment before anything is written,
+//! see [`crate::apply`]) sets `Degraded` with the reason, publishes a warning event, leaves the
+//! existing children as they are and returns the error, so [`error_policy`] counts it and retries
+//! with exponential backoff. The operator cannot read Secrets: a missing one shows as pods that do
+//! not start (`Degraded=True/PodsNotStarting`), rechecked every [`NOT_READY_RESYNC_INTERVAL`].
+//! Looking into the pods is diagnosis, not reconciliation: when it fails, the reconcile goes on
+//! with what the status last said.
+//!
+//! A route being deleted (`metadata.deletionTimestamp` set, as during a foreground or orphaning
+//! delete) is left to the garbage collector: applying its children again would re-add the owner
+//! references the collector is removing, or re-create children it just deleted.
 //!
 //! The controller watches routes and, through `.owns()`, every child kind (only objects labelled
 //! `app.kubernetes.io/managed-by=patchbay-operator`), so a Deployment scaled by its HPA triggers a
@@ -53,6 +60,10 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
     let _timer = ctx.metrics.reconcile_started();
     let namespace = route.namespace().ok_or(Error::MissingNamespace)?;
     let name = route.name_any();
+    if route.metadata.deletion_timestamp.is_some() {
+        tracing::debug!(route = %name, %namespace, "being deleted; its children are the garbage collector's");
+        return Ok(Action::await_change());
+    }
     tracing::debug!(route = %name, %namespace, "reconciling");
 
     // Observe: the Deployment's replica count sizes the pool, its template hash tells whether the
@@ -76,21 +87,7 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
     };
     let claims = match checked.await {
         Ok(claims) => claims,
-        Err(problem) => {
-            if problem.is_user_error() {
-                tracing::warn!(route = %name, %namespace, reason = problem.reason(), "{problem}");
-                events::publish(&ctx, &route, &[events::problem(&problem)]).await;
-                let seen = Observation {
-                    deployment: before.as_ref(),
-                    pool_size: None,
-                    problem: Some(&problem),
-                    pods_not_starting: None,
-                };
-                let status = status::compute(&route, &seen, &status::now_rfc3339());
-                status::patch(&ctx, &route, &namespace, &status).await?;
-            }
-            return Err(problem);
-        }
+        Err(problem) => return refuse(&ctx, &route, &namespace, before.as_ref(), problem).await,
     };
 
     // 2. build
@@ -103,12 +100,18 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
 
     // 3. apply
     let applied =
-        apply::apply_all(&ctx, &route, &namespace, &desired, before.as_ref(), claims).await?;
+        match apply::apply_all(&ctx, &route, &namespace, &desired, before.as_ref(), claims).await {
+            Ok(applied) => applied,
+            Err(problem) => {
+                return refuse(&ctx, &route, &namespace, before.as_ref(), problem).await;
+            }
+        };
 
-    // Pods short of ready: say why, if the kubelet did (a missing Secret, an unpullable image).
+    // Pods short of ready: say why, if the kubelet did (a missing Secret, an unpullable image, a
+    // crash loop, no node to run on).
     let short = pods::short_of_ready(&applied.deployment);
     let pods_not_starting = if short {
-        pods::observe(&ctx, &route, &namespace).await?
+        pods::diagnose(&ctx, &route, &namespace).await
     } else {
         None
     };
@@ -141,6 +144,33 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
     } else {
         RESYNC_INTERVAL
     }))
+}
+
+/// End a reconcile that `problem` stopped. A user error (an unservable spec, a taken name, a child
+/// the API server refused) is logged, published as a warning event and written to the status as
+/// `Degraded`, observed against `before` (the Deployment as it was: nothing of this spec was
+/// applied); a transient error is only returned. Either way [`error_policy`] retries.
+async fn refuse(
+    ctx: &Context,
+    route: &RealtimeRoute,
+    namespace: &str,
+    before: Option<&Deployment>,
+    problem: Error,
+) -> Result<Action> {
+    if problem.is_user_error() {
+        let name = route.name_any();
+        tracing::warn!(route = %name, %namespace, reason = problem.reason(), "{problem}");
+        events::publish(ctx, route, &[events::problem(&problem)]).await;
+        let seen = Observation {
+            deployment: before,
+            pool_size: None,
+            problem: Some(&problem),
+            pods_not_starting: None,
+        };
+        let status = status::compute(route, &seen, &status::now_rfc3339());
+        status::patch(ctx, route, namespace, &status).await?;
+    }
+    Err(problem)
 }
 
 /// Count the failure by reason and retry the route with exponential backoff.

@@ -142,6 +142,7 @@ pub struct NamedUpstream {
     pub url: Option<String>,
     /// Model (OpenAI) or deployment (Azure) sent upstream, when it differs from `spec.model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub model: Option<String>,
     /// Every entry of a route must speak the same protocol.
     #[serde(default)]
@@ -215,6 +216,7 @@ pub struct Upstream {
     pub url: Option<String>,
     /// Model name sent upstream, when it differs from `spec.model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub model: Option<String>,
     #[serde(default)]
     pub protocol: Protocol,
@@ -625,6 +627,23 @@ mod tests {
         assert!(required.contains(&"model"));
         assert!(!required.contains(&"upstream"), "upstream or upstreams");
         assert!(required.contains(&"clientKeysSecretRef"));
+    }
+
+    #[test]
+    fn crd_schema_refuses_an_empty_model_anywhere() {
+        let crd = crd_json();
+        let props = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
+        for (field, schema) in [
+            ("model", &props["model"]),
+            ("upstream.model", &props["upstream"]["properties"]["model"]),
+            (
+                "upstreams[].model",
+                &props["upstreams"]["items"]["properties"]["model"],
+            ),
+        ] {
+            assert_eq!(schema["minLength"].as_u64(), Some(1), "{field}");
+        }
     }
 
     #[test]

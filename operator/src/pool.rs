@@ -6,8 +6,10 @@
 //! explicit per-pod override (clamped to `[0, maxSize]`; 0 turns the pool off).
 //!
 //! Under an autoscaler the replica count is the Deployment's `spec.replicas` (the HPA's choice;
-//! not `status.replicas`, which counts a rollout's surge pods); before the first observation it is
-//! `replicas.min`. The result is published through the `<name>-pool`
+//! not `status.replicas`, which counts a rollout's surge pods), clamped to
+//! `[replicas.min, replicas.max]`: before the HPA's first sync the Deployment holds the API
+//! server's default of 1, and sizing for that would give every pod the whole peak. Before the
+//! first observation it is `replicas.min`. The result is published through the `<name>-pool`
 //! ConfigMap, never through the pod template, so a scale event resizes pools without a rollout.
 
 use crate::crd::RealtimeRouteSpec;
@@ -28,10 +30,13 @@ pub fn pool_size(spec: &RealtimeRouteSpec, replicas: i32) -> i32 {
 /// The replica count the pool is sized for.
 ///
 /// With a fixed count it is that count. Under an autoscaler it is the Deployment's desired
-/// `spec.replicas`, or `replicas.min` while there is none (no Deployment yet).
+/// `spec.replicas` clamped to `[replicas.min, replicas.max]` (the HPA keeps it there; a count
+/// outside is the API server's default before the HPA's first sync, or a scale the HPA is about
+/// to undo), or `replicas.min` while there is none (no Deployment yet).
 pub fn sizing_replicas(spec: &RealtimeRouteSpec, observed: Option<i32>) -> i32 {
+    let (min, max) = (spec.replicas.min, spec.replicas.max());
     if spec.replicas.autoscaled() {
-        observed.filter(|r| *r > 0).unwrap_or(spec.replicas.min)
+        observed.map_or(min, |r| r.clamp(min, max))
     } else {
         spec.replicas.min
     }
@@ -97,5 +102,17 @@ mod tests {
         assert_eq!(sizing_replicas(&spec, None), spec.replicas.min);
         assert_eq!(sizing_replicas(&spec, Some(0)), spec.replicas.min);
         assert_eq!(sizing_replicas(&spec, Some(7)), 7);
+    }
+
+    #[test]
+    fn an_observed_count_outside_the_autoscaled_range_is_clamped_into_it() {
+        // 2..10: a Deployment still at the API server's default of 1 (the HPA has not synced)
+        // is sized as min, not as one pod carrying the whole peak.
+        let spec = fixtures::autoscaled_spec();
+        assert_eq!(sizing_replicas(&spec, Some(1)), 2);
+        assert_eq!(pool_size(&spec, sizing_replicas(&spec, Some(1))), 250);
+        assert_eq!(sizing_replicas(&spec, Some(2)), 2);
+        assert_eq!(sizing_replicas(&spec, Some(10)), 10);
+        assert_eq!(sizing_replicas(&spec, Some(25)), 10);
     }
 }

@@ -14,6 +14,9 @@ use crate::fixtures::{self, ApiServer, NAMESPACE, ROUTE_NAME, ROUTE_UID};
 use crate::metrics;
 
 const APPLY: &str = "?&force=true&fieldManager=patchbay-operator";
+const DRY_RUN_APPLY: &str = "?&dryRun=All&force=true&fieldManager=patchbay-operator";
+/// A list served from the API server's cache.
+const ANY_VERSION: &str = "&resourceVersion=0&resourceVersionMatch=NotOlderThan";
 
 fn core(kind: &str, name: &str) -> String {
     format!("/api/v1/namespaces/{NAMESPACE}/{kind}/{name}")
@@ -94,31 +97,40 @@ async fn observe_with_hpa(
     reply.not_found("pdb");
 }
 
+/// The list of the route's gateway pods, served from the API server's cache.
+fn pods_uri() -> String {
+    format!(
+        "/api/v1/namespaces/{NAMESPACE}/pods?&labelSelector=app.kubernetes.io%2Finstance%3D{ROUTE_NAME}%2Capp.kubernetes.io%2Fname%3Dpatchbay-gateway{ANY_VERSION}"
+    )
+}
+
 /// Answer the list of the route's gateway pods with `pods`.
 async fn expect_pods(server: &mut ApiServer, pods: &[Value]) {
-    let (seen, reply) = server.next().await;
-    assert_eq!(seen.method, Method::GET);
-    assert_eq!(
-        seen.uri,
-        format!(
-            "/api/v1/namespaces/{NAMESPACE}/pods?&labelSelector=app.kubernetes.io%2Finstance%3D{ROUTE_NAME}%2Capp.kubernetes.io%2Fname%3Dpatchbay-gateway"
-        )
-    );
+    let (_, reply) = server.expect(Method::GET, &pods_uri()).await;
     reply.ok(&json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}));
 }
 
 /// Answer the list of the namespace's pod events with `list`.
 async fn expect_pod_events(server: &mut ApiServer, list: &Value) {
-    let (seen, reply) = server
+    let (_, reply) = server
         .expect(
             Method::GET,
             &format!(
-                "/api/v1/namespaces/{NAMESPACE}/events?&fieldSelector=involvedObject.kind%3DPod"
+                "/api/v1/namespaces/{NAMESPACE}/events?&fieldSelector=involvedObject.kind%3DPod{ANY_VERSION}"
             ),
         )
         .await;
-    let _ = seen;
     reply.ok(list);
+}
+
+/// Answer the dry run of the Deployment's apply, which comes before any write, by echoing it;
+/// returns the body.
+async fn expect_dry_run(server: &mut ApiServer) -> Value {
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{DRY_RUN_APPLY}", apps(&gw())))
+        .await;
+    reply.ok(&seen.body);
+    seen.body
 }
 
 /// Metadata of an object named `name`, controlled by `owner_uid` when given.
@@ -191,6 +203,8 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
     observe(&mut server, None, &route.spec).await;
+    // Nothing is written before the API server has admitted the Deployment.
+    let dry_run = expect_dry_run(&mut server).await;
 
     let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
     assert_eq!(config["apiVersion"], "v1");
@@ -214,6 +228,10 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
         .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
         .await;
     assert_eq!(seen.body["kind"], "Deployment");
+    assert_eq!(
+        seen.body, dry_run,
+        "the Deployment applied is the one dry-run"
+    );
     assert!(
         seen.body["spec"].get("replicas").is_none(),
         "the HPA owns replicas"
@@ -302,6 +320,7 @@ async fn a_fixed_route_sets_replicas_and_deletes_the_hpa_it_owned() {
     // The stale HPA: read by metadata with the other names, controlled by the route.
     let owned_hpa = metadata(&gw(), Some(ROUTE_UID));
     observe_with_hpa(&mut server, Some(&existing), &route.spec, Some(owned_hpa)).await;
+    expect_dry_run(&mut server).await;
     expect_apply(&mut server, &core("configmaps", &gw())).await;
     let pool = expect_apply(
         &mut server,
@@ -347,6 +366,7 @@ async fn an_hpa_the_route_does_not_own_is_left_alone() {
     // A fixed-count route wants no HPA, so a foreign one of its name is no reason to refuse.
     let foreign_hpa = metadata(&gw(), None);
     observe_with_hpa(&mut server, None, &route.spec, Some(foreign_hpa)).await;
+    expect_dry_run(&mut server).await;
     expect_apply(&mut server, &core("configmaps", &gw())).await;
     expect_apply(
         &mut server,
@@ -388,6 +408,7 @@ async fn a_scaled_deployment_resizes_only_the_pool_config_map() {
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
     observe(&mut server, Some(&existing), &route.spec).await;
+    expect_dry_run(&mut server).await;
     let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
     assert_eq!(
         config,
@@ -437,6 +458,7 @@ async fn pods_stuck_on_a_missing_secret_make_the_route_degraded_pods_not_startin
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
     observe(&mut server, Some(&existing), &route.spec).await;
+    expect_dry_run(&mut server).await;
     expect_apply(&mut server, &core("configmaps", &gw())).await;
     expect_apply(
         &mut server,
@@ -650,6 +672,7 @@ async fn a_fixed_route_becoming_autoscaled_hands_its_replicas_off_before_droppin
     let existing = deployment_response(&existing, 4, 4);
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     observe(&mut server, Some(&existing), &route.spec).await;
+    expect_dry_run(&mut server).await;
     expect_apply(&mut server, &core("configmaps", &gw())).await;
     expect_apply(
         &mut server,
@@ -697,6 +720,7 @@ async fn an_api_error_fails_the_reconcile_with_its_facts() {
     let route = fixtures::route(fixtures::minimal_spec());
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     observe(&mut server, None, &route.spec).await;
+    expect_dry_run(&mut server).await;
     let (_, reply) = server
         .expect(
             Method::PATCH,
@@ -735,6 +759,7 @@ async fn reconcile_an_edit(
     let existing = deployment_response(&serde_json::to_value(&before.deployment).unwrap(), 2, 2);
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     observe(&mut server, Some(&existing), &route.spec).await;
+    expect_dry_run(&mut server).await;
     let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
     expect_apply(
         &mut server,
@@ -823,6 +848,7 @@ async fn a_listed_route_applies_its_upstreams_and_signing_keys_as_config_and_mou
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
     observe(&mut server, None, &route.spec).await;
+    expect_dry_run(&mut server).await;
     let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
     let doc: toml::Table =
         toml::from_str(config["data"]["gateway.toml"].as_str().unwrap()).unwrap();
@@ -924,5 +950,238 @@ async fn a_route_mixing_upstream_protocols_is_degraded_naming_it_and_applies_not
     );
     let error = task.await.unwrap().expect_err("an invalid spec fails");
     assert_eq!(error.reason(), "InvalidSpec");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_route_being_deleted_is_left_to_the_garbage_collector() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut route = fixtures::route(fixtures::autoscaled_spec());
+    // A foreground (or orphaning) delete: the route lingers while the collector works.
+    route.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-12-01T10:00:00Z".parse().unwrap(),
+    ));
+    route.metadata.finalizers = Some(vec!["foregroundDeletion".into()]);
+    let task = tokio::spawn(reconcile(Arc::new(route), ctx));
+    // No read, no apply, no status: nothing re-adds an owner reference or re-creates a child.
+    server.expect_silence().await;
+    let action = task.await.unwrap().expect("nothing to do");
+    assert_eq!(action, Action::await_change());
+}
+
+/// A route whose generation 1 is applied and running (2 of 2 pods ready), edited into
+/// generation 2 by `edit`; returns it with the Deployment of generation 1 as the API server
+/// holds it.
+fn a_running_route_edited(edit: impl FnOnce(&mut RealtimeRouteSpec)) -> (RealtimeRoute, Value) {
+    let mut route = fixtures::route(fixtures::full_spec());
+    let applied = crate::build::desired(&crate::build::BuildInput {
+        route: &route,
+        default_image: "patchbay/gateway:test",
+        observed_replicas: Some(2),
+    });
+    route.status = Some(crate::crd::RealtimeRouteStatus {
+        observed_generation: Some(1),
+        pool_size_per_pod: Some(applied.pool_size),
+        ..Default::default()
+    });
+    route.metadata.generation = Some(2);
+    edit(&mut route.spec);
+    let existing = deployment_response(&serde_json::to_value(&applied.deployment).unwrap(), 2, 2);
+    (route, existing)
+}
+
+/// The status patch of a refused generation 2 of a running route: `Degraded=True/InvalidSpec`
+/// with a message containing `says`, the rollout `Blocked`, generation 1 still the observed one.
+async fn expect_refused_edit(server: &mut ApiServer, route: &RealtimeRoute, says: &str) {
+    assert_eq!(
+        server.expect_event().await,
+        ("Warning".into(), "InvalidSpec".into())
+    );
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    let status = &seen.body["status"];
+    let degraded = condition(status, "Degraded");
+    assert_eq!(
+        (&degraded["status"], &degraded["reason"]),
+        (&json!("True"), &json!("InvalidSpec"))
+    );
+    let message = degraded["message"].as_str().unwrap();
+    assert!(message.contains(says), "{message}");
+    let progressing = condition(status, "Progressing");
+    assert_eq!(
+        (&progressing["status"], &progressing["reason"]),
+        (&json!("False"), &json!("Blocked")),
+        "a refused spec blocks the rollout even though a Deployment exists"
+    );
+    assert_eq!(
+        status["observedGeneration"], 1,
+        "generation 2 was not applied"
+    );
+    assert_eq!(
+        condition(status, "Ready")["status"],
+        "True",
+        "the old pods serve"
+    );
+    reply.ok(&patched(route, &seen.body));
+}
+
+#[tokio::test]
+async fn a_deployment_the_api_server_refuses_is_invalid_spec_and_nothing_is_written() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    // A restart setting and a toleration the schema (an open object) lets through and the API
+    // server refuses.
+    let (route, existing) = a_running_route_edited(|spec| {
+        fixtures::single(spec).url = Some("wss://eu.api.openai.com/v1/realtime".into());
+        spec.gateway.tolerations = Some(crate::crd::Open::new(&vec![
+            k8s_openapi::api::core::v1::Toleration {
+                key: Some("realtime".into()),
+                operator: Some("Sometimes".into()),
+                ..Default::default()
+            },
+        ]));
+    });
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, Some(&existing), &route.spec).await;
+
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{DRY_RUN_APPLY}", apps(&gw())))
+        .await;
+    assert_eq!(
+        seen.body["spec"]["template"]["spec"]["tolerations"][0]["operator"],
+        "Sometimes"
+    );
+    let refusal = "Deployment.apps \"voice-gateway\" is invalid: \
+                   spec.template.spec.tolerations[0].operator: Unsupported value: \"Sometimes\": \
+                   supported values: \"Equal\", \"Exists\"";
+    reply.json(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": refusal, "reason": "Invalid", "code": 422}),
+    );
+    // No ConfigMap is written: the new upstream URL never reaches gateway.toml ahead of a pod
+    // template that cannot roll.
+    expect_refused_edit(
+        &mut server,
+        &route,
+        &format!("the API server refused Deployment voice-gateway: {refusal}"),
+    )
+    .await;
+    let error = task.await.unwrap().expect_err("a refused Deployment fails");
+    assert_eq!(error.reason(), "InvalidSpec");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_child_the_api_server_refuses_after_the_dry_run_is_invalid_spec_too() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = fixtures::route(fixtures::minimal_spec());
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, None, &route.spec).await;
+    expect_dry_run(&mut server).await;
+    expect_apply(&mut server, &core("configmaps", &gw())).await;
+    expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    let (_, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    reply.json(
+        StatusCode::BAD_REQUEST,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "invalid image reference", "reason": "BadRequest", "code": 400}),
+    );
+    assert_eq!(
+        server.expect_event().await,
+        ("Warning".into(), "InvalidSpec".into())
+    );
+    let degraded = expect_degraded(&mut server, &route, &status_path(), "InvalidSpec").await;
+    assert!(degraded["message"]
+        .as_str()
+        .unwrap()
+        .contains("refused Deployment voice-gateway: invalid image reference"));
+    let error = task.await.unwrap().expect_err("refused");
+    assert_eq!(error.reason(), "InvalidSpec");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_secret_key_that_would_be_a_path_out_of_the_mount_is_refused_before_any_apply() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let (route, existing) = a_running_route_edited(|spec| {
+        fixtures::single(spec).api_key_secret_ref.key = "../k".into();
+    });
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
+    reply.ok(&existing);
+    expect_refused_edit(
+        &mut server,
+        &route,
+        "upstream.apiKeySecretRef key \"../k\" is not a Secret key",
+    )
+    .await;
+    let error = task.await.unwrap().expect_err("an invalid key fails");
+    assert_eq!(error.reason(), "InvalidSpec");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_failed_look_into_the_pods_keeps_the_last_diagnosis_and_the_reconcile_succeeds() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut route = fixtures::route(fixtures::minimal_spec());
+    let build = crate::build::desired(&crate::build::BuildInput {
+        route: &route,
+        default_image: "patchbay/gateway:test",
+        observed_replicas: Some(1),
+    });
+    let said = "1 of 1 gateway pods are not starting: pod voice-gateway-x: FailedMount: …";
+    route.status = Some(crate::crd::RealtimeRouteStatus {
+        observed_generation: Some(1),
+        pool_size_per_pod: Some(build.pool_size),
+        conditions: vec![crate::crd::RouteCondition {
+            type_: "Degraded".into(),
+            status: "True".into(),
+            reason: "PodsNotStarting".into(),
+            message: said.into(),
+            last_transition_time: "2026-12-01T10:00:00Z".into(),
+            observed_generation: Some(1),
+        }],
+        ..Default::default()
+    });
+    let existing = deployment_response(&serde_json::to_value(&build.deployment).unwrap(), 1, 0);
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, Some(&existing), &route.spec).await;
+    expect_dry_run(&mut server).await;
+    expect_apply(&mut server, &core("configmaps", &gw())).await;
+    expect_apply(
+        &mut server,
+        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
+    )
+    .await;
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    reply.ok(&deployment_response(&seen.body, 1, 0));
+    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    expect_apply(&mut server, &pdb_path(&gw())).await;
+
+    let (_, reply) = server.expect(Method::GET, &pods_uri()).await;
+    reply.json(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500}),
+    );
+    // No `Recovered` event: not being able to look is not a recovery. The status says what it said.
+    let degraded = expect_degraded(&mut server, &route, &status_path(), "PodsNotStarting").await;
+    assert_eq!(degraded["message"], said);
+    assert_eq!(
+        degraded["lastTransitionTime"], "2026-12-01T10:00:00Z",
+        "unchanged"
+    );
+    let action = task
+        .await
+        .unwrap()
+        .expect("the children are applied: the reconcile succeeds");
+    assert_eq!(action, Action::requeue(NOT_READY_RESYNC_INTERVAL));
     server.expect_silence().await;
 }

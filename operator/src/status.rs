@@ -10,6 +10,13 @@
 //! | `Progressing` | the Deployment is being created or rolled out | `Creating`, `RollingOut`, `RolloutComplete`, `Blocked` |
 //! | `Degraded` | the spec cannot be served as written, or its pods cannot start | `InvalidSpec`, `NameTaken`, `PodsNotStarting`, `AsExpected` |
 //!
+//! A refused spec (`InvalidSpec`, `NameTaken`) is not applied, so it is `Progressing=False/Blocked`
+//! whatever runs, and `status.observedGeneration` stays at the last generation that was applied
+//! (what the pods run): a client waiting for `observedGeneration == metadata.generation` keeps
+//! waiting rather than taking the old pods' readiness for the new spec's. The conditions carry
+//! the current generation, as they are judged against it; `Ready` says the pods serve the last
+//! applied spec.
+//!
 //! A condition keeps its `lastTransitionTime` while its `status` stays the same, so an unchanged
 //! world yields an identical status and the apply is a no-op (no watch event, no reconcile loop).
 
@@ -78,12 +85,20 @@ pub fn compute(route: &RealtimeRoute, seen: &Observation<'_>, now: &str) -> Real
         }
     };
 
+    // A refused spec is not what the pods run.
+    let not_applied = match (seen.problem, generation) {
+        (Some(_), Some(generation)) => {
+            format!("; they run the last applied spec, not generation {generation}")
+        }
+        (Some(_), None) => "; they run the last applied spec, not the current one".into(),
+        (None, _) => String::new(),
+    };
     let ready_condition = if ready > 0 {
         condition(
             READY,
             true,
             "GatewayReady",
-            format!("{ready}/{replicas} gateway pods ready"),
+            format!("{ready}/{replicas} gateway pods ready{not_applied}"),
         )
     } else {
         condition(
@@ -95,11 +110,11 @@ pub fn compute(route: &RealtimeRoute, seen: &Observation<'_>, now: &str) -> Real
     };
 
     let progressing = match (seen.deployment, seen.problem) {
-        (None, Some(_)) => condition(
+        (_, Some(_)) => condition(
             PROGRESSING,
             false,
             "Blocked",
-            "waiting for the spec problem to be fixed".into(),
+            "the current spec is not applied: waiting for its problem to be fixed".into(),
         ),
         (None, None) => condition(PROGRESSING, true, "Creating", "creating the gateway".into()),
         (Some(d), _) if rollout_complete(d) => condition(
@@ -130,7 +145,10 @@ pub fn compute(route: &RealtimeRoute, seen: &Observation<'_>, now: &str) -> Real
     };
 
     RealtimeRouteStatus {
-        observed_generation: generation,
+        observed_generation: match seen.problem {
+            Some(_) => previous.observed_generation,
+            None => generation,
+        },
         replicas: Some(replicas),
         ready_replicas: Some(ready),
         pool_size_per_pod: seen.pool_size.or(previous.pool_size_per_pod),
@@ -275,6 +293,59 @@ mod tests {
         assert!(degraded.message.contains("realtime/voice-pool"));
         assert_eq!(get(&status, READY).status, "False");
         assert_eq!(get(&status, PROGRESSING).reason, "Blocked");
+    }
+
+    #[test]
+    fn an_invalid_edit_of_a_running_route_is_blocked_and_not_claimed_as_observed() {
+        let mut route = fixtures::route(fixtures::minimal_spec());
+        let d = deployment(1, 1, 2, 2, 2);
+        let applied = compute(
+            &route,
+            &Observation {
+                deployment: Some(&d),
+                pool_size: Some(1),
+                ..Observation::default()
+            },
+            "2025-01-01T00:00:00Z",
+        );
+        assert_eq!(applied.observed_generation, Some(1));
+        route.status = Some(applied);
+        // Generation 2 is refused; the Deployment of generation 1 is rolled out and ready.
+        route.metadata.generation = Some(2);
+        let problem =
+            Error::InvalidSpec("gateway.tolerations is not a valid Kubernetes value".into());
+        let status = compute(
+            &route,
+            &Observation {
+                deployment: Some(&d),
+                pool_size: None,
+                problem: Some(&problem),
+                pods_not_starting: None,
+            },
+            "2025-01-02T00:00:00Z",
+        );
+        let progressing = get(&status, PROGRESSING);
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("False", "Blocked")
+        );
+        assert_eq!(
+            status.observed_generation,
+            Some(1),
+            "the refused generation is not claimed"
+        );
+        let ready = get(&status, READY);
+        assert_eq!(ready.status, "True", "the old pods still serve");
+        assert!(
+            ready.message.ends_with("not generation 2"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(get(&status, DEGRADED).reason, "InvalidSpec");
+        assert!(status
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(2)));
     }
 
     #[test]

@@ -185,11 +185,74 @@ fn check_client_secrets(spec: &RealtimeRouteSpec) -> Result<()> {
     }
 }
 
+/// A model name that is empty or only whitespace: the gateway refuses `spec.model` so at start
+/// (the pods would crash-loop), and an upstream model so would dial every session with
+/// `?model=`. Checked here too because an object stored under an older schema (no `minLength`)
+/// is not admitted again, and the schema cannot say "not only whitespace".
+fn check_models(spec: &RealtimeRouteSpec) -> Result<()> {
+    let upstream = spec
+        .upstream
+        .iter()
+        .map(|up| ("upstream.model".to_string(), up.model.as_deref()));
+    let listed = spec
+        .upstreams
+        .iter()
+        .enumerate()
+        .map(|(i, up)| (format!("upstreams[{i}].model"), up.model.as_deref()));
+    let models = std::iter::once(("model".to_string(), Some(spec.model.as_str())))
+        .chain(upstream)
+        .chain(listed);
+    for (field, model) in models {
+        if model.is_some_and(|m| m.trim().is_empty()) {
+            return Err(Error::InvalidSpec(format!(
+                "{field} {:?} is blank: name a model",
+                model.unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The most characters of a Secret key (the API server's bound on a Secret's data keys).
+const MAX_SECRET_KEY_CHARS: usize = 253;
+
+/// A key a Secret can hold (what the API server admits in `data`): at most 253 characters of
+/// `a-z`, `A-Z`, `0-9`, `-`, `_` and `.`, not `.` and not starting with `..`. So it is also a plain
+/// file name, which it becomes: each key is mounted as a file of its own name and rendered into
+/// `gateway.toml` as that file's path.
+fn is_secret_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_SECRET_KEY_CHARS
+        && key != "."
+        && !key.starts_with("..")
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Every Secret key the route names is one a Secret can hold. Otherwise no Secret could provide
+/// it, and a key such as `../k` (a path out of the mount) would be refused by the API server as
+/// the Deployment's volume `items[].path`, after the ConfigMaps were written.
+fn check_secret_keys(spec: &RealtimeRouteSpec) -> Result<()> {
+    for (field, secret) in secret_refs(spec) {
+        if !is_secret_key(&secret.key) {
+            return Err(Error::InvalidSpec(format!(
+                "{field} key {:?} is not a Secret key: use at most {MAX_SECRET_KEY_CHARS} \
+                 characters of a-z, A-Z, 0-9, '-', '_' and '.', not '.' and not starting with '..'",
+                secret.key
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Problems a schema cannot express.
 pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
+    check_models(spec)?;
     check_upstreams(spec)?;
     check_seconds(spec)?;
     check_client_secrets(spec)?;
+    check_secret_keys(spec)?;
     let gw = &spec.gateway;
     let overrides = [
         (
@@ -395,6 +458,94 @@ mod tests {
                     msg.contains(&format!("{field} {bad} must be from")),
                     "{msg}"
                 );
+            }
+        }
+    }
+
+    /// A spec to start from, and an edit setting one string field of it.
+    type Spec = fn() -> RealtimeRouteSpec;
+    type Edit = fn(&mut RealtimeRouteSpec, &str);
+
+    #[test]
+    fn a_blank_model_is_refused_naming_its_field() {
+        let edits: [(&str, Spec, Edit); 3] = [
+            ("model", fixtures::full_spec, |s, m| s.model = m.into()),
+            ("upstream.model", fixtures::full_spec, |s, m| {
+                fixtures::single(s).model = Some(m.into())
+            }),
+            ("upstreams[1].model", fixtures::two_upstream_spec, |s, m| {
+                s.upstreams[1].model = Some(m.into())
+            }),
+        ];
+        for (field, spec, edit) in edits {
+            for blank in ["", " ", "\t\n"] {
+                let mut bad = spec();
+                edit(&mut bad, blank);
+                let msg = invalid(&bad);
+                assert!(
+                    msg.contains(&format!("{field} {blank:?} is blank")),
+                    "{msg}"
+                );
+            }
+            let mut ok = spec();
+            edit(&mut ok, "gpt-realtime-mini");
+            check_spec(&ok).unwrap_or_else(|e| panic!("{field}: {e}"));
+        }
+    }
+
+    #[test]
+    fn a_secret_key_that_is_not_a_plain_file_name_is_refused_naming_its_field() {
+        let edits: [(&str, Spec, Edit); 5] = [
+            ("upstream.apiKeySecretRef", fixtures::full_spec, |s, k| {
+                fixtures::single(s).api_key_secret_ref.key = k.into()
+            }),
+            ("clientKeysSecretRef", fixtures::full_spec, |s, k| {
+                s.client_keys_secret_ref.key = k.into()
+            }),
+            ("metering.redisUrlSecretRef", fixtures::full_spec, |s, k| {
+                s.metering.redis_url_secret_ref.as_mut().unwrap().key = k.into()
+            }),
+            (
+                "upstreams[1].caSecretRef",
+                fixtures::two_upstream_spec,
+                |s, k| s.upstreams[1].ca_secret_ref.as_mut().unwrap().key = k.into(),
+            ),
+            (
+                "clientSecrets.signingKeysSecretRef",
+                fixtures::full_spec,
+                |s, k| {
+                    s.client_secrets
+                        .as_mut()
+                        .unwrap()
+                        .signing_keys_secret_ref
+                        .keys[1] = k.into()
+                },
+            ),
+        ];
+        let too_long = "k".repeat(254);
+        for (field, spec, edit) in edits {
+            for bad in [
+                "../k",
+                "a/b",
+                "/abs",
+                ".",
+                "..",
+                "..data",
+                "key with space",
+                &too_long,
+            ] {
+                let mut s = spec();
+                edit(&mut s, bad);
+                let msg = invalid(&s);
+                assert!(
+                    msg.contains(&format!("{field} key {bad:?} is not a Secret key")),
+                    "{bad:?}: {msg}"
+                );
+            }
+            for ok in ["api-key", "ca.pem", ".hidden", "KEY_1", &"k".repeat(253)] {
+                let mut s = spec();
+                edit(&mut s, ok);
+                check_spec(&s).unwrap_or_else(|e| panic!("{field} {ok:?}: {e}"));
             }
         }
     }

@@ -11,6 +11,7 @@ reaches a cluster.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,53 @@ def test_rendered_objects_are_valid_kubernetes_objects_with_no_unknown_fields(ch
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_crd_is_a_valid_custom_resource_definition(chart, kube_version):
     kubernetes_validate.validate(yaml.safe_load(chart.crds[0]["data"]), kube_version, strict=True)
+
+
+# Helm's longest release name (53) that does not contain the chart name, so the
+# full name is `<release>-patchbay`: 62 characters before any suffix.
+LONG_RELEASE = "voice-" + "r" * 47
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@pytest.mark.parametrize(
+    ("release", "values"),
+    [
+        (LONG_RELEASE, EVERY_OPTION),
+        (RELEASE, {**EVERY_OPTION, "fullnameOverride": "f" * 63}),
+        # Cut at 46 for "-operator-metrics", this one ends in a dash, which goes.
+        (RELEASE, {**EVERY_OPTION, "fullnameOverride": "a" * 45 + "-" + "b" * 17}),
+    ],
+    ids=["longest-release-name", "longest-fullname-override", "cut-at-a-dash"],
+)
+def test_every_name_fits_a_dns_label_whatever_the_release_name(chart, release, values):
+    """A Service's name must be a DNS-1035 label (63 characters); the chart
+    keeps every name it makes to that, each suffix whole."""
+    manifests = chart.render(values=values, name=release, namespace=NAMESPACE)
+    objects = [
+        doc
+        for path, text in sorted(manifests.items())
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert ("Service", "") not in names
+    for kind, name in names:
+        assert len(name) <= 63 and DNS_LABEL.match(name), f"{kind} {name!r} ({len(name)})"
+    service = only(objects, "Service")["metadata"]["name"]
+    assert service.endswith("-operator-metrics")
+    operator = only(objects, "Deployment")["metadata"]["name"]
+    assert operator.endswith("-operator")
+    assert only(objects, "ValidatingAdmissionPolicy")["metadata"]["name"].endswith(
+        "-operator-pod-deletion-cost"
+    )
+    # The full name is cut only as far as each suffix needs.
+    prefix = operator.removesuffix("-operator")
+    assert service.removesuffix("-operator-metrics") == prefix[: len(service) - 17].rstrip("-")
+    assert only(objects, "ServiceAccount")["metadata"]["name"] == operator
+    assert f"service/{service} port" in "".join(
+        text for path, text in manifests.items() if path.endswith("NOTES.txt")
+    )
 
 
 # --- RBAC ----------------------------------------------------------------------
@@ -500,6 +548,7 @@ BAD_VALUES = [
     ({"podLabels": {"app.kubernetes.io/version": "x"}}, "/podLabels"),
     ({"extraEnv": [{"name": "POD_NAME", "value": "x"}]}, "/extraEnv/0/name"),
     ({"replica": 2}, "additional properties 'replica' not allowed"),
+    ({"fullnameOverride": "f" * 64}, "/fullnameOverride"),
 ]
 
 

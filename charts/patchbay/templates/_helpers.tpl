@@ -6,24 +6,36 @@
 {{/*
 Full name: the release name when it already contains the chart name
 (`helm install patchbay charts/patchbay` gives `patchbay`), otherwise
-`<release>-<chart>`. Kept to 54 characters so that "-operator" fits in 63.
+`<release>-<chart>`; at most 63 characters. It is only ever used with a
+suffix, through "patchbay.suffixed".
 */}}
 {{- define "patchbay.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 54 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 54 | trimSuffix "-" }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 54 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
 
-{{/* Name of the operator's Deployment, Service, ClusterRole and Lease. */}}
+{{/*
+The full name with a suffix, in at most 63 characters: the full name is cut
+so that the suffix fits whole. Every object name the chart makes is one of
+these, so each fits a DNS label (a Service's name must) whatever the release
+name. Call with (dict "context" $ "suffix" "-operator-metrics").
+*/}}
+{{- define "patchbay.suffixed" -}}
+{{- $room := int (sub 63 (len .suffix)) }}
+{{- printf "%s%s" (include "patchbay.fullname" .context | trunc $room | trimSuffix "-") .suffix }}
+{{- end }}
+
+{{/* Name of the operator's Deployment, ClusterRole, ServiceAccount and Lease. */}}
 {{- define "patchbay.operatorName" -}}
-{{- printf "%s-operator" (include "patchbay.fullname" .) }}
+{{- include "patchbay.suffixed" (dict "context" . "suffix" "-operator") }}
 {{- end }}
 
 {{- define "patchbay.chart" -}}

@@ -6,7 +6,9 @@
 //! directories (never `subPath`: a `subPath` mount is never updated, and these files change live).
 //! The gateway re-reads each file when it changes, so rotating a Secret restarts nothing; the
 //! operator never reads a Secret. A missing Secret keeps the pod in `ContainerCreating` with a
-//! `FailedMount` event, which the route's status reports (`Degraded=True/PodsNotStarting`).
+//! `FailedMount` event, which the route's status reports (`Degraded=True/PodsNotStarting`), as it
+//! reports a gateway that exits at start: the container's `terminationMessagePolicy` is
+//! `FallbackToLogsOnError`, so its last termination carries the end of its output.
 //!
 //! Shutdown is budgeted: the kubelet runs `preStop: sleep` while endpoints controllers take the
 //! pod out of the Service, then sends SIGTERM and the gateway drains for `waitSeconds` (plus
@@ -48,6 +50,8 @@ const _: () = assert!(
 );
 /// Name of the gateway container.
 pub const CONTAINER_NAME: &str = "gateway";
+/// The gateway container's `terminationMessagePolicy`: its last output when it fails.
+pub const TERMINATION_MESSAGE_POLICY: &str = "FallbackToLogsOnError";
 /// UID/GID the gateway runs as (the distroless `nonroot` user).
 const NON_ROOT_ID: i64 = 65532;
 const TMP_SIZE_LIMIT: &str = "64Mi";
@@ -181,6 +185,9 @@ fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
             container_port("metrics", ADMIN_PORT),
         ]),
         volume_mounts: Some(mounts),
+        // A gateway that exits at start (a config it refuses) says why on stderr; this makes the
+        // end of that output its termination message, which the route's status then reports.
+        termination_message_policy: Some(TERMINATION_MESSAGE_POLICY.into()),
         readiness_probe: Some(Probe {
             http_get: Some(admin_get("/readyz")),
             period_seconds: Some(5),
@@ -630,6 +637,11 @@ mod tests {
             .as_ref()
             .unwrap();
         assert_eq!(liveness.path.as_deref(), Some("/healthz"));
+        assert_eq!(
+            c.termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError"),
+            "why a crash-looping gateway exits reaches the route's status"
+        );
         let p = pod(&d);
         assert_eq!(p.node_selector.as_ref().unwrap()["pool"], "realtime");
         assert_eq!(p.tolerations.as_ref().unwrap().len(), 1);

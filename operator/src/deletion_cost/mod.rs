@@ -8,7 +8,8 @@
 //!
 //! It runs only on the leader, beside the controller. Nothing here is on the reconcile path: a
 //! pod that cannot be scraped keeps its cost, and a failed list or patch is counted and retried
-//! next round. The API server allows the operator only this annotation on these pods (the
+//! next round. The list is served from the API server's cache (`resourceVersion=0`), not a
+//! quorum read of every gateway pod in the cluster every round. The API server allows the operator only this annotation on these pods (the
 //! chart's ValidatingAdmissionPolicy).
 //!
 //! Caveat: the cost is as fresh as the last round (a few seconds, plus the hysteresis), and it
@@ -73,15 +74,19 @@ fn admin_port(pod: &Pod) -> u16 {
         .unwrap_or(ADMIN_PORT)
 }
 
+/// The list of a round: the gateway pods, from the API server's cache (`resourceVersion=0`). A
+/// round every few seconds needs no quorum read of every gateway pod in the cluster: a list a
+/// moment stale misses at most a pod the next round finds, and the costs are hints.
+fn round_list_params() -> ListParams {
+    ListParams::default()
+        .labels(GATEWAY_POD_SELECTOR)
+        .match_any()
+}
+
 /// One round: list, scrape, patch.
 pub async fn round(ctx: &Context, pods: &Api<Pod>) {
     let listed = match ctx
-        .call(
-            "list",
-            "Pod",
-            "",
-            pods.list(&ListParams::default().labels(GATEWAY_POD_SELECTOR)),
-        )
+        .call("list", "Pod", "", pods.list(&round_list_params()))
         .await
     {
         Ok(list) => list.items,
@@ -162,6 +167,25 @@ mod tests {
             crate::build::APP_NAME
         )));
         assert!(GATEWAY_POD_SELECTOR.contains(crate::build::MANAGED_BY_SELECTOR));
+    }
+
+    #[tokio::test]
+    async fn a_round_lists_the_gateway_pods_from_the_api_servers_cache() {
+        let (ctx, mut server, _) = crate::fixtures::mock_context();
+        let pods: Api<Pod> = Api::all(ctx.client.clone());
+        let task = tokio::spawn(async move { round(&ctx, &pods).await });
+        let (seen, reply) = server.next().await;
+        assert_eq!(
+            seen.uri,
+            "/api/v1/pods?&labelSelector=app.kubernetes.io%2Fname%3Dpatchbay-gateway%2C\
+             app.kubernetes.io%2Fmanaged-by%3Dpatchbay-operator\
+             &resourceVersion=0&resourceVersionMatch=NotOlderThan"
+        );
+        reply.ok(&serde_json::json!({
+            "apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []
+        }));
+        task.await.unwrap();
+        server.expect_silence().await;
     }
 
     #[test]
