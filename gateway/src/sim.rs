@@ -307,6 +307,10 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
             handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
             let mut session = Session::new(config, handle.clone(), beta);
             session.transcription = transcription;
+            if transcription {
+                session.input_transcription =
+                    json!({"model": TRANSCRIPTION_MODEL, "language": null, "prompt": ""});
+            }
             session.call = call;
             session.run(ws).await;
             handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
@@ -390,6 +394,9 @@ impl Callback for UpgradeCheck<'_> {
     }
 }
 
+/// The transcription model a transcription session starts with.
+pub const TRANSCRIPTION_MODEL: &str = "gpt-4o-transcribe";
+
 /// A key as OpenAI quotes it back: a short prefix, stars, the last four.
 pub fn mask_key(key: &str) -> String {
     let chars: Vec<char> = key.chars().collect();
@@ -460,6 +467,12 @@ struct Session {
     items: u64,
     /// The session's instructions (`session.update` changes them).
     instructions: String,
+    /// Input audio transcription (`audio.input.transcription` in GA,
+    /// `input_audio_transcription` in beta): null (off) in a realtime
+    /// session until a `session.update` sets it; a transcription session
+    /// starts with [`TRANSCRIPTION_MODEL`]. A commit is transcribed only
+    /// while it is set, as OpenAI's sessions do.
+    input_transcription: Value,
     /// Events that arrived while a response was in flight, to handle next.
     deferred: std::collections::VecDeque<String>,
     /// Set on a call's sideband: the call id and its end.
@@ -492,6 +505,7 @@ impl Session {
             responses: 0,
             items: 0,
             instructions: "You are a helpful assistant.".into(),
+            input_transcription: Value::Null,
             deferred: std::collections::VecDeque::new(),
             call: None,
         }
@@ -571,26 +585,72 @@ impl Session {
         }
     }
 
-    /// Applies a `session.update`, or names the invalid field.
-    fn update_session(&mut self, text: &str) -> Result<(), (&'static str, String)> {
-        let v: Value = serde_json::from_str(text)
-            .map_err(|_| ("", "The event could not be parsed.".to_string()))?;
+    /// Applies a `session.update`, or gives the error's code, the invalid
+    /// field and the message.
+    fn update_session(&mut self, text: &str) -> Result<(), (&'static str, &'static str, String)> {
+        let v: Value = serde_json::from_str(text).map_err(|_| {
+            (
+                "invalid_json",
+                "",
+                "The event could not be parsed.".to_string(),
+            )
+        })?;
         let Some(session) = v.get("session").and_then(Value::as_object) else {
             return Err((
+                "missing_required_parameter",
                 "session",
                 "Missing required parameter: 'session'.".to_string(),
             ));
         };
         if !self.beta {
+            // GA requires the session's type, and it cannot change.
+            let own = if self.transcription {
+                "transcription"
+            } else {
+                "realtime"
+            };
             match session.get("type") {
-                None => {}
-                Some(Value::String(t)) if t == "realtime" => {}
-                Some(other) => {
+                None => {
                     return Err((
+                        "missing_required_parameter",
                         "session.type",
-                        format!("Invalid value: {other}. Supported values are: 'realtime'."),
+                        "Missing required parameter: 'session.type'.".to_string(),
                     ))
                 }
+                Some(Value::String(t)) if t == own => {}
+                Some(other) => {
+                    return Err((
+                        "invalid_value",
+                        "session.type",
+                        format!("Invalid value: {other}. Supported values are: '{own}'."),
+                    ))
+                }
+            }
+        }
+        let transcription = if self.beta {
+            session.get("input_audio_transcription")
+        } else {
+            session
+                .get("audio")
+                .and_then(|a| a.get("input"))
+                .and_then(|i| i.get("transcription"))
+        };
+        match transcription {
+            None => {}
+            Some(t @ Value::Null) => self.input_transcription = t.clone(),
+            Some(t) if t.get("model").is_some_and(Value::is_string) => {
+                self.input_transcription = t.clone()
+            }
+            Some(_) => {
+                return Err((
+                    "invalid_value",
+                    if self.beta {
+                        "session.input_audio_transcription.model"
+                    } else {
+                        "session.audio.input.transcription.model"
+                    },
+                    "Invalid value: a transcription needs a model.".to_string(),
+                ))
             }
         }
         match session.get("instructions") {
@@ -598,6 +658,7 @@ impl Session {
             Some(Value::String(i)) => self.instructions = i.clone(),
             Some(_) => {
                 return Err((
+                    "invalid_type",
                     "session.instructions",
                     "Invalid type for 'session.instructions': expected a string.".to_string(),
                 ))
@@ -722,7 +783,8 @@ impl Session {
             "prompt": null,
             "expires_at": 0,
             "audio": {
-                "input": {"format": {"type": "audio/pcm", "rate": 24000}, "transcription": null,
+                "input": {"format": {"type": "audio/pcm", "rate": 24000},
+                          "transcription": self.input_transcription,
                           "noise_reduction": null,
                           "turn_detection": {"type": "server_vad", "threshold": 0.5,
                                               "prefix_padding_ms": 300, "silence_duration_ms": 200}},
@@ -740,7 +802,7 @@ impl Session {
             "object": "realtime.transcription_session",
             "modalities": ["text"],
             "input_audio_format": "pcm16",
-            "input_audio_transcription": {"model": "gpt-4o-transcribe", "language": null, "prompt": ""},
+            "input_audio_transcription": self.input_transcription,
             "turn_detection": {"type": "server_vad", "threshold": 0.5,
                                "prefix_padding_ms": 300, "silence_duration_ms": 500},
             "input_audio_noise_reduction": null,
@@ -765,13 +827,13 @@ impl Session {
                     self.send(ws, json!({"type": "session.updated", "session": session}))
                         .await
                 }
-                Err((param, message)) => {
+                Err((code, param, message)) => {
                     let client_event_id = serde_json::from_str::<Value>(text)
                         .ok()
                         .and_then(|v| v.get("event_id").cloned())
                         .unwrap_or(Value::Null);
                     let error = json!({"type": "error", "error": {"type": "invalid_request_error",
-                        "code": "invalid_value", "message": message,
+                        "code": code, "message": message,
                         "param": if param.is_empty() { Value::Null } else { Value::String(param.into()) },
                         "event_id": client_event_id}});
                     self.send(ws, error).await
@@ -803,10 +865,11 @@ impl Session {
                     "status": "completed", "role": "user",
                     "content": [{"type": "input_audio", "transcript": null}]});
                 let added = self.name("conversation.item.added", "conversation.item.created");
+                let transcribed = !self.input_transcription.is_null();
                 self.send(ws, json!({"type": "input_audio_buffer.committed", "previous_item_id": null, "item_id": item_id}))
                     .await
                     && self.send(ws, json!({"type": added, "previous_item_id": null, "item": item})).await
-                    && self
+                    && (!transcribed || self
                         .send(ws, json!({
                             "type": "conversation.item.input_audio_transcription.completed",
                             "item_id": item_id, "content_index": 0, "transcript": "hello there",
@@ -814,7 +877,7 @@ impl Session {
                                       "total_tokens": 35,
                                       "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}
                         }))
-                        .await
+                        .await)
             }
             Some("response.create") => return self.respond(ws).await,
             Some("response.cancel") => {
@@ -1072,15 +1135,34 @@ mod tests {
         assert_eq!(kind, "session.updated");
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["session"]["instructions"], "Be brief.");
-        for (session, param) in [
-            (json!({"type": "transcription"}), "session.type"),
-            (json!({"instructions": 5}), "session.instructions"),
-            (Value::Null, "session"),
+        for (session, code, param) in [
+            (
+                json!({"type": "transcription"}),
+                "invalid_value",
+                "session.type",
+            ),
+            (
+                json!({"instructions": "x"}),
+                "missing_required_parameter",
+                "session.type",
+            ),
+            (
+                json!({"type": "realtime", "instructions": 5}),
+                "invalid_type",
+                "session.instructions",
+            ),
+            (
+                json!({"type": "realtime", "audio": {"input": {"transcription": {}}}}),
+                "invalid_value",
+                "session.audio.input.transcription.model",
+            ),
+            (Value::Null, "missing_required_parameter", "session"),
         ] {
             send_update(&mut ws, session).await;
             let (kind, text) = next_event(&mut ws).await.unwrap();
             assert_eq!(kind, "error", "{text}");
             let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["error"]["code"], code, "{text}");
             assert_eq!(v["error"]["param"], param, "{text}");
             assert_eq!(v["error"]["event_id"], "evt_c1", "{text}");
         }
@@ -1089,8 +1171,9 @@ mod tests {
         let (_, text) = next_event(&mut ws).await.unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["session"]["instructions"], "Be brief.");
+        assert_eq!(v["session"]["audio"]["input"]["transcription"], Value::Null);
         let received = sim.stats.received.lock().unwrap().clone();
-        assert_eq!(received.len(), 5, "{received:?}");
+        assert_eq!(received.len(), 7, "{received:?}");
         assert!(received[0].contains("Be brief."), "{received:?}");
         sim.stop();
     }
@@ -1226,12 +1309,50 @@ mod tests {
         sim.stop();
     }
 
+    /// A commit is transcribed (and its usage reported) only while the
+    /// session has transcription on, as a `session.update` sets it.
+    #[tokio::test]
+    async fn a_commit_is_transcribed_only_with_transcription_on() {
+        let sim = slow_sim(None).await;
+        let mut ws = connect(&sim).await;
+        send_type(&mut ws, "input_audio_buffer.commit").await;
+        send_type(&mut ws, "conversation.item.create").await;
+        let mut kinds = Vec::new();
+        while kinds.last().map(String::as_str) != Some("conversation.item.done") {
+            kinds.push(next_type(&mut ws).await.expect("events"));
+        }
+        assert!(
+            !kinds.iter().any(|k| k.contains("transcription")),
+            "{kinds:?}"
+        );
+        send_update(
+            &mut ws,
+            json!({"type": "realtime", "audio": {"input": {"transcription": {"model": TRANSCRIPTION_MODEL}}}}),
+        )
+        .await;
+        let (_, text) = next_event(&mut ws).await.unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            v["session"]["audio"]["input"]["transcription"]["model"],
+            TRANSCRIPTION_MODEL
+        );
+        send_type(&mut ws, "input_audio_buffer.commit").await;
+        while next_type(&mut ws).await.expect("events")
+            != "conversation.item.input_audio_transcription.completed"
+        {}
+        sim.stop();
+    }
+
     #[tokio::test]
     async fn events_sent_during_a_response_are_answered_after_it_in_order() {
         let sim = slow_sim(None).await;
         let mut ws = connect(&sim).await;
         send_type(&mut ws, "response.create").await;
-        send_update(&mut ws, json!({"type": "realtime"})).await;
+        send_update(
+            &mut ws,
+            json!({"type": "realtime", "audio": {"input": {"transcription": {"model": TRANSCRIPTION_MODEL}}}}),
+        )
+        .await;
         send_type(&mut ws, "input_audio_buffer.commit").await;
         let mut order = Vec::new();
         while order.last().map(String::as_str)

@@ -100,16 +100,26 @@ async fn rig_with(
             flush_secs,
             ..MeteringConfig::default()
         },
-        vec![PriceRow {
-            upstream: None,
-            model: "gpt-realtime".into(),
-            text_input: 4.0,
-            cached_text_input: 0.4,
-            audio_input: 32.0,
-            cached_audio_input: 0.4,
-            text_output: 16.0,
-            audio_output: 64.0,
-        }],
+        vec![
+            PriceRow {
+                upstream: None,
+                model: "gpt-realtime".into(),
+                text_input: 4.0,
+                cached_text_input: 0.4,
+                audio_input: 32.0,
+                cached_audio_input: 0.4,
+                text_output: 16.0,
+                audio_output: 64.0,
+            },
+            PriceRow {
+                upstream: None,
+                model: "gpt-4o-transcribe".into(),
+                text_input: 2.5,
+                audio_input: 6.0,
+                text_output: 10.0,
+                ..PriceRow::default()
+            },
+        ],
         Arc::new(MemoryStore::new()),
         log,
         metrics.clone(),
@@ -478,10 +488,20 @@ async fn a_client_leaving_mid_response_is_charged_for_what_was_generated() {
     }
 }
 
+/// Transcription is billed at its model's price, the model learnt from
+/// the `session.updated` that turned it on.
 #[tokio::test]
 async fn input_audio_transcription_usage_gets_its_own_row() {
     let mut rig = rig(SimConfig::default(), "", 15).await;
     let mut ws = connect(rig.addr).await;
+    let on = json!({"type": "session.update", "session": {"type": "realtime",
+        "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}});
+    ws.send(Message::text(on.to_string())).await.unwrap();
+    while let Some(t) = next_text(&mut ws).await {
+        if kind(&t) == "session.updated" {
+            break;
+        }
+    }
     ws.send(Message::text(
         json!({"type": "input_audio_buffer.commit"}).to_string(),
     ))
@@ -499,12 +519,13 @@ async fn input_audio_transcription_usage_gets_its_own_row() {
         .unwrap();
     let rows = rig.rows.rows();
     assert_eq!(rows.len(), 1);
-    // The simulator's session names no transcription model: unpriced.
-    assert_eq!(rows[0].model, "unknown-transcription-model");
+    assert_eq!(rows[0].model, "gpt-4o-transcribe");
     assert_eq!(
         (rows[0].transcription_tokens, rows[0].input_audio_tokens),
         (35, 30)
     );
+    // 30 audio tokens in at $6/M, 5 text tokens out at $10/M.
+    assert_eq!(rows[0].cost_usd, (30.0 * 6.0 + 5.0 * 10.0) / 1e6);
     rig.sim.stop();
 }
 
