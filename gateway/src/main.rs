@@ -86,6 +86,7 @@ fn parse_fault(s: &str) -> Result<SimFault, String> {
             status: num("STATUS")? as u16,
         }),
         "error-first" => Ok(SimFault::ErrorFirst),
+        "key-error-first" => Ok(SimFault::KeyErrorFirst),
         "drop" => Ok(SimFault::DropMidResponse {
             after_deltas: num("N")? as usize,
         }),

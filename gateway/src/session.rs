@@ -524,11 +524,24 @@ fn millis(d: Duration) -> f64 {
 
 /// The `error` event and close code a client gets when its upstream could
 /// not be reached. The upstream's own first event, if it sent one, is
-/// forwarded as it came.
+/// forwarded as it came, unless it refuses the gateway's own account
+/// ([`failover::refuses_the_account`]: it quotes the key, masked, or is
+/// about the account's quota): that one is told as a refused key, as a 401
+/// is.
 pub fn dial_error_to_client(e: &DialError) -> (String, u16) {
     const TRY_AGAIN_LATER: u16 = 1013;
     const INTERNAL: u16 = 1011;
     match e {
+        DialError::FirstEvent {
+            frame: Some(frame), ..
+        } if failover::refuses_the_account(frame) => (
+            error_event(
+                "server_error",
+                "upstream_auth_failed",
+                "upstream refused the gateway's account (its key or its quota)",
+            ),
+            INTERNAL,
+        ),
         DialError::FirstEvent {
             frame: Some(frame), ..
         } => (frame.to_string(), INTERNAL),

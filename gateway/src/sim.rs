@@ -77,6 +77,10 @@ pub enum SimFault {
     Refuse { status: u16 },
     /// Send an `error` event instead of `session.created`, then close.
     ErrorFirst,
+    /// Accept any key's upgrade, then refuse the key with an
+    /// `invalid_api_key` error event quoting it masked, then close (how
+    /// some deployments have answered a bad key, instead of a 401).
+    KeyErrorFirst,
     /// Drop the TCP connection (no close frame) after this many audio deltas.
     DropMidResponse { after_deltas: usize },
     /// Close with this code and reason after each `response.done`.
@@ -697,10 +701,29 @@ impl Session {
         if !self.config.session_delay.is_zero() {
             tokio::time::sleep(self.config.session_delay).await;
         }
-        if let Some(SimFault::ErrorFirst) = self.config.fault {
+        let first_error = match self.config.fault {
+            Some(SimFault::ErrorFirst) => {
+                Some(("simulated_error", "simulated first-event error".to_string()))
+            }
+            Some(SimFault::KeyErrorFirst) => {
+                let key = self
+                    .handle
+                    .stats
+                    .auth_headers
+                    .lock()
+                    .ok()
+                    .and_then(|k| k.last().cloned())
+                    .unwrap_or_default();
+                Some(("invalid_api_key", format!(
+                    "Incorrect API key provided: {}. You can find your API key at https://platform.openai.com/account/api-keys.",
+                    mask_key(&key)
+                )))
+            }
+            _ => None,
+        };
+        if let Some((code, message)) = first_error {
             let error = json!({"type": "error", "error": {"type": "invalid_request_error",
-                "code": "simulated_error", "message": "simulated first-event error",
-                "param": null, "event_id": null}});
+                "code": code, "message": message, "param": null, "event_id": null}});
             self.send(&mut ws, error).await;
             let _ = ws.close(None).await;
             return;

@@ -111,7 +111,7 @@ pub enum DialError {
     },
     #[error("WebSocket handshake failed: {message}")]
     Handshake { message: String },
-    #[error("upstream's first event was {} instead of session.created", .event_type.as_deref().unwrap_or("not an event"))]
+    #[error("upstream's first event was {}{} instead of session.created", .event_type.as_deref().unwrap_or("not an event"), error_code_suffix(.frame.as_deref()))]
     FirstEvent {
         event_type: Option<String>,
         /// The offending text message, forwarded to the client as is.
@@ -122,6 +122,15 @@ pub enum DialError {
     /// Every upstream of the route has its circuit breaker open.
     #[error("every upstream of this route is failing; try again later")]
     CircuitOpen,
+}
+
+/// ` (code)` of an `error` event, for the log.
+fn error_code_suffix(frame: Option<&str>) -> String {
+    match frame.map(crate::upstream::failover::error_kind) {
+        Some((_, Some(code))) => format!(" ({code})"),
+        Some((Some(kind), None)) => format!(" ({kind})"),
+        _ => String::new(),
+    }
 }
 
 fn body_suffix(body: &str) -> String {

@@ -40,6 +40,9 @@ pub fn classify(e: &DialError) -> Verdict {
             s if *s >= 500 => Verdict::Retry,
             _ => Verdict::Final,
         },
+        DialError::FirstEvent {
+            frame: Some(frame), ..
+        } if refuses_the_account(frame) => Verdict::Trip,
         DialError::FirstEvent { frame, .. } => match frame.as_deref().map(error_kind) {
             Some((Some("server_error"), _)) | Some((_, Some("rate_limit_exceeded"))) => {
                 Verdict::Retry
@@ -60,6 +63,9 @@ pub fn reason(e: &DialError) -> &'static str {
         DialError::Refused { status, .. } if *status >= 500 => "server_error",
         DialError::Refused { .. } => "refused",
         DialError::Timeout { .. } => "timeout",
+        DialError::FirstEvent {
+            frame: Some(frame), ..
+        } if refuses_the_account(frame) => "auth",
         DialError::FirstEvent { .. } => "error_event",
         DialError::Connect { .. }
         | DialError::Tls { .. }
@@ -69,8 +75,20 @@ pub fn reason(e: &DialError) -> &'static str {
     }
 }
 
+/// Whether an upstream's first `error` event refuses the gateway's own
+/// account: its key (`invalid_api_key`, an `authentication_error`; OpenAI
+/// can answer a bad key this way after the 101, quoting the key masked) or
+/// its quota (`insufficient_quota`). As an HTTP 401 does, it trips the
+/// upstream's breaker and fails over.
+pub fn refuses_the_account(frame: &str) -> bool {
+    matches!(
+        error_kind(frame),
+        (Some("authentication_error"), _) | (_, Some("invalid_api_key" | "insufficient_quota"))
+    )
+}
+
 /// `error.type` and `error.code` of an `error` event.
-fn error_kind(frame: &str) -> (Option<&str>, Option<&str>) {
+pub fn error_kind(frame: &str) -> (Option<&str>, Option<&str>) {
     #[derive(serde::Deserialize)]
     struct Event<'a> {
         #[serde(borrow)]
@@ -193,6 +211,25 @@ mod tests {
                 first(r#"{"type":"error","error":{"type":"invalid_request_error","code":"x"}}"#),
                 Verdict::Final,
                 "error_event",
+            ),
+            (
+                first(
+                    r#"{"type":"error","error":{"type":"invalid_request_error","code":"invalid_api_key"}}"#,
+                ),
+                Verdict::Trip,
+                "auth",
+            ),
+            (
+                first(r#"{"type":"error","error":{"type":"authentication_error","code":null}}"#),
+                Verdict::Trip,
+                "auth",
+            ),
+            (
+                first(
+                    r#"{"type":"error","error":{"type":"insufficient_quota","code":"insufficient_quota"}}"#,
+                ),
+                Verdict::Trip,
+                "auth",
             ),
             (
                 DialError::FirstEvent {

@@ -205,6 +205,32 @@ async fn a_recovered_upstream_gets_its_traffic_back_after_a_probe() {
     );
 }
 
+/// A key refused by an `error` event after the upgrade (not a 401) is
+/// the same refusal: the session fails over, the upstream's breaker opens
+/// at once, and no client is told the masked key.
+#[tokio::test]
+async fn a_key_refused_by_an_error_event_fails_over_and_opens_the_breaker() {
+    let a = sim(SimConfig {
+        fault: Some(SimFault::KeyErrorFirst),
+        ..SimConfig::default()
+    })
+    .await;
+    let b = sim(SimConfig::default()).await;
+    let gw = gateway(&two_upstreams(&a, "priority = 0", &b, "priority = 1", "")).await;
+    for _ in 0..20 {
+        one_session(gw.addr).await;
+    }
+    assert_eq!(upgrades(&b), 20, "every session on b");
+    assert_eq!(upgrades(&a), 1, "the first refusal opened a's breaker");
+    let failovers = metric(
+        gw.admin_addr,
+        "patchbay_upstream_failovers_total",
+        "from=\"a\",to=\"b\",reason=\"auth\"",
+    )
+    .await;
+    assert_eq!(failovers, 1.0);
+}
+
 #[tokio::test]
 async fn warm_sockets_of_an_upstream_whose_breaker_opened_are_not_handed_out() {
     let a = sim(SimConfig::default()).await;

@@ -244,6 +244,31 @@ async fn a_refused_upstream_key_is_not_quoted_back_to_the_client() {
     }
 }
 
+/// A key refused by an `error` event after the upgrade (quoting the key
+/// masked) is told to the client as a refused key, not forwarded.
+#[tokio::test]
+async fn a_key_refused_by_an_error_event_is_not_quoted_back_to_the_client() {
+    let (_sim, gw) = sim_and_gateway(
+        SimConfig {
+            fault: Some(SimFault::KeyErrorFirst),
+            ..SimConfig::default()
+        },
+        "",
+    )
+    .await;
+    let mut ws = connect(gw.addr).await;
+    let (texts, code, _) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1011));
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    let e: serde_json::Value = serde_json::from_str(&texts[0]).unwrap();
+    assert_eq!(e["error"]["code"], "upstream_auth_failed", "{e}");
+    let masked = patchbay_gateway::sim::mask_key(UPSTREAM_KEY);
+    let tail = &UPSTREAM_KEY[UPSTREAM_KEY.len() - 4..];
+    for leak in [masked.as_str(), tail, "Incorrect API key"] {
+        assert!(!texts[0].contains(leak), "{leak:?} reached the client: {e}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_holds_at_most_its_budget_of_frames_during_a_slow_dial() {
     // 60 events of 1 MiB while the upstream takes 500 ms to upgrade: under
