@@ -217,7 +217,6 @@ impl Session {
             }
         };
 
-        let deadline = self.started + Duration::from_secs(gw.config.relay.max_session_secs);
         let mut held = Held::default();
         let shutdown = gw.shutdown.clone();
         let route = self.route.clone();
@@ -367,7 +366,11 @@ impl Session {
 
         let limits = Limits {
             idle_timeout: Duration::from_secs(gw.config.relay.idle_timeout_secs),
-            deadline,
+            deadline: session_deadline(
+                self.started,
+                Instant::from_std(warm.connected_at),
+                Duration::from_secs(gw.config.relay.max_session_secs),
+            ),
         };
         let upstream = &route.upstreams[chosen];
         let meta = SessionMeta::new(self.id.clone(), &self.key, &route.config)
@@ -516,6 +519,20 @@ impl Session {
     }
 }
 
+/// When a session reaches `max_session`: counted from whichever started
+/// first, the client's session or the upstream's. A warm socket's upstream
+/// session began when it was dialled (up to `max_idle_secs` earlier), and
+/// OpenAI's clock runs from there: counted from the client's start, at the
+/// default 3600 s the upstream expired the session first, ending the turn
+/// in flight unbilled, instead of the gateway cancelling and charging it.
+fn session_deadline(
+    client_started: Instant,
+    upstream_started: Instant,
+    max_session: Duration,
+) -> Instant {
+    client_started.min(upstream_started) + max_session
+}
+
 /// `d` in milliseconds to the microsecond, as the log line prints it:
 /// `0.035`, not the `0.035426000000000006` of `as_secs_f64() * 1000.0`.
 fn millis(d: Duration) -> f64 {
@@ -576,6 +593,17 @@ pub fn dial_error_to_client(e: &DialError) -> (String, u16) {
 mod tests {
     use super::*;
     use crate::config::{Config, RouteConfig};
+
+    #[test]
+    fn a_warm_sockets_session_is_timed_from_its_upstream_start() {
+        let max = Duration::from_secs(3600);
+        let client = Instant::now();
+        let warm = client - Duration::from_secs(25);
+        assert_eq!(session_deadline(client, warm, max), warm + max);
+        // A fresh dial connects after the client's start: the client's.
+        let fresh = client + Duration::from_millis(40);
+        assert_eq!(session_deadline(client, fresh, max), client + max);
+    }
 
     #[test]
     fn the_log_lines_milliseconds_stop_at_the_microsecond() {
