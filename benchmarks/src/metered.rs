@@ -174,6 +174,7 @@ pub fn row_of(text: &[u8], session_id: &str, n: u64) -> Option<String> {
         total_tokens: u.total,
         input_text_tokens: u.input_text,
         input_audio_tokens: u.input_audio,
+        input_image_tokens: u.input_image,
         input_cached_tokens: u.cached(),
         output_text_tokens: u.output_text,
         output_audio_tokens: u.output_audio,

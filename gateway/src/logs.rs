@@ -48,7 +48,7 @@ pub const LINGER: Duration = Duration::from_millis(100);
 pub const LINGER_BYTES: usize = 256 * 1024;
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 28] = [
+pub const FIELDS: [&str; 29] = [
     "request_id",
     "session_id",
     "key_id",
@@ -70,6 +70,7 @@ pub const FIELDS: [&str; 28] = [
     "total_tokens",
     "input_text_tokens",
     "input_audio_tokens",
+    "input_image_tokens",
     "input_cached_tokens",
     "output_text_tokens",
     "output_audio_tokens",
@@ -130,6 +131,7 @@ pub struct RequestLogRow {
     pub total_tokens: u64,
     pub input_text_tokens: u64,
     pub input_audio_tokens: u64,
+    pub input_image_tokens: u64,
     pub input_cached_tokens: u64,
     pub output_text_tokens: u64,
     pub output_audio_tokens: u64,
@@ -168,6 +170,7 @@ impl RequestLogRow {
         w.field("total_tokens", &self.total_tokens);
         w.field("input_text_tokens", &self.input_text_tokens);
         w.field("input_audio_tokens", &self.input_audio_tokens);
+        w.field("input_image_tokens", &self.input_image_tokens);
         w.field("input_cached_tokens", &self.input_cached_tokens);
         w.field("output_text_tokens", &self.output_text_tokens);
         w.field("output_audio_tokens", &self.output_audio_tokens);
@@ -223,6 +226,7 @@ impl RequestLogRow {
             ("total_tokens", n(self.total_tokens)),
             ("input_text_tokens", n(self.input_text_tokens)),
             ("input_audio_tokens", n(self.input_audio_tokens)),
+            ("input_image_tokens", n(self.input_image_tokens)),
             ("input_cached_tokens", n(self.input_cached_tokens)),
             ("output_text_tokens", n(self.output_text_tokens)),
             ("output_audio_tokens", n(self.output_audio_tokens)),
@@ -509,6 +513,7 @@ mod tests {
             total_tokens: 187,
             input_text_tokens: 25,
             input_audio_tokens: 100,
+            input_image_tokens: 0,
             input_cached_tokens: 0,
             output_text_tokens: 12,
             output_audio_tokens: 50,

@@ -509,6 +509,7 @@ pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> P
         total_tokens: usage.total,
         input_text_tokens: usage.input_text,
         input_audio_tokens: usage.input_audio,
+        input_image_tokens: usage.input_image,
         input_cached_tokens: usage.cached(),
         output_text_tokens: usage.output_text,
         output_audio_tokens: usage.output_audio,

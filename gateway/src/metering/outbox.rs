@@ -529,6 +529,7 @@ mod tests {
             total_tokens: 0,
             input_text_tokens: 0,
             input_audio_tokens: 0,
+            input_image_tokens: 0,
             input_cached_tokens: 0,
             output_text_tokens: 0,
             output_audio_tokens: 0,

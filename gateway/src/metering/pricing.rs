@@ -62,7 +62,8 @@ pub struct OutputDetails {
 
 /// Normalised token counts of one turn. Invariants: `input_text +
 /// input_audio + input_image == input`, `output_text + output_audio ==
-/// output`, `cached_text <= input_text`, `cached_audio <= input_audio`.
+/// output`, `cached_text <= input_text`, `cached_audio <= input_audio`,
+/// `cached_image <= input_image`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub input: u64,
@@ -73,6 +74,7 @@ pub struct Usage {
     pub input_image: u64,
     pub cached_text: u64,
     pub cached_audio: u64,
+    pub cached_image: u64,
     pub output_text: u64,
     pub output_audio: u64,
 }
@@ -96,14 +98,16 @@ impl Usage {
         let input_text = input - input_audio - image;
 
         let cached = d.cached_tokens.unwrap_or(0).min(input);
-        let (cached_text, cached_audio) = match &d.cached_tokens_details {
+        let (cached_text, cached_audio, cached_image) = match &d.cached_tokens_details {
             Some(c) => (
                 c.text_tokens.unwrap_or(0).min(input_text),
                 c.audio_tokens.unwrap_or(0).min(input_audio),
+                c.image_tokens.unwrap_or(0).min(image),
             ),
             None => {
                 let t = cached.min(input_text);
-                (t, (cached - t).min(input_audio))
+                let a = (cached - t).min(input_audio);
+                (t, a, (cached - t - a).min(image))
             }
         };
 
@@ -129,13 +133,14 @@ impl Usage {
             input_image: image,
             cached_text,
             cached_audio,
+            cached_image,
             output_text,
             output_audio: out_audio,
         }
     }
 
     pub fn cached(&self) -> u64 {
-        self.cached_text + self.cached_audio
+        self.cached_text + self.cached_audio + self.cached_image
     }
 }
 
@@ -174,7 +179,8 @@ pub fn cost_usd(p: &PriceRow, u: &Usage) -> f64 {
     let tokens = |n: u64, usd_per_million: f64| n as f64 * usd_per_million / PER;
     let usd = tokens(u.input_text - u.cached_text, p.text_input)
         + tokens(u.cached_text, p.cached_text_input)
-        + tokens(u.input_image, p.text_input)
+        + tokens(u.input_image - u.cached_image, p.text_input)
+        + tokens(u.cached_image, p.cached_text_input)
         + tokens(u.input_audio - u.cached_audio, p.audio_input)
         + tokens(u.cached_audio, p.cached_audio_input)
         + tokens(u.output_text, p.text_output)
@@ -225,6 +231,7 @@ mod tests {
                 input_image: 0,
                 cached_text: 0,
                 cached_audio: 64,
+                cached_image: 0,
                 output_text: 12,
                 output_audio: 50,
             }
@@ -286,6 +293,28 @@ mod tests {
         assert!(close(cost_usd(&p, &u), (30.0 * 6.0 + 5.0 * 10.0) / 1e6));
         let d = usage(serde_json::json!({"type": "duration", "seconds": 2.5}));
         assert_eq!(cost_usd(&p, &d), 0.0);
+    }
+
+    /// Images are priced at the text rates, cached ones at the cached
+    /// text rate, and counted as cached.
+    #[test]
+    fn cached_image_tokens_are_priced_and_counted_as_cached() {
+        let u = usage(serde_json::json!({"input_tokens": 1050,
+            "input_token_details": {"text_tokens": 50, "image_tokens": 1000, "cached_tokens": 1050,
+                "cached_tokens_details": {"text_tokens": 50, "image_tokens": 1000}}}));
+        assert_eq!(
+            (u.input_image, u.cached_image, u.cached()),
+            (1000, 1000, 1050)
+        );
+        assert_eq!(cost_usd(&realtime_price(), &u), 1050.0 * 0.4 / 1e6);
+        // Without the details, cached tokens are taken from text, audio,
+        // then images.
+        let u = usage(serde_json::json!({"input_tokens": 1050,
+            "input_token_details": {"text_tokens": 50, "image_tokens": 1000, "cached_tokens": 550}}));
+        assert_eq!(
+            (u.cached_text, u.cached_audio, u.cached_image),
+            (50, 0, 500)
+        );
     }
 
     #[test]
