@@ -275,6 +275,10 @@ impl Gateway {
                     meters: metrics.model_meters(&r.model),
                     metrics: metrics.clone(),
                 };
+                // Exported at 0 from the start: an autoscaler or the
+                // operator reading a pod that has had no session yet finds
+                // the series (a missing one reads as a failed scrape).
+                route.meters.sessions_active(&metrics);
                 route.rebalance();
                 Ok(Arc::new(route))
             })

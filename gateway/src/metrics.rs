@@ -193,7 +193,7 @@ impl Metrics {
         );
         r.register(
             "upstream_dial_seconds",
-            "Upstream connect + upgrade + session.created",
+            "Successful upstream dials: connect + upgrade + session.created",
             m.upstream_dial_seconds.clone(),
         );
         r.register(

@@ -199,7 +199,7 @@ impl End {
             End::ClientProtocolError(_) => "client_protocol_error",
             End::UpstreamTooBig => "upstream_message_too_big",
             End::IdleTimeout => "idle_timeout",
-            End::MaxDuration => "max_duration",
+            End::MaxDuration => "max_session_duration",
             End::Killed(k) => k.outcome,
         }
     }

@@ -276,9 +276,12 @@ impl Session {
                                 return;
                             }
                         };
-                    route
-                        .meters
-                        .dial_seconds(&gw.metrics, dial_started.elapsed().as_secs_f64());
+                    if result.is_ok() {
+                        // Successful dials only (see the pool's).
+                        route
+                            .meters
+                            .dial_seconds(&gw.metrics, dial_started.elapsed().as_secs_f64());
+                    }
                     if balanced {
                         let change =
                             failover::report(&up.breaker, &result, std::time::Instant::now());

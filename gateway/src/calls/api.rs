@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -78,10 +79,24 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let mut r = Router::new();
     for base in CALLS_PATHS {
         r = r
-            .route(base, post(create))
-            .route(&format!("{base}/{{call_id}}/{{action}}"), post(act));
+            .route(base, post(create).fallback(method_not_allowed))
+            .route(
+                &format!("{base}/{{call_id}}/{{action}}"),
+                post(act).fallback(method_not_allowed),
+            );
     }
     r.with_state(state)
+}
+
+/// Any method but POST on a calls path: an OpenAI-shaped 405, counted.
+async fn method_not_allowed(State(st): State<CallsState>, method: http::Method) -> Response {
+    let r = Refusal::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!("{method} is not allowed here; the calls API takes POST"),
+    );
+    refuse(&st.gw, "", r)
 }
 
 fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
@@ -452,11 +467,18 @@ fn control_key(gw: &Gateway, headers: &HeaderMap) -> Result<KeyEntry, Refusal> {
 /// `POST /v1/realtime/calls/{call_id}/{action}`.
 async fn act(
     State(st): State<CallsState>,
-    Path((call_id, action)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let gw = &st.gw;
+    let Ok(Path((call_id, action))) = path else {
+        return refuse(
+            gw,
+            "",
+            bad_request("invalid_call_id", "the call id is not valid UTF-8"),
+        );
+    };
     let started = Instant::now();
     let key = match control_key(gw, &headers) {
         Ok(k) => k,

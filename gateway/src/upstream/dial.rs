@@ -390,13 +390,29 @@ fn handshake_error(e: HandshakeError) -> DialError {
             DialError::Refused {
                 status,
                 retry_after,
-                body: String::from_utf8_lossy(&body[..end]).trim().to_string(),
+                body: one_line(&String::from_utf8_lossy(&body[..end])),
             }
         }
         other => DialError::Handshake {
             message: other.to_string(),
         },
     }
+}
+
+/// `text` on one line: every run of whitespace and control characters is
+/// one space. A refusal's body (a pretty-printed JSON error, a proxy's HTML
+/// page) goes into a log line, which must stay one line.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for word in text.split(|c: char| c.is_whitespace() || c.is_control()) {
+        if !word.is_empty() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(word);
+        }
+    }
+    out
 }
 
 /// Reads the first event by `deadline`; it must start a session
@@ -779,6 +795,19 @@ mod tests {
         let dial = u.dial_with(&[]);
         let size = std::mem::size_of_val(&dial);
         assert!(size <= 2 * 1024, "the dial's future is {size} bytes");
+    }
+
+    #[test]
+    fn a_refusals_body_is_kept_on_one_line() {
+        let e = handshake_error(HandshakeError::Refused {
+            status: 503,
+            retry_after: None,
+            body: b"{\n  \"error\": {\r\n    \"message\": \"busy\"\t}\n}\n\x1b[31m".to_vec(),
+        });
+        assert_eq!(
+            e.to_string(),
+            "upstream refused the connection: HTTP 503: { \"error\": { \"message\": \"busy\" } } [31m"
+        );
     }
 
     #[test]

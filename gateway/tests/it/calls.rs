@@ -487,6 +487,32 @@ async fn bad_offers_are_refused_with_openai_errors_before_anything_goes_upstream
     let unknown = act(gw.addr, CLIENT_KEY, "rtc_nosuchcall", "hangup", "").await;
     assert_eq!(unknown.status, 404);
     assert_eq!(unknown.json()["error"]["code"], "call_not_found");
+    // A wrong method or an undecodable call id: OpenAI-shaped answers too.
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    for (method, path, status, code) in [
+        ("GET", "/v1/realtime/calls", 405, "method_not_allowed"),
+        (
+            "PUT",
+            "/v1/realtime/calls/rtc_x/accept",
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "POST",
+            "/v1/realtime/calls/%FF/hangup",
+            400,
+            "invalid_call_id",
+        ),
+    ] {
+        let a = request(gw.addr, method, path, &[("Authorization", &bearer)], b"").await;
+        assert_eq!(a.status, status, "{method} {path}: {}", a.body);
+        assert_eq!(
+            a.json()["error"]["code"],
+            code,
+            "{method} {path}: {}",
+            a.body
+        );
+    }
     assert_eq!(
         sim.stats.tcp_accepted.load(Ordering::Relaxed),
         0,

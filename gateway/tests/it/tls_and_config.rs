@@ -76,6 +76,19 @@ async fn wss_upstream_is_trusted_through_ca_file_and_refused_without_it() {
     let _ = std::fs::remove_file(ca_file);
 }
 
+/// A route's active-sessions gauge (what the HPA and the operator read) is
+/// exported at 0 before the pod's first session.
+#[tokio::test]
+async fn a_routes_active_sessions_are_exported_before_its_first_session() {
+    let gw = gateway(&gateway_toml("ws://127.0.0.1:9/v1/realtime", "")).await;
+    let body = http_get(gw.admin_addr, "/metrics").await.1;
+    assert!(
+        body.lines()
+            .any(|l| l == format!("patchbay_realtime_sessions_active{{model=\"{MODEL}\"}} 0")),
+        "{body}"
+    );
+}
+
 /// Where the upstream is stays in the logs: a client whose session cannot
 /// reach it is told so, not the upstream's host and port (it may name an
 /// internal proxy).
