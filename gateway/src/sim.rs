@@ -364,6 +364,21 @@ impl Callback for UpgradeCheck<'_> {
         if let Some(SimFault::Refuse { status }) = &self.config.fault {
             return Err(refusal(*status, "simulated refusal"));
         }
+        // Where the SDKs connect: `…/realtime` (`/v1/realtime`, Azure's
+        // `/openai/realtime` and `/openai/v1/realtime`) naming the model
+        // (Azure: the deployment) or, for a call's sideband, the call.
+        if !req.uri().path().ends_with("/realtime") {
+            return Err(refusal_coded(
+                404,
+                "invalid_url",
+                "Invalid URL: no WebSocket endpoint here.",
+            ));
+        }
+        let names_what = url::form_urlencoded::parse(query_of(req).as_bytes())
+            .any(|(k, v)| matches!(&*k, "model" | "deployment" | "call_id") && !v.is_empty());
+        if !names_what {
+            return Err(refusal(400, "Missing required parameter: 'model'."));
+        }
         if self.stats.refusing.load(Ordering::Relaxed) {
             return Err(refusal(401, "Incorrect API key provided."));
         }
@@ -401,6 +416,10 @@ impl Callback for UpgradeCheck<'_> {
 /// The transcription model a transcription session starts with.
 pub const TRANSCRIPTION_MODEL: &str = "gpt-4o-transcribe";
 
+fn query_of(req: &Request) -> &str {
+    req.uri().query().unwrap_or("")
+}
+
 /// A key as OpenAI quotes it back: a short prefix, stars, the last four.
 pub fn mask_key(key: &str) -> String {
     let chars: Vec<char> = key.chars().collect();
@@ -414,11 +433,16 @@ pub fn mask_key(key: &str) -> String {
 
 fn refusal(status: u16, message: &str) -> ErrorResponse {
     let code = match status {
+        400 => "missing_required_parameter",
         401 => "invalid_api_key",
         404 => "call_not_found",
         429 => "rate_limit_exceeded",
         _ => "server_error",
     };
+    refusal_coded(status, code, message)
+}
+
+fn refusal_coded(status: u16, code: &str, message: &str) -> ErrorResponse {
     let body = json!({"error": {"message": message, "type": "invalid_request_error", "code": code, "param": null}});
     let mut resp = http::Response::new(Some(body.to_string()));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -1101,7 +1125,9 @@ mod tests {
     }
 
     async fn connect(sim: &SimHandle) -> Client {
-        let mut request = sim.url(false).into_client_request().unwrap();
+        let mut request = format!("{}?model=gpt-realtime", sim.url(false))
+            .into_client_request()
+            .unwrap();
         request
             .headers_mut()
             .insert("authorization", "Bearer sk-any".parse().unwrap());
@@ -1329,6 +1355,38 @@ mod tests {
             after_close.last().map(String::as_str),
             Some("response.done")
         );
+        sim.stop();
+    }
+
+    /// Upgrades go to `…/realtime` and name a model, a deployment or a
+    /// call, as the SDKs build them.
+    #[tokio::test]
+    async fn an_upgrade_elsewhere_or_naming_no_model_is_refused() {
+        let sim = slow_sim(None).await;
+        let status = |path: &'static str| {
+            let addr = sim.addr;
+            async move {
+                let mut request = format!("ws://{addr}{path}").into_client_request().unwrap();
+                request
+                    .headers_mut()
+                    .insert("authorization", "Bearer sk-any".parse().unwrap());
+                let tcp = TcpStream::connect(addr).await.unwrap();
+                match tokio_tungstenite::client_async(request, tcp).await {
+                    Ok(_) => 101,
+                    Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        };
+        assert_eq!(status("/v1/realtime?model=gpt-realtime").await, 101);
+        assert_eq!(
+            status("/openai/realtime?api-version=x&deployment=d").await,
+            101
+        );
+        assert_eq!(status("/v1/realtime/?model=gpt-realtime").await, 404);
+        assert_eq!(status("/v1/chat?model=gpt-realtime").await, 404);
+        assert_eq!(status("/v1/realtime").await, 400);
+        assert_eq!(status("/v1/realtime?model=").await, 400);
         sim.stop();
     }
 

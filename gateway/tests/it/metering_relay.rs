@@ -658,7 +658,13 @@ async fn the_maximum_session_duration_charges_the_turn_in_flight() {
         texts.last().is_some_and(|t| t.contains("session_expired")),
         "{texts:?}"
     );
-    assert_charged(&mut rig, "max_session_duration", 408, "max_session_duration").await;
+    assert_charged(
+        &mut rig,
+        "max_session_duration",
+        408,
+        "max_session_duration",
+    )
+    .await;
     rig.sim.stop();
 }
 
