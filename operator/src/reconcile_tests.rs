@@ -44,6 +44,16 @@ fn gw() -> String {
     format!("{ROUTE_NAME}-gateway")
 }
 
+/// The children `route` should have, built with the mocked context's default image and pools
+/// sized for `observed_replicas`.
+fn desired(route: &RealtimeRoute, observed_replicas: Option<i32>) -> crate::build::Desired {
+    crate::build::desired(&crate::build::BuildInput {
+        route,
+        default_image: "patchbay/gateway:test",
+        observed_replicas,
+    })
+}
+
 /// A Deployment as the API server returns it after an apply, with a status.
 fn deployment_response(applied: &Value, replicas: i32, ready: i32) -> Value {
     let mut d = applied.clone();
@@ -173,6 +183,63 @@ async fn expect_apply(server: &mut ApiServer, path: &str) -> Value {
     seen.body
 }
 
+/// Answer the applies of the gateway ConfigMap, then of the pool ConfigMap, by echoing them;
+/// returns their bodies.
+async fn expect_config_maps(server: &mut ApiServer) -> (Value, Value) {
+    let config = expect_apply(server, &core("configmaps", &gw())).await;
+    let pool = expect_apply(server, &core("configmaps", &format!("{ROUTE_NAME}-pool"))).await;
+    (config, pool)
+}
+
+/// What a reconcile applied up to and including the Deployment.
+struct Applied {
+    /// The Deployment of the dry run.
+    dry_run: Value,
+    config: Value,
+    pool: Value,
+    deployment: Value,
+}
+
+/// Answer the writes of an admitted spec up to the Deployment: its dry run, the ConfigMaps, then
+/// its apply, answered as a Deployment of `replicas` pods, `ready` of them ready.
+async fn expect_applied_through_deployment(
+    server: &mut ApiServer,
+    replicas: i32,
+    ready: i32,
+) -> Applied {
+    let dry_run = expect_dry_run(server).await;
+    let (config, pool) = expect_config_maps(server).await;
+    let (seen, reply) = server
+        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
+        .await;
+    reply.ok(&deployment_response(&seen.body, replicas, ready));
+    Applied {
+        dry_run,
+        config,
+        pool,
+        deployment: seen.body,
+    }
+}
+
+/// Answer the applies that follow the Deployment's for a fixed replica count: the Service, then
+/// the PDB, echoing them; returns their bodies.
+async fn expect_service_and_pdb(server: &mut ApiServer) -> [Value; 2] {
+    [
+        expect_apply(server, &core("services", ROUTE_NAME)).await,
+        expect_apply(server, &pdb_path(&gw())).await,
+    ]
+}
+
+/// Answer the applies that follow the Deployment's for an autoscaled route: the Service, the
+/// HPA, then the PDB, echoing them; returns their bodies.
+async fn expect_service_hpa_and_pdb(server: &mut ApiServer) -> [Value; 3] {
+    [
+        expect_apply(server, &core("services", ROUTE_NAME)).await,
+        expect_apply(server, &hpa_path(&gw())).await,
+        expect_apply(server, &pdb_path(&gw())).await,
+    ]
+}
+
 /// The route as the API server returns it after a status patch.
 fn patched(route: &RealtimeRoute, status_patch: &Value) -> Value {
     let mut body = serde_json::to_value(route).unwrap();
@@ -204,9 +271,13 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
 
     observe(&mut server, None, &route.spec).await;
     // Nothing is written before the API server has admitted the Deployment.
-    let dry_run = expect_dry_run(&mut server).await;
+    let Applied {
+        dry_run,
+        config,
+        pool,
+        deployment,
+    } = expect_applied_through_deployment(&mut server, 2, 0).await;
 
-    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
     assert_eq!(config["apiVersion"], "v1");
     assert_eq!(config["kind"], "ConfigMap");
     assert!(config["data"]["gateway.toml"]
@@ -215,29 +286,21 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
         .contains("size_file = \"/etc/patchbay/pool/REALTIME_POOL_SIZE\""));
     assert_owned(&config);
 
-    let pool = expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
     // 500 peak sessions over replicas.min = 2 before any observation.
     assert_eq!(pool["data"], json!({"REALTIME_POOL_SIZE": "250"}));
     assert_owned(&pool);
 
-    let (seen, reply) = server
-        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
-        .await;
-    assert_eq!(seen.body["kind"], "Deployment");
+    assert_eq!(deployment["kind"], "Deployment");
     assert_eq!(
-        seen.body, dry_run,
+        deployment, dry_run,
         "the Deployment applied is the one dry-run"
     );
     assert!(
-        seen.body["spec"].get("replicas").is_none(),
+        deployment["spec"].get("replicas").is_none(),
         "the HPA owns replicas"
     );
     // Secrets are mounted files, never read by the operator nor versioned on the template.
-    let template = &seen.body["spec"]["template"];
+    let template = &deployment["spec"]["template"];
     assert_eq!(
         template["metadata"]["annotations"]
             .as_object()
@@ -251,20 +314,17 @@ async fn a_new_autoscaled_route_applies_every_child_in_dependency_order_then_its
         template["spec"]["volumes"][3]["secret"],
         json!({"secretName": "openai", "items": [{"key": "api-key", "path": "api-key"}], "optional": false})
     );
-    assert_owned(&seen.body);
-    reply.ok(&deployment_response(&seen.body, 2, 0));
+    assert_owned(&deployment);
 
-    let service = expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
+    let [service, hpa, pdb] = expect_service_hpa_and_pdb(&mut server).await;
     assert_eq!(service["spec"]["ports"][0]["name"], "http");
     assert_owned(&service);
 
-    let hpa = expect_apply(&mut server, &hpa_path(&gw())).await;
     assert_eq!(hpa["apiVersion"], "autoscaling/v2");
     assert_eq!(hpa["spec"]["minReplicas"], 2);
     assert_eq!(hpa["spec"]["maxReplicas"], 10);
     assert_owned(&hpa);
 
-    let pdb = expect_apply(&mut server, &pdb_path(&gw())).await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
     assert_owned(&pdb);
 
@@ -307,32 +367,19 @@ async fn a_fixed_route_sets_replicas_and_deletes_the_hpa_it_owned() {
         pool_size_per_pod: Some(250),
         ..Default::default()
     });
-    let existing = {
-        let d = crate::build::desired(&crate::build::BuildInput {
-            route: &route,
-            default_image: "patchbay/gateway:test",
-            observed_replicas: Some(2),
-        });
-        deployment_response(&serde_json::to_value(&d.deployment).unwrap(), 2, 2)
-    };
+    let existing = deployment_response(
+        &serde_json::to_value(&desired(&route, Some(2)).deployment).unwrap(),
+        2,
+        2,
+    );
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
     // The stale HPA: read by metadata with the other names, controlled by the route.
     let owned_hpa = metadata(&gw(), Some(ROUTE_UID));
     observe_with_hpa(&mut server, Some(&existing), &route.spec, Some(owned_hpa)).await;
-    expect_dry_run(&mut server).await;
-    expect_apply(&mut server, &core("configmaps", &gw())).await;
-    let pool = expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
-    assert_eq!(pool["data"]["REALTIME_POOL_SIZE"], "250");
-    let (seen, reply) = server
-        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
-        .await;
-    assert_eq!(seen.body["spec"]["replicas"], 2);
-    reply.ok(&deployment_response(&seen.body, 2, 2));
+    let applied = expect_applied_through_deployment(&mut server, 2, 2).await;
+    assert_eq!(applied.pool["data"]["REALTIME_POOL_SIZE"], "250");
+    assert_eq!(applied.deployment["spec"]["replicas"], 2);
     expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
 
     // Deleted because the route controls it.
@@ -367,19 +414,10 @@ async fn an_hpa_the_route_does_not_own_is_left_alone() {
     let foreign_hpa = metadata(&gw(), None);
     observe_with_hpa(&mut server, None, &route.spec, Some(foreign_hpa)).await;
     expect_dry_run(&mut server).await;
-    expect_apply(&mut server, &core("configmaps", &gw())).await;
-    expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
-    let (seen, reply) = server
-        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
-        .await;
-    reply.ok(&seen.body);
-    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
-    // No DELETE: straight on to the PDB.
-    expect_apply(&mut server, &pdb_path(&gw())).await;
+    expect_config_maps(&mut server).await;
+    expect_apply(&mut server, &apps(&gw())).await;
+    // No DELETE: straight on from the Service to the PDB.
+    expect_service_and_pdb(&mut server).await;
     expect_pods(&mut server, &[]).await;
     server.expect_event().await;
     let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
@@ -395,43 +433,24 @@ async fn a_scaled_deployment_resizes_only_the_pool_config_map() {
         pool_size_per_pod: Some(250),
         ..Default::default()
     });
-    let build = |observed| {
-        crate::build::desired(&crate::build::BuildInput {
-            route: &route,
-            default_image: "patchbay/gateway:test",
-            observed_replicas: observed,
-        })
-    };
-    let at_two = build(Some(2));
+    let at_two = desired(&route, Some(2));
     // The HPA scaled the Deployment to 5.
     let existing = deployment_response(&serde_json::to_value(&at_two.deployment).unwrap(), 5, 5);
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
     observe(&mut server, Some(&existing), &route.spec).await;
-    expect_dry_run(&mut server).await;
-    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
+    let applied = expect_applied_through_deployment(&mut server, 5, 5).await;
     assert_eq!(
-        config,
+        applied.config,
         serde_json::to_value(&at_two.gateway_config).unwrap()
     );
-    let pool = expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
-    assert_eq!(pool["data"]["REALTIME_POOL_SIZE"], "100");
-    let (seen, reply) = server
-        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
-        .await;
+    assert_eq!(applied.pool["data"]["REALTIME_POOL_SIZE"], "100");
     assert_eq!(
-        seen.body,
+        applied.deployment,
         serde_json::to_value(&at_two.deployment).unwrap(),
         "the pod template is untouched by a scale event"
     );
-    reply.ok(&deployment_response(&seen.body, 5, 5));
-    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
-    expect_apply(&mut server, &hpa_path(&gw())).await;
-    expect_apply(&mut server, &pdb_path(&gw())).await;
+    expect_service_hpa_and_pdb(&mut server).await;
     assert_eq!(
         server.expect_event().await,
         ("Normal".into(), "PoolResized".into())
@@ -449,28 +468,13 @@ async fn a_scaled_deployment_resizes_only_the_pool_config_map() {
 async fn pods_stuck_on_a_missing_secret_make_the_route_degraded_pods_not_starting() {
     let (ctx, mut server, _) = fixtures::mock_context();
     let route = fixtures::route(fixtures::minimal_spec());
-    let build = crate::build::desired(&crate::build::BuildInput {
-        route: &route,
-        default_image: "patchbay/gateway:test",
-        observed_replicas: Some(1),
-    });
+    let build = desired(&route, Some(1));
     let existing = deployment_response(&serde_json::to_value(&build.deployment).unwrap(), 1, 0);
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
     observe(&mut server, Some(&existing), &route.spec).await;
-    expect_dry_run(&mut server).await;
-    expect_apply(&mut server, &core("configmaps", &gw())).await;
-    expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
-    let (seen, reply) = server
-        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
-        .await;
-    reply.ok(&deployment_response(&seen.body, 1, 0));
-    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
-    expect_apply(&mut server, &pdb_path(&gw())).await;
+    expect_applied_through_deployment(&mut server, 1, 0).await;
+    expect_service_and_pdb(&mut server).await;
 
     // What the kubelet recorded: the pod waits in ContainerCreating, its Secret volume failing.
     let pod: Value =
@@ -656,15 +660,7 @@ async fn a_fixed_route_becoming_autoscaled_hands_its_replicas_off_before_droppin
     let mut fixed_route = route.clone();
     fixed_route.spec.replicas.max = Some(4);
     fixed_route.spec.replicas.min = 4;
-    let mut existing = serde_json::to_value(
-        &crate::build::desired(&crate::build::BuildInput {
-            route: &fixed_route,
-            default_image: "patchbay/gateway:test",
-            observed_replicas: Some(4),
-        })
-        .deployment,
-    )
-    .unwrap();
+    let mut existing = serde_json::to_value(&desired(&fixed_route, Some(4)).deployment).unwrap();
     existing["metadata"]["managedFields"] = json!([{
         "manager": "patchbay-operator", "operation": "Apply", "apiVersion": "apps/v1",
         "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}
@@ -673,12 +669,7 @@ async fn a_fixed_route_becoming_autoscaled_hands_its_replicas_off_before_droppin
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     observe(&mut server, Some(&existing), &route.spec).await;
     expect_dry_run(&mut server).await;
-    expect_apply(&mut server, &core("configmaps", &gw())).await;
-    expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
+    expect_config_maps(&mut server).await;
 
     // First another manager applies the same count, so the field keeps an owner…
     let (seen, reply) = server
@@ -746,11 +737,7 @@ async fn reconcile_an_edit(
 ) -> (Value, Value, Vec<(String, String)>, crate::build::Desired) {
     let (ctx, mut server, _) = fixtures::mock_context();
     let mut route = fixtures::route(original);
-    let before = crate::build::desired(&crate::build::BuildInput {
-        route: &route,
-        default_image: "patchbay/gateway:test",
-        observed_replicas: Some(2),
-    });
+    let before = desired(&route, Some(2));
     route.status = Some(crate::crd::RealtimeRouteStatus {
         pool_size_per_pod: Some(before.pool_size),
         ..Default::default()
@@ -759,21 +746,10 @@ async fn reconcile_an_edit(
     let existing = deployment_response(&serde_json::to_value(&before.deployment).unwrap(), 2, 2);
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     observe(&mut server, Some(&existing), &route.spec).await;
-    expect_dry_run(&mut server).await;
-    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
-    expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
-    let (seen, reply) = server
-        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
-        .await;
-    let deployment = seen.body.clone();
-    reply.ok(&deployment_response(&seen.body, 2, 2));
-    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
-    expect_apply(&mut server, &hpa_path(&gw())).await;
-    expect_apply(&mut server, &pdb_path(&gw())).await;
+    let Applied {
+        config, deployment, ..
+    } = expect_applied_through_deployment(&mut server, 2, 2).await;
+    expect_service_hpa_and_pdb(&mut server).await;
     let mut events = Vec::new();
     loop {
         let (seen, reply) = server.next().await;
@@ -848,8 +824,9 @@ async fn a_listed_route_applies_its_upstreams_and_signing_keys_as_config_and_mou
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
 
     observe(&mut server, None, &route.spec).await;
-    expect_dry_run(&mut server).await;
-    let config = expect_apply(&mut server, &core("configmaps", &gw())).await;
+    let Applied {
+        config, deployment, ..
+    } = expect_applied_through_deployment(&mut server, 2, 0).await;
     let doc: toml::Table =
         toml::from_str(config["data"]["gateway.toml"].as_str().unwrap()).unwrap();
     let ups = doc["routes"][0]["upstreams"].as_array().unwrap();
@@ -873,16 +850,8 @@ async fn a_listed_route_applies_its_upstreams_and_signing_keys_as_config_and_mou
         doc["client_secrets"]["signing_key_files"][0].as_str(),
         Some("/etc/patchbay/signing-keys/current")
     );
-    expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
 
-    let (seen, reply) = server
-        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
-        .await;
-    let template = &seen.body["spec"]["template"];
+    let template = &deployment["spec"]["template"];
     let volumes = template["spec"]["volumes"].as_array().unwrap();
     let secret = |name: &str| {
         volumes
@@ -908,11 +877,8 @@ async fn a_listed_route_applies_its_upstreams_and_signing_keys_as_config_and_mou
         ], "optional": false})
     );
     assert!(volumes.iter().all(|v| v["name"] != "upstream-key"));
-    reply.ok(&deployment_response(&seen.body, 2, 0));
 
-    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
-    expect_apply(&mut server, &hpa_path(&gw())).await;
-    expect_apply(&mut server, &pdb_path(&gw())).await;
+    expect_service_hpa_and_pdb(&mut server).await;
     expect_pods(&mut server, &[]).await;
     assert_eq!(
         server.expect_event().await,
@@ -974,11 +940,7 @@ async fn a_route_being_deleted_is_left_to_the_garbage_collector() {
 /// holds it.
 fn a_running_route_edited(edit: impl FnOnce(&mut RealtimeRouteSpec)) -> (RealtimeRoute, Value) {
     let mut route = fixtures::route(fixtures::full_spec());
-    let applied = crate::build::desired(&crate::build::BuildInput {
-        route: &route,
-        default_image: "patchbay/gateway:test",
-        observed_replicas: Some(2),
-    });
+    let applied = desired(&route, Some(2));
     route.status = Some(crate::crd::RealtimeRouteStatus {
         observed_generation: Some(1),
         pool_size_per_pod: Some(applied.pool_size),
@@ -1077,12 +1039,7 @@ async fn a_child_the_api_server_refuses_after_the_dry_run_is_invalid_spec_too() 
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     observe(&mut server, None, &route.spec).await;
     expect_dry_run(&mut server).await;
-    expect_apply(&mut server, &core("configmaps", &gw())).await;
-    expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
+    expect_config_maps(&mut server).await;
     let (_, reply) = server
         .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
         .await;
@@ -1129,11 +1086,7 @@ async fn a_secret_key_that_would_be_a_path_out_of_the_mount_is_refused_before_an
 async fn a_failed_look_into_the_pods_keeps_the_last_diagnosis_and_the_reconcile_succeeds() {
     let (ctx, mut server, _) = fixtures::mock_context();
     let mut route = fixtures::route(fixtures::minimal_spec());
-    let build = crate::build::desired(&crate::build::BuildInput {
-        route: &route,
-        default_image: "patchbay/gateway:test",
-        observed_replicas: Some(1),
-    });
+    let build = desired(&route, Some(1));
     let said = "1 of 1 gateway pods are not starting: pod voice-gateway-x: FailedMount: …";
     route.status = Some(crate::crd::RealtimeRouteStatus {
         observed_generation: Some(1),
@@ -1151,19 +1104,8 @@ async fn a_failed_look_into_the_pods_keeps_the_last_diagnosis_and_the_reconcile_
     let existing = deployment_response(&serde_json::to_value(&build.deployment).unwrap(), 1, 0);
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     observe(&mut server, Some(&existing), &route.spec).await;
-    expect_dry_run(&mut server).await;
-    expect_apply(&mut server, &core("configmaps", &gw())).await;
-    expect_apply(
-        &mut server,
-        &core("configmaps", &format!("{ROUTE_NAME}-pool")),
-    )
-    .await;
-    let (seen, reply) = server
-        .expect(Method::PATCH, &format!("{}{APPLY}", apps(&gw())))
-        .await;
-    reply.ok(&deployment_response(&seen.body, 1, 0));
-    expect_apply(&mut server, &core("services", ROUTE_NAME)).await;
-    expect_apply(&mut server, &pdb_path(&gw())).await;
+    expect_applied_through_deployment(&mut server, 1, 0).await;
+    expect_service_and_pdb(&mut server).await;
 
     let (_, reply) = server.expect(Method::GET, &pods_uri()).await;
     reply.json(
