@@ -5,7 +5,8 @@
 //! anything: it pops the freshest socket, discarding those past their
 //! retirement (80–100 % of `max_idle` after `session.created`, spread so a
 //! pool filled at once is not retired and redialled at once; the upstream's
-//! session clock runs while a socket waits) or no longer alive, and returns `None` on a miss, when the session dials fresh.
+//! session clock runs while a socket waits) or no longer alive, and returns
+//! `None` on a miss, when the session dials fresh.
 //! A warm socket has read exactly one event, `session.created`, kept as
 //! received, so a client cannot tell a warm socket from a cold one.
 //!
@@ -22,10 +23,10 @@
 //! [`REPLENISH_TICK`] reaps stale and dead sockets and tops up
 //! (`MissedTickBehavior::Skip`). A failed dial backs the pool off
 //! exponentially ([`BACKOFF_BASE`], doubling, [`BACKOFF_CAP`], at least the
-//! upstream's `Retry-After`); successes decay it, a full pool ends it. Only the first failure of
-//! a pass counts, so a bad key costs one pass of dials per backoff period
-//! instead of hammering the upstream, and no new dial starts while backing
-//! off (see [`Backoff`]).
+//! upstream's `Retry-After`); successes decay it, a full pool ends it. Only
+//! the first failure of a pass counts, so a bad key costs one pass of dials
+//! per backoff period instead of hammering the upstream, and no new dial
+//! starts while backing off (see [`Backoff`]).
 //!
 //! One pool per upstream of a route: an upstream is exactly one (model,
 //! upstream key, upstream URL) triple, which is what must not be mixed
@@ -458,10 +459,10 @@ impl Pool {
 /// the upstream's `Retry-After`, when longer, up to the cap) and opens a
 /// new generation, so the rest of that pass's failures (dials already in
 /// flight) change nothing. A success halves the delay (below the base, or
-/// once the pool is full, it is gone) but does not end a pause: an upstream that refuses some dials
-/// and takes others (a key at its concurrency limit, whose slots free up as
-/// warm sockets are retired) sees one pass of dials per pause, not one
-/// after every success.
+/// once the pool is full, it is gone) but does not end a pause: an
+/// upstream that refuses some dials and takes others (a key at its
+/// concurrency limit, whose slots free up as warm sockets are retired) sees
+/// one pass of dials per pause, not one after every success.
 #[derive(Debug, Default)]
 struct Backoff {
     generation: u64,

@@ -9,8 +9,8 @@
 //! It runs only on the leader, beside the controller. Nothing here is on the reconcile path: a
 //! pod that cannot be scraped keeps its cost, and a failed list or patch is counted and retried
 //! next round. The list is served from the API server's cache (`resourceVersion=0`), not a
-//! quorum read of every gateway pod in the cluster every round. The API server allows the operator only this annotation on these pods (the
-//! chart's ValidatingAdmissionPolicy).
+//! quorum read of every gateway pod in the cluster every round. The API server allows the
+//! operator only this annotation on these pods (the chart's ValidatingAdmissionPolicy).
 //!
 //! Caveat: the cost is as fresh as the last round (a few seconds, plus the hysteresis), and it
 //! orders only *which* pods go; in `drain.mode: linger` the pods that do go still carry their
