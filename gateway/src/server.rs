@@ -178,6 +178,9 @@ async fn first_request(mut tcp: TcpStream, gw: &Arc<Gateway>) -> Next {
                     return Next::Session(Box::pin(session));
                 }
                 Err(refusal) => {
+                    // A refusal is no session: the drain need not wait for
+                    // its answer to a slow client.
+                    drop(admitting);
                     let (status, headers, body) = refusal_parts(&refusal);
                     let bytes = client_conn::response(status, &headers, body.as_bytes());
                     let written = tokio::time::timeout(head_timeout, tcp.write_all(&bytes)).await;

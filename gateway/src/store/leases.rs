@@ -53,11 +53,12 @@
 //! the error and admission falls back to the process's own count (fail
 //! open; the lease id is held and removed like any other, in case the
 //! script ran although its reply was lost). An acquire abandoned before it
-//! returns (the client went away during admission) queues the lease's
-//! removal the same way. Renewal and removal failures are logged and counted in
-//! `patchbay_store_errors_total`, and a failed removal is retried. The
-//! script is sent with `EVAL`: it is a few hundred bytes, Redis caches it by
-//! its hash either way, and `EVAL` needs no `NOSCRIPT` retry.
+//! returns (its task dropped: a calls request whose client went away)
+//! queues the lease's removal the same way. Renewal and removal failures
+//! are logged and counted in `patchbay_store_errors_total`, and a failed
+//! removal is retried. The script is sent with `EVAL`: it is a few hundred
+//! bytes, Redis caches it by its hash either way, and `EVAL` needs no
+//! `NOSCRIPT` retry.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
