@@ -305,6 +305,48 @@ async fn bounded<T>(call: impl std::future::Future<Output = kube::Result<T>>) ->
         })
 }
 
+/// How a term as leader ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Term {
+    /// Shut down: the controller finished its in-flight work while the Lease was still renewed;
+    /// the caller releases the Lease.
+    Stopped,
+    /// The Lease was lost: the controller was stopped at once (another replica may lead already).
+    Lost,
+    /// The controller ended by itself: the caller releases the Lease so another replica leads.
+    ControllerEnded,
+}
+
+/// Runs a term: `controller` reconciles while `hold` (the elector's [`LeaderElector::hold`])
+/// keeps the Lease. On `shutdown` the Lease is still renewed until the controller has finished
+/// its in-flight reconciles: dropping the renewal at once let a standby take over while this
+/// replica was still applying. Losing the Lease aborts the controller at once, in either phase.
+pub async fn term<H: std::future::Future<Output = ()>>(
+    hold: H,
+    mut controller: tokio::task::JoinHandle<()>,
+    shutdown: &CancellationToken,
+) -> Term {
+    tokio::pin!(hold);
+    let ended = tokio::select! {
+        () = shutdown.cancelled() => None,
+        () = &mut hold => Some(Term::Lost),
+        _ = &mut controller => return Term::ControllerEnded,
+    };
+    if let Some(lost) = ended {
+        controller.abort();
+        let _ = controller.await;
+        return lost;
+    }
+    tokio::select! {
+        _ = &mut controller => Term::Stopped,
+        () = &mut hold => {
+            controller.abort();
+            let _ = controller.await;
+            Term::Lost
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +379,63 @@ mod tests {
 
     fn secs(n: u64) -> Duration {
         Duration::from_secs(n)
+    }
+
+    /// A controller that takes `finish` to stop after `stop` is cancelled.
+    fn controller(stop: &CancellationToken, finish: Duration) -> tokio::task::JoinHandle<()> {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            tokio::time::sleep(finish).await;
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_shutdown_the_lease_is_renewed_until_the_controller_has_stopped() {
+        let shutdown = CancellationToken::new();
+        let renewals = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = renewals.clone();
+        let hold = async move {
+            loop {
+                tokio::time::sleep(RETRY_PERIOD).await;
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        };
+        let c = controller(&shutdown, RETRY_PERIOD * 5 + Duration::from_millis(1));
+        let cancel = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(RETRY_PERIOD * 3 + Duration::from_millis(1)).await;
+            cancel.cancel();
+        });
+        assert_eq!(term(hold, c, &shutdown).await, Term::Stopped);
+        // Three renewals before the shutdown, five more while the controller finished.
+        assert_eq!(renewals.load(std::sync::atomic::Ordering::Relaxed), 8);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_lost_while_finishing_stops_the_controller_at_once() {
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        let c = controller(&shutdown, Duration::from_secs(3600));
+        let started = Instant::now();
+        let lost = tokio::time::sleep(RETRY_PERIOD);
+        assert_eq!(term(lost, c, &shutdown).await, Term::Lost);
+        assert_eq!(started.elapsed(), RETRY_PERIOD);
+        // And while leading.
+        let running = CancellationToken::new();
+        let c = controller(&running, Duration::ZERO);
+        let lost = tokio::time::sleep(RETRY_PERIOD);
+        assert_eq!(term(lost, c, &CancellationToken::new()).await, Term::Lost);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_controller_that_ends_by_itself_ends_the_term() {
+        let c = tokio::spawn(async {});
+        let hold = std::future::pending::<()>();
+        assert_eq!(
+            term(hold, c, &CancellationToken::new()).await,
+            Term::ControllerEnded
+        );
     }
 
     #[test]

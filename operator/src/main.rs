@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use kube::Client;
-use patchbay_operator::leader::LeaderElector;
+use patchbay_operator::leader::{self, LeaderElector};
 use patchbay_operator::metrics::Metrics;
 use patchbay_operator::{controller, deletion_cost};
 use patchbay_operator::{crd, http, Context};
@@ -160,6 +160,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
     ));
 
     let mut lost_leadership = false;
+    let mut controller_ended = false;
     if args.leader_election {
         let mut elector =
             LeaderElector::new(client, &args.lease_namespace, &args.lease_name, &identity);
@@ -168,21 +169,20 @@ async fn run(args: RunArgs) -> Result<(), String> {
             tracing::info!(%identity, "leading");
             metrics.leader.set(1);
             let controller = tokio::spawn(lead(ctx, watch_namespace, shutdown.clone()));
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                () = elector.hold() => {
-                    // Stop reconciling at once rather than finishing in-flight reconciles: the
-                    // Lease may be another replica's LEASE_DURATION - RENEW_DEADLINE from now.
-                    lost_leadership = true;
-                    controller.abort();
-                    shutdown.cancel();
+            // Losing the Lease stops reconciling at once rather than finishing in-flight
+            // reconciles: it may be another replica's LEASE_DURATION - RENEW_DEADLINE from now.
+            let ended = leader::term(elector.hold(), controller, &shutdown).await;
+            metrics.leader.set(0);
+            match ended {
+                leader::Term::Lost => lost_leadership = true,
+                leader::Term::Stopped => elector.release().await,
+                leader::Term::ControllerEnded => {
+                    tracing::error!("the controller stopped by itself; giving the lease up");
+                    controller_ended = true;
+                    elector.release().await;
                 }
             }
-            let _ = controller.await;
-            metrics.leader.set(0);
-            if !lost_leadership {
-                elector.release().await;
-            }
+            shutdown.cancel();
         }
     } else {
         metrics.leader.set(1);
@@ -193,6 +193,9 @@ async fn run(args: RunArgs) -> Result<(), String> {
     let _ = server.await;
     if lost_leadership {
         return Err("lost leadership; exiting to campaign again".into());
+    }
+    if controller_ended {
+        return Err("the controller stopped; exiting to campaign again".into());
     }
     tracing::info!("stopped");
     Ok(())
