@@ -331,11 +331,7 @@ async fn a_secret_is_bound_to_its_model_with_403() {
 async fn disabling_the_parent_key_ends_live_secret_sessions_and_refuses_the_next_connect() {
     let sim = sim(SimConfig::default()).await;
     let keys = TempFile::new("keys.toml", &key_entry("parent", "pb-parent", ""));
-    let gw = gateway(&gateway_toml(
-        &sim.url(false),
-        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
-    ))
-    .await;
+    let gw = keys_file_gateway(&sim, &keys).await;
     let (status, _, body) = mint_with(gw.addr, "pb-parent", json!({})).await;
     assert_eq!(status, 200, "{body}");
     let secret = body["value"].as_str().unwrap().to_string();
@@ -386,11 +382,7 @@ async fn the_mint_endpoint_answers_bad_requests_like_openai() {
         &(key_entry("limited", "pb-limited", "rpm = 1")
             + &key_entry("broke", "pb-broke", "budget_usd = 0.0")),
     );
-    let gw = gateway(&gateway_toml(
-        &sim.url(false),
-        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
-    ))
-    .await;
+    let gw = keys_file_gateway(&sim, &keys).await;
     let secret = mint(gw.addr, "x").await;
     // A secret cannot mint secrets; no key or a wrong key is 401 too.
     let (status, _, body) = mint_with(gw.addr, &secret, json!({})).await;
@@ -743,11 +735,7 @@ async fn azure_clients_mint_under_the_openai_prefix() {
 async fn a_new_secret_under_the_parents_id_revokes_what_the_old_one_minted() {
     let sim = sim(SimConfig::default()).await;
     let keys = TempFile::new("keys.toml", &key_entry("app", "pb-app-old", ""));
-    let gw = gateway(&gateway_toml(
-        &sim.url(false),
-        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
-    ))
-    .await;
+    let gw = keys_file_gateway(&sim, &keys).await;
     let (status, _, body) = mint_with(gw.addr, "pb-app-old", json!({})).await;
     assert_eq!(status, 200, "{body}");
     let old_secret = body["value"].as_str().unwrap().to_string();

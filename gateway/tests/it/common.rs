@@ -127,6 +127,16 @@ pub async fn gateway(toml: &str) -> Running {
     gateway::start(config(toml)).await.expect("gateway starts")
 }
 
+/// A gateway on `sim` whose client keys come from the keys file `keys`
+/// (re-read while it runs).
+pub async fn keys_file_gateway(sim: &SimHandle, keys: &TempFile) -> Running {
+    gateway(&gateway_toml(
+        &sim.url(false),
+        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
+    ))
+    .await
+}
+
 /// A simulator and a gateway in front of it.
 pub async fn sim_and_gateway(sim_config: SimConfig, extra: &str) -> (SimHandle, Running) {
     let s = sim(sim_config).await;

@@ -16,11 +16,7 @@ async fn keys_file_entries_authenticate_and_reload_live() {
         "keys.toml",
         &(key_entry("a", "pb-a", "") + &key_entry("b", "pb-b", "disabled = true")),
     );
-    let gw = gateway(&gateway_toml(
-        &sim.url(false),
-        &format!("[keys]\nfile = \"{}\"\n", file.0.display()),
-    ))
-    .await;
+    let gw = keys_file_gateway(&sim, &file).await;
     assert_eq!(status_for(gw.addr, "pb-a").await, 101);
     assert_eq!(
         status_for(gw.addr, "pb-b").await,
@@ -58,11 +54,7 @@ async fn keys_file_entries_authenticate_and_reload_live() {
 async fn per_key_session_cap_is_enforced_with_429() {
     let sim = sim(SimConfig::default()).await;
     let file = TempFile::new("keys.toml", &key_entry("a", "pb-a", "max_sessions = 1"));
-    let gw = gateway(&gateway_toml(
-        &sim.url(false),
-        &format!("[keys]\nfile = \"{}\"\n", file.0.display()),
-    ))
-    .await;
+    let gw = keys_file_gateway(&sim, &file).await;
     let bearer = "Bearer pb-a".to_string();
     let q = format!("?model={MODEL}");
     let (mut first, _) = connect_with(gw.addr, &q, &[("authorization", &bearer)])

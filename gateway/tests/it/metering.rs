@@ -156,11 +156,7 @@ async fn rpm_applies_per_key_across_two_gateways_sharing_redis() {
 async fn removing_a_key_from_the_keys_file_ends_its_live_session_with_1008() {
     let sim = sim(SimConfig::default()).await;
     let keys = TempFile::new("keys.toml", &key_entry("leaving", "pb-leaving", ""));
-    let gw = gateway(&gateway_toml(
-        &sim.url(false),
-        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
-    ))
-    .await;
+    let gw = keys_file_gateway(&sim, &keys).await;
     let mut ws = open_with(gw.addr, "pb-leaving").await.unwrap();
     std::fs::write(&keys.0, key_entry("other", "pb-other", "")).unwrap();
     let (texts, code, _) = until_close(&mut ws).await;
@@ -173,11 +169,7 @@ async fn removing_a_key_from_the_keys_file_ends_its_live_session_with_1008() {
 async fn giving_a_key_id_a_new_secret_ends_the_sessions_opened_with_the_old_one() {
     let sim = sim(SimConfig::default()).await;
     let keys = TempFile::new("keys.toml", &key_entry("app", "pb-app-old", ""));
-    let gw = gateway(&gateway_toml(
-        &sim.url(false),
-        &format!("[keys]\nfile = \"{}\"\n", keys.0.display()),
-    ))
-    .await;
+    let gw = keys_file_gateway(&sim, &keys).await;
     let mut ws = open_with(gw.addr, "pb-app-old").await.unwrap();
     // Rotated: the same id (its budgets and counters carry over), a new
     // secret; written whole, as a deployment swaps the file.
