@@ -173,9 +173,10 @@ async fn first_request(mut tcp: TcpStream, gw: &Arc<Gateway>) -> Next {
                         already_read: read.slice(head_len..),
                         response: response.into(),
                     };
-                    let session = gw.tasks.track_future(accepted.session.run(start));
-                    drop(admitting);
-                    return Next::Session(Box::pin(session));
+                    return Next::Session(Box::pin(tracked(
+                        admitting,
+                        accepted.session.run(start),
+                    )));
                 }
                 Err(refusal) => {
                     // A refusal is no session: the drain need not wait for
@@ -323,6 +324,15 @@ impl Accepted {
     }
 }
 
+/// Runs an admitted session, holding the drain's tracker token taken
+/// before its admission until it ends: one token from admission to end.
+async fn tracked(
+    _admitted: tokio_util::task::task_tracker::TaskTrackerToken,
+    session: impl Future<Output = ()>,
+) {
+    session.await;
+}
+
 /// A WebSocket upgrade of one of [`REALTIME_PATHS`] served by hyper (a
 /// request after the first on a kept-alive connection).
 async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body> {
@@ -336,9 +346,10 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
     };
     let subprotocol = accepted.subprotocol();
     let on_upgrade = hyper::upgrade::on(&mut req);
-    gw.tasks
-        .spawn(accepted.session.run(ClientStart::Hyper(on_upgrade)));
-    drop(admitting);
+    tokio::spawn(tracked(
+        admitting,
+        accepted.session.run(ClientStart::Hyper(on_upgrade)),
+    ));
 
     let mut r = Response::new(Full::new(Bytes::new()));
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
