@@ -411,9 +411,14 @@ impl ModelMeters {
             .clone()
     }
 
-    pub fn dial_seconds(&self, m: &Metrics, seconds: f64) {
-        self.of_model(&self.dial_seconds, &m.upstream_dial_seconds)
-            .observe(seconds);
+    /// Times a dial that took `took`, if it succeeded: failures are
+    /// counted by result elsewhere, not timed (a refusal in a millisecond
+    /// would read as a fast dial).
+    pub fn dialled<T, E>(&self, m: &Metrics, result: &Result<T, E>, took: std::time::Duration) {
+        if result.is_ok() {
+            self.of_model(&self.dial_seconds, &m.upstream_dial_seconds)
+                .observe(took.as_secs_f64());
+        }
     }
 
     pub fn setup_seconds(&self, m: &Metrics, seconds: f64) {
@@ -569,7 +574,8 @@ mod tests {
         meters.sessions_active(&m).inc();
         meters.sessions_active(&m).inc();
         meters.sessions_active(&m).dec();
-        meters.dial_seconds(&m, 0.5);
+        meters.dialled(&m, &Ok::<(), ()>(()), std::time::Duration::from_millis(500));
+        meters.dialled(&m, &Err::<(), ()>(()), std::time::Duration::from_millis(1));
         meters.setup_seconds(&m, 0.001);
         meters.setup_seconds(&m, 0.002);
         meters.session_ended(&m, "client_closed");

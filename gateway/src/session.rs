@@ -276,12 +276,9 @@ impl Session {
                                 return;
                             }
                         };
-                    if result.is_ok() {
-                        // Successful dials only (see the pool's).
-                        route
-                            .meters
-                            .dial_seconds(&gw.metrics, dial_started.elapsed().as_secs_f64());
-                    }
+                    route
+                        .meters
+                        .dialled(&gw.metrics, &result, dial_started.elapsed());
                     if balanced {
                         let change =
                             failover::report(&up.breaker, &result, std::time::Instant::now());

@@ -357,12 +357,8 @@ impl Pool {
     async fn dial(&self) -> Result<Warm, DialError> {
         let started = Instant::now();
         let result = self.upstream.dial().await;
-        if result.is_ok() {
-            // Failures are counted by result below, not timed: a refusal
-            // in a millisecond would read as a fast dial.
-            self.meters
-                .dial_seconds(&self.metrics, started.elapsed().as_secs_f64());
-        }
+        self.meters
+            .dialled(&self.metrics, &result, started.elapsed());
         if let Some(b) = &self.breaker {
             // The route's health watcher re-splits the pools on its tick.
             let _ = crate::upstream::failover::report(b, &result, Instant::now());
