@@ -353,11 +353,20 @@ impl Callback for UpgradeCheck<'_> {
         }
         *self.beta = header("openai-beta") == Some("realtime=v1");
         let query = req.uri().query().unwrap_or("").to_string();
-        *self.transcription = url::form_urlencoded::parse(query.as_bytes())
+        let params: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
+        *self.transcription = params
+            .iter()
             .any(|(k, v)| k == "intent" && v == "transcription");
-        let call_id = url::form_urlencoded::parse(query.as_bytes())
+        let call_id = params
+            .iter()
             .find(|(k, _)| k == "call_id")
-            .map(|(_, v)| v.into_owned());
+            .map(|(_, v)| v.clone());
+        // What the session is for: a model (Azure: a deployment) or a call.
+        let names_what = params.iter().any(|(k, v)| {
+            matches!(k.as_str(), "model" | "deployment" | "call_id") && !v.is_empty()
+        });
         if let Ok(mut seen) = self.stats.queries.lock() {
             seen.push(query);
         }
@@ -374,8 +383,6 @@ impl Callback for UpgradeCheck<'_> {
                 "Invalid URL: no WebSocket endpoint here.",
             ));
         }
-        let names_what = url::form_urlencoded::parse(query_of(req).as_bytes())
-            .any(|(k, v)| matches!(&*k, "model" | "deployment" | "call_id") && !v.is_empty());
         if !names_what {
             return Err(refusal(400, "Missing required parameter: 'model'."));
         }
@@ -415,10 +422,6 @@ impl Callback for UpgradeCheck<'_> {
 
 /// The transcription model a transcription session starts with.
 pub const TRANSCRIPTION_MODEL: &str = "gpt-4o-transcribe";
-
-fn query_of(req: &Request) -> &str {
-    req.uri().query().unwrap_or("")
-}
 
 /// A key as OpenAI quotes it back: a short prefix, stars, the last four.
 pub fn mask_key(key: &str) -> String {
