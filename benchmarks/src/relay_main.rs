@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
 
 /// Parses `LISTEN UPSTREAM` from the command line, binds LISTEN on a
 /// multi-thread runtime and runs `serve(listener, upstream)`. `usage` is
@@ -36,7 +37,21 @@ where
     runtime.block_on(async {
         match TcpListener::bind(listen).await {
             Ok(listener) => {
-                serve(listener, upstream).await;
+                // SIGTERM ends the relay by returning from `main` (exit 0,
+                // atexit handlers run), so an instrumented build writes its
+                // profile (benchmarks/README.md, the profile-guided build).
+                match signal(SignalKind::terminate()) {
+                    Ok(mut term) => {
+                        tokio::select! {
+                            () = serve(listener, upstream) => {}
+                            _ = term.recv() => {}
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("{name}: SIGTERM not handled ({e}): it ends the process at once");
+                        serve(listener, upstream).await;
+                    }
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
