@@ -23,19 +23,21 @@ stop_pids() {
   pids=()
 }
 
-# bench_setup: how run.sh, split.sh and callgrind.sh start (after OUT_DIR is set):
-# the keys, `ulimit -n` raised to the hard limit, the release build (unless
-# SKIP_BUILD=1), BIN, OUT_DIR created, a temp dir `tmp`, an empty `pids`
-# array, and traps that stop every process in it and remove `tmp` on exit.
+# bench_setup: how run.sh, split.sh, callgrind.sh and pgo.sh start (after
+# OUT_DIR is set): the keys, `ulimit -n` raised to the hard limit, the
+# release build (unless SKIP_BUILD=1), BIN (the binaries' directory:
+# BENCH_BIN, default target/release), OUT_DIR created, a temp dir `tmp`, an
+# empty `pids` array, and traps that stop every process in it and remove
+# `tmp` on exit.
 bench_setup() {
   # Not secrets: the simulator accepts this key, the gateways and ws-relay this one.
   UPSTREAM_KEY=sk-sim-bench
   CLIENT_KEY=pb-bench-key
   ulimit -n "$(ulimit -Hn)"
   if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release -q -p patchbay-gateway -p patchbay-bench
+    cargo build --release --locked -q -p patchbay-gateway -p patchbay-bench
   fi
-  BIN=$PWD/target/release
+  BIN=${BENCH_BIN:-$PWD/target/release}
   mkdir -p "$OUT_DIR"
   tmp=$(mktemp -d)
   pids=()

@@ -35,6 +35,10 @@
 #    on one worker thread (TOKIO_WORKER_THREADS=1, [server] worker_threads =
 #    1), so the runtime's shape is compared at equal shape on both sides
 #    (the CPU table against tcp-relay and against tcp-relay-1w).
+# 5d. A/B run (stage "cpu-ab", only when named): the same workload with
+#    six targets: direct, tcp-relay, and two gateway binaries (GATEWAY_BIN
+#    and AB_BIN, e.g. the plain and the profile-guided build of
+#    benchmarks/pgo.sh), each with its pool off and on.
 # 6. Many-sessions run (stage "many", not in the default STAGES): MANY_N
 #    sessions at once through one gateway (pool MANY_POOL_SIZE), held open
 #    by MANY_MODEL_MS of model time before each one's first audio, one turn
@@ -49,11 +53,13 @@
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
-# all; "cpu-runtime" and "many" only when named)
+# all; "cpu-runtime", "cpu-ab" and "many" only when named) AB_BIN (cpu-ab's
+# second gateway binary)
 # N C SMALL_N SMALL_C SMALL_DELTAS SMALL_DELTA_BYTES POOL_SIZE CPU_N_PER_TARGET
 # CPU_C CPU_POOL_SIZE CPU_DELTAS CPU_DELTA_BYTES CPU_DELTA_INTERVAL_MS
 # CPU_INFERENCE_MS MANY_N MANY_MODEL_MS MANY_POOL_SIZE BASE_PORT OUT_DIR
-# BENCH_THREADS SKIP_BUILD=1.
+# BENCH_THREADS SKIP_BUILD=1 GATEWAY_BIN (the gateways' binary, default the
+# release build's; the simulator runs from BIN, BENCH_BIN or target/release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/lib.sh
@@ -96,10 +102,17 @@ METERED_RELAY_PORT=$((BASE_PORT + 85))
 RELAY_1W_PORT=$((BASE_PORT + 86))
 GW_OFF_1W_PORT=$((BASE_PORT + 87))
 ADMIN_OFF_1W_PORT=$((BASE_PORT + 93))
+GW_OFF_B_PORT=$((BASE_PORT + 88))
+GW_ON_B_PORT=$((BASE_PORT + 89))
+ADMIN_OFF_B_PORT=$((BASE_PORT + 94))
+ADMIN_ON_B_PORT=$((BASE_PORT + 95))
 ADMIN_OFF_PORT=$((BASE_PORT + 91))
 ADMIN_ON_PORT=$((BASE_PORT + 92))
 
 bench_setup
+# The gateways' binary (the simulator always runs from BIN): e.g. the
+# profile-guided build of benchmarks/pgo.sh.
+GATEWAY_BIN=${GATEWAY_BIN:-$BIN/patchbay-gateway}
 # Sockets: C client legs, as many gateway legs, the pool, the simulator's.
 if [ "$(ulimit -n)" -lt $((4 * C + 2 * POOL_SIZE + 1024)) ]; then
   echo "warning: ulimit -n is $(ulimit -n); C=$C may run out of descriptors" >&2
@@ -148,7 +161,7 @@ upstream_url = "$upstream"
 api_key_env = "BENCH_UPSTREAM_KEY"
 EOF
   start "$name" env PATCHBAY_MASTER_KEY="$CLIENT_KEY" BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" \
-    REALTIME_POOL_SIZE="$pool" "$@" "$BIN/patchbay-gateway" serve --config "$tmp/$name.toml"
+    REALTIME_POOL_SIZE="$pool" "$@" "$GATEWAY_BIN" serve --config "$tmp/$name.toml"
 }
 
 # cpu_ticks PID: user+system clock ticks used so far.
@@ -314,6 +327,41 @@ if stage cpu-runtime; then
     --cpu-pid "pool-off=$PID_gw_off" --cpu-pid "pool-off-1w=$PID_gw_off_1w" \
     --threads "$BENCH_THREADS" --out "$OUT_DIR/cpu-runtime.json" \
     -n $((4 * CPU_N_PER_TARGET)) -c "$CPU_C" | tee "$OUT_DIR/cpu-runtime.txt"
+  stop_pids
+  echo
+fi
+
+if stage cpu-ab; then
+  # Two gateway binaries side by side (GATEWAY_BIN and AB_BIN, e.g. the plain
+  # and the profile-guided build), pool off and on, with tcp-relay and
+  # direct: the CPU workload, six targets.
+  if [ -z "${AB_BIN:-}" ] || [ ! -x "$AB_BIN" ]; then
+    echo "stage cpu-ab needs AB_BIN, a second gateway binary (e.g. target/pgo/release/patchbay-gateway)" >&2
+    exit 1
+  fi
+  POOL_SIZE=$CPU_POOL_SIZE C=$CPU_C
+  start_stack "cpu ab" --upgrade-delay-ms 250 --session-delay-ms 7 \
+    --inference-delay-ms "$CPU_INFERENCE_MS" --audio-deltas "$CPU_DELTAS" \
+    --audio-delta-bytes "$CPU_DELTA_BYTES" --delta-interval-ms "$CPU_DELTA_INTERVAL_MS"
+  up="ws://127.0.0.1:$SIM_PORT/v1/realtime"
+  GATEWAY_BIN=$AB_BIN gateway gw-off-b "$GW_OFF_B_PORT" "$ADMIN_OFF_B_PORT" 0 "$up"
+  GATEWAY_BIN=$AB_BIN gateway gw-on-b "$GW_ON_B_PORT" "$ADMIN_ON_B_PORT" "$POOL_SIZE" "$up"
+  wait_http "http://127.0.0.1:$ADMIN_OFF_B_PORT/readyz"
+  wait_http "http://127.0.0.1:$ADMIN_ON_B_PORT/readyz"
+  echo "== cpu ab: A = $GATEWAY_BIN, B = $AB_BIN"
+  PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
+    --target "direct=ws://127.0.0.1:$SIM_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "pool-off=ws://127.0.0.1:$GW_OFF_PORT/v1/realtime" \
+    --target "pool-off-b=ws://127.0.0.1:$GW_OFF_B_PORT/v1/realtime" \
+    --target "pool-on=ws://127.0.0.1:$GW_ON_PORT/v1/realtime" \
+    --target "pool-on-b=ws://127.0.0.1:$GW_ON_B_PORT/v1/realtime" \
+    --against tcp-relay --against pool-off --against pool-on \
+    --cpu-pid "tcp-relay=$PID_relay" \
+    --cpu-pid "pool-off=$PID_gw_off" --cpu-pid "pool-off-b=$PID_gw_off_b" \
+    --cpu-pid "pool-on=$PID_gw_on" --cpu-pid "pool-on-b=$PID_gw_on_b" \
+    --threads "$BENCH_THREADS" --out "$OUT_DIR/cpu-ab.json" \
+    -n $((6 * CPU_N_PER_TARGET)) -c "$CPU_C" | tee "$OUT_DIR/cpu-ab.txt"
   stop_pids
   echo
 fi

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# A profile-guided build of the gateway: instrumented build, a training
+# run on 127.0.0.1, profile merge, optimized build.
+#
+# 1. The plain release build (the simulator and the bench run from it, so
+#    only the gateway's own code is profiled).
+# 2. The gateway built with `-Cprofile-generate` (target dir
+#    target/pgo-gen).
+# 3. Training: a simulator and two instrumented gateways (pool off, pool
+#    on) in front of it; patchbay-bench runs PGO_N sessions per gateway at
+#    c=PGO_C with the simulator's default response (one audio delta), then
+#    PGO_SMALL_N at c=PGO_SMALL_C with 50 small deltas (~600-byte frames)
+#    per response. The workloads are deliberately not the CPU stage's
+#    (20 deltas of 16 kB after 200 ms of model time), so what that stage
+#    measures is not what the profile was trained on. The gateways are
+#    stopped with SIGTERM (a drain), which writes their profiles.
+# 4. `llvm-profdata merge` → OUT_DIR/gateway.profdata.
+# 5. The gateway built with `-Cprofile-use` (target dir target/pgo):
+#    target/pgo/release/patchbay-gateway.
+#
+# llvm-profdata must read the profiles of rustc's own LLVM: LLVM_PROFDATA if
+# set, else rustup's llvm-tools (`rustup component add llvm-tools`), else
+# llvm-profdata-<rustc's LLVM major> (Debian: apt-get install llvm-22), else
+# llvm-profdata on PATH.
+#
+# Knobs (env): PGO_N (2000) PGO_C (100) PGO_SMALL_N (500) PGO_SMALL_C (20)
+# BASE_PORT OUT_DIR (target/pgo-data) SKIP_BUILD=1 (no plain build: the
+# simulator and the bench from BENCH_BIN, default target/release; CI runs
+# them from target/debug with a short training, to check that the build
+# works, not to ship it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=benchmarks/lib.sh
+. benchmarks/lib.sh
+
+PGO_N=${PGO_N:-2000}
+PGO_C=${PGO_C:-100}
+PGO_SMALL_N=${PGO_SMALL_N:-500}
+PGO_SMALL_C=${PGO_SMALL_C:-20}
+BASE_PORT=${BASE_PORT:-18000}
+OUT_DIR=${OUT_DIR:-target/pgo-data}
+OUT_DIR=$(mkdir -p "$OUT_DIR" && cd "$OUT_DIR" && pwd)
+
+llvm_major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+profdata=${LLVM_PROFDATA:-}
+if [ -z "$profdata" ]; then
+  for candidate in "$(rustc --print sysroot)"/lib/rustlib/*/bin/llvm-profdata \
+    "llvm-profdata-$llvm_major" llvm-profdata; do
+    if command -v "$candidate" >/dev/null 2>&1; then
+      profdata=$candidate
+      break
+    fi
+  done
+fi
+if [ -z "$profdata" ]; then
+  echo "no llvm-profdata for LLVM $llvm_major: set LLVM_PROFDATA, or install" \
+    "rustup's llvm-tools or llvm-$llvm_major" >&2
+  exit 1
+fi
+
+bench_setup
+raw=$OUT_DIR/raw
+rm -rf "$raw"
+mkdir -p "$raw"
+# Cargo's RUSTFLAGS replace any from config; the workspace sets none.
+echo "== instrumented build (target/pgo-gen)"
+RUSTFLAGS="-Cprofile-generate=$raw" \
+  cargo build --release --locked -q -p patchbay-gateway --target-dir target/pgo-gen
+GEN=$PWD/target/pgo-gen/release/patchbay-gateway
+# The build's own instrumented build scripts wrote their profiles here.
+rm -f "$raw"/*.profraw
+
+sim=$((BASE_PORT + 100))
+off=$((BASE_PORT + 81))
+on=$((BASE_PORT + 82))
+
+# train LABEL N C SIM_ARGS...: a simulator, two instrumented gateways, one
+# bench of N sessions per gateway at c=C, everything stopped.
+train() {
+  local label=$1 n=$2 c=$3
+  shift 3
+  "$BIN/patchbay-gateway" sim --listen "127.0.0.1:$sim" --keys "$UPSTREAM_KEY" "$@" \
+    >"$OUT_DIR/sim-$label.log" 2>&1 &
+  pids+=("$!")
+  wait_port "$sim"
+  local name port pool
+  for name in off on; do
+    port=${!name}
+    pool=$([ "$name" = on ] && echo "$c" || echo 0)
+    gateway_toml "$tmp/gw-$name.toml" "$port" $((port + 10)) "$sim"
+    env PATCHBAY_MASTER_KEY="$CLIENT_KEY" BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" \
+      REALTIME_POOL_SIZE="$pool" LLVM_PROFILE_FILE="$raw/gateway-%p-%m.profraw" \
+      "$GEN" serve --config "$tmp/gw-$name.toml" >"$OUT_DIR/gw-$name-$label.log" 2>&1 &
+    pids+=("$!")
+    wait_port "$port"
+  done
+  echo "== training ($label): $n sessions per gateway at c=$c, simulator $*"
+  PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout 600 "$BIN/patchbay-bench" \
+    --target "pool-off=ws://127.0.0.1:$off/v1/realtime" \
+    --target "pool-on=ws://127.0.0.1:$on/v1/realtime" \
+    -n $((2 * n)) -c "$c" --out "$OUT_DIR/train-$label.json" >"$OUT_DIR/train-$label.txt" 2>&1
+  grep -A3 "ok/sessions" "$OUT_DIR/train-$label.txt"
+  stop_pids
+  # A profile of failing sessions would optimize the error paths: every
+  # session must have succeeded (the table's "ok/sessions" column).
+  if ! awk '/ok\/sessions/ { t = 1; next } t && NF == 0 { exit }
+    t { split($2, a, "/"); if (a[1] != a[2] || a[2] == 0) bad = 1; rows++ }
+    END { exit (bad || rows != 2) }' "$OUT_DIR/train-$label.txt"; then
+    echo "training ($label): not every session succeeded; see $OUT_DIR/train-$label.txt" >&2
+    exit 1
+  fi
+}
+
+train default "$PGO_N" "$PGO_C" --upgrade-delay-ms 20 --session-delay-ms 2
+train small "$PGO_SMALL_N" "$PGO_SMALL_C" --upgrade-delay-ms 20 --session-delay-ms 2 \
+  --audio-deltas 50 --audio-delta-bytes 320
+
+shopt -s nullglob
+profiles=("$raw"/gateway-*.profraw)
+if [ "${#profiles[@]}" -ne 4 ]; then
+  echo "expected a profile from each of 4 gateways, found ${#profiles[@]} in $raw" >&2
+  exit 1
+fi
+"$profdata" merge -o "$OUT_DIR/gateway.profdata" "${profiles[@]}"
+echo "== merged ${#profiles[@]} profiles into $OUT_DIR/gateway.profdata"
+
+echo "== optimized build (target/pgo)"
+RUSTFLAGS="-Cprofile-use=$OUT_DIR/gateway.profdata" \
+  cargo build --release --locked -q -p patchbay-gateway --target-dir target/pgo
+echo "== $PWD/target/pgo/release/patchbay-gateway"
