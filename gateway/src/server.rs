@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -42,6 +43,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::admission::Refusal;
 use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
@@ -325,12 +327,16 @@ impl Accepted {
 }
 
 /// Runs an admitted session, holding the drain's tracker token taken
-/// before its admission until it ends: one token from admission to end.
-async fn tracked(
-    _admitted: tokio_util::task::task_tracker::TaskTrackerToken,
-    session: impl Future<Output = ()>,
-) {
-    session.await;
+/// before its admission until it ends (or is dropped): one token from
+/// admission to end. A combinator, not an `async fn`: an `async fn` keeps
+/// the future it is given and the future it awaits as two slots of its
+/// state, which doubled every session's ~7 KiB (+7.3 KiB of RSS per live
+/// session in the many-sessions stage).
+pub(crate) fn tracked<F: Future<Output = ()>>(
+    admitted: TaskTrackerToken,
+    session: F,
+) -> impl Future<Output = ()> {
+    session.map(move |()| drop(admitted))
 }
 
 /// A WebSocket upgrade of one of [`REALTIME_PATHS`] served by hyper (a

@@ -622,7 +622,8 @@ mod tests {
     /// A session's future is allocated and moved whole when its task is
     /// spawned, and held for the session's life: it must stay small. It was
     /// 31 KiB when the dial's futures held a 4 KiB read buffer and each
-    /// future passed by value was stored twice.
+    /// future passed by value was stored twice, and twice its size when the
+    /// server wrapped it in an `async fn` holding the drain's token.
     #[tokio::test]
     async fn a_sessions_future_stays_small() {
         let config = Config {
@@ -652,5 +653,14 @@ mod tests {
         let run = session.run(ClientStart::Hyper(hyper::upgrade::on(&mut request)));
         let size = std::mem::size_of_val(&run);
         assert!(size <= 8 * 1024, "a session's future is {size} bytes");
+        // As the server runs it: with the drain's tracker token taken at
+        // admission (an `async fn` wrapper stored the session twice).
+        let token = tokio_util::task::TaskTracker::new().token();
+        let tracked = crate::server::tracked(token, run);
+        let tracked_size = std::mem::size_of_val(&tracked);
+        assert!(
+            tracked_size <= size + 64,
+            "a tracked session's future is {tracked_size} bytes, the session's {size}"
+        );
     }
 }
