@@ -181,6 +181,7 @@ pub fn row_of(text: &[u8], session_id: &str, n: u64) -> Option<String> {
         transcription_tokens: 0,
         cost_usd: 0.0,
         usage_unknown: usage.is_none(),
+        usage_implausible: false,
         end_reason: "completed".into(),
     };
     let mut line = row.to_json_line();

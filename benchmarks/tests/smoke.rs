@@ -7,7 +7,7 @@ use clap::Parser;
 use patchbay_bench::args::Cli;
 use patchbay_bench::session::Phase;
 use patchbay_gateway::config::{Config, MASTER_KEY_ENV};
-use patchbay_gateway::sim::{self, SimConfig};
+use patchbay_sim::{self as sim, SimConfig};
 
 const UPSTREAM_KEY: &str = "sk-sim-bench";
 const CLIENT_KEY: &str = "pb-bench-key";
@@ -51,7 +51,7 @@ async fn every_session_succeeds_and_every_phase_has_samples() {
         MASTER_KEY_ENV => Some(CLIENT_KEY.to_string()),
         _ => None,
     };
-    let gw = patchbay_gateway::gateway::start(Config::from_toml_with_env(&toml, &env).unwrap())
+    let gw = patchbay_gateway::bootstrap::start(Config::from_toml_with_env(&toml, &env).unwrap())
         .await
         .unwrap();
 

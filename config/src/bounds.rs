@@ -21,3 +21,11 @@ pub const MIN_CLIENT_SECRET_TTL_SECS: u64 = 10;
 /// Most `client_secrets.max_ttl_secs`, its default, and the longest life of a minted client
 /// secret, as OpenAI's API.
 pub const MAX_CLIENT_SECRET_TTL_SECS: u64 = 7200;
+
+/// Most any `[[prices]]` rate may be, in USD per 1M tokens. The most expensive published Realtime
+/// rate is under 100 USD per 1M tokens, so this never refuses a real price; a larger value is a
+/// typo (or a unit mistake), and the ceiling keeps every cost finite: the largest usage a turn can
+/// report (`u64::MAX` tokens, about 1.8e19) at this rate is about 1.8e19 USD per price column,
+/// far below `f64::MAX`. Enforced by the gateway's loader (and its cost arithmetic); the
+/// operator's CRD schema and validation do not publish it yet.
+pub const MAX_PRICE_USD_PER_MILLION_TOKENS: f64 = 1_000_000.0;

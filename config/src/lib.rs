@@ -18,12 +18,13 @@ mod sections;
 mod upstream_url;
 
 pub use bounds::{
-    MAX_CLIENT_SECRET_TTL_SECS, MAX_SECS, MIN_CLIENT_SECRET_TTL_SECS, MIN_DRAIN_WAIT_SECS,
-    MIN_POOL_MAX_IDLE_SECS,
+    MAX_CLIENT_SECRET_TTL_SECS, MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_SECS,
+    MIN_CLIENT_SECRET_TTL_SECS, MIN_DRAIN_WAIT_SECS, MIN_POOL_MAX_IDLE_SECS,
 };
 pub use enums::{BudgetPeriod, DrainMode, Protocol, Provider, Unpriced};
 pub use sections::{
     ClientSecretsConfig, DrainConfig, KeysConfig, LimitsConfig, MeteringConfig, PoolConfig,
-    PriceRow, RelayConfig, RouteConfig, StoreConfig, UpstreamConfig, DEFAULT_UPSTREAM_WEIGHT,
+    PriceRow, RelayConfig, RouteConfig, StoreConfig, UpstreamConfig, DEFAULT_MAX_TURN_USD,
+    DEFAULT_UPSTREAM_WEIGHT,
 };
 pub use upstream_url::{validate_upstream_url, UpstreamUrlError, OPENAI_REALTIME_URL};

@@ -8,8 +8,8 @@
 //! gateway validates what it read afterwards, in its loader.
 //!
 //! Writing is the operator's, and writes what a renderer chose: an unset optional key is left out,
-//! and so are the gateway-only tunings (`pool.warmup_timeout_secs`, `metering.stream_maxlen`, a
-//! route's `budget_period`) while at their defaults, and `client_secrets.max_ttl_secs` while it is
+//! and so are the gateway-only tunings (`pool.warmup_timeout_secs`, `metering.stream_maxlen`,
+//! `metering.max_turn_usd`, a route's `budget_period`) while at their defaults, and `client_secrets.max_ttl_secs` while it is
 //! the API's own maximum. The loader reads each left-out key as that same default, so a written
 //! config reads back as the value that was written. A route that lists upstreams is written
 //! without the single-upstream keys, which the loader would refuse (`upstream_url`,
@@ -25,15 +25,20 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::{
-    BudgetPeriod, DrainMode, Protocol, Provider, Unpriced, MAX_CLIENT_SECRET_TTL_SECS,
-    OPENAI_REALTIME_URL,
-};
+use crate::bounds::MAX_CLIENT_SECRET_TTL_SECS;
+use crate::enums::{BudgetPeriod, DrainMode, Protocol, Provider, Unpriced};
+use crate::upstream_url::OPENAI_REALTIME_URL;
 
 /// A listed upstream's `weight` when it names none.
 pub const DEFAULT_UPSTREAM_WEIGHT: u32 = 1;
 const DEFAULT_POOL_WARMUP_TIMEOUT_SECS: u64 = 10;
 const DEFAULT_STREAM_MAXLEN: usize = 1_000_000;
+/// Default `[metering] max_turn_usd`, USD: the most one turn is charged when its usage is
+/// implausible, and the most a turn may cost before it is. The dearest real turn is a full
+/// context window of audio in and the longest answer of audio out: 128k + 32k tokens on
+/// `gpt-realtime-2`, about 6 USD at its audio rates (32 and 64 USD per 1M tokens); this is over
+/// fifteen times that.
+pub const DEFAULT_MAX_TURN_USD: f64 = 100.0;
 
 /// A `[[routes]]` entry: one model, served by one upstream (the shorthand keys) or several
 /// (`[[routes.upstreams]]`). `K` is the upstream key the gateway resolves while loading.
@@ -309,10 +314,17 @@ pub struct MeteringConfig {
     /// Cap of the Redis request-log stream (`XADD MAXLEN ~`).
     #[serde(skip_serializing_if = "is_default_stream_maxlen")]
     pub stream_maxlen: usize,
+    /// USD: the most one turn whose usage is implausible is charged (a finite number > 0).
+    #[serde(skip_serializing_if = "is_default_max_turn_usd")]
+    pub max_turn_usd: f64,
 }
 
 fn is_default_stream_maxlen(maxlen: &usize) -> bool {
     *maxlen == DEFAULT_STREAM_MAXLEN
+}
+
+fn is_default_max_turn_usd(usd: &f64) -> bool {
+    *usd == DEFAULT_MAX_TURN_USD
 }
 
 impl Default for MeteringConfig {
@@ -321,6 +333,7 @@ impl Default for MeteringConfig {
             flush_secs: 15,
             unpriced: Unpriced::Allow,
             stream_maxlen: DEFAULT_STREAM_MAXLEN,
+            max_turn_usd: DEFAULT_MAX_TURN_USD,
         }
     }
 }
@@ -581,6 +594,12 @@ mod tests {
         let back: MeteringConfig =
             toml::from_str("flush_secs = 15\nunpriced = \"allow\"\n").unwrap();
         assert_eq!(back, MeteringConfig::default());
+        let capped = MeteringConfig {
+            max_turn_usd: 5.0,
+            ..MeteringConfig::default()
+        };
+        let back: MeteringConfig = toml::from_str(&toml::to_string(&capped).unwrap()).unwrap();
+        assert_eq!(back.max_turn_usd, 5.0, "a tuned value is written");
         let tuned = PoolConfig {
             warmup_timeout_secs: 3,
             ..PoolConfig::default()

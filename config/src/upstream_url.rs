@@ -5,7 +5,7 @@
 
 use url::Url;
 
-use crate::Provider;
+use crate::enums::Provider;
 
 /// OpenAI's Realtime endpoint: the default route's upstream, and the URL the operator renders
 /// for an OpenAI upstream that names none.

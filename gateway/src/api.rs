@@ -25,12 +25,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
 use axum::Router;
 use http::{header, HeaderValue, StatusCode};
-use http_body_util::BodyExt;
 
 use crate::admission::Refusal;
 use crate::auth::{presented_key, KeyEntry};
+use crate::body::{body_timeout, read_body, BodyError};
 use crate::client_secret::{self, is_client_secret, request};
 use crate::gateway::Gateway;
+use crate::http_error::{count_refusal, ApiError};
 
 /// The mint route (the SDKs call `{base_url}/realtime/client_secrets`).
 pub const CLIENT_SECRETS_PATH: &str = "/v1/realtime/client_secrets";
@@ -43,7 +44,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     for path in [CLIENT_SECRETS_PATH, AZURE_CLIENT_SECRETS_PATH] {
         r = r.route(path, post(mint).fallback(method_not_allowed));
     }
-    for path in crate::server::REALTIME_PATHS {
+    for path in crate::session::REALTIME_PATHS {
         r = r.route(path, any(websocket_required));
     }
     let cors = cors_layer(&gw.config.server.cors_origins);
@@ -74,22 +75,6 @@ pub fn cors_layer(origins: &[String]) -> tower_http::cors::CorsLayer {
 
 /// How long a browser may cache a preflight answer.
 pub const CORS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// An OpenAI-style error answer.
-#[derive(Debug)]
-pub struct ApiError(pub Refusal);
-
-impl From<Refusal> for ApiError {
-    fn from(r: Refusal) -> Self {
-        Self(r)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        crate::server::refusal_response(&self.0).map(Body::new)
-    }
-}
 
 /// The Patchbay client key a request is authenticated with (`Authorization:
 /// Bearer` or `api-key`); never a client secret.
@@ -127,7 +112,7 @@ impl FromRequestParts<Arc<Gateway>> for ParentKey {
             },
         };
         gw.client_secrets.count_refusal("mint", refusal.0);
-        crate::server::count_refusal(gw, "", &refusal.1);
+        count_refusal(gw, "", &refusal.1);
         Err(ApiError(refusal.1))
     }
 }
@@ -143,7 +128,7 @@ async fn mint(
         Ok(r) => r,
         Err(ApiError(refusal)) => {
             gw.client_secrets.count_refusal("mint", refusal.code);
-            crate::server::count_refusal(&gw, "", &refusal);
+            count_refusal(&gw, "", &refusal);
             ApiError(refusal).into_response()
         }
     }
@@ -220,44 +205,6 @@ async fn mint_inner(
     Ok(r)
 }
 
-/// Why a request body was not read.
-#[derive(Debug)]
-pub(crate) enum BodyError {
-    /// Over its limit, or cut off.
-    TooLarge,
-    /// Not all there within this long.
-    Slow(std::time::Duration),
-}
-
-/// `408` for a body that did not arrive within `after`.
-pub(crate) fn body_timeout(after: std::time::Duration) -> Refusal {
-    Refusal::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "invalid_request_error",
-        "request_timeout",
-        format!(
-            "the request body did not arrive within {} s",
-            after.as_secs()
-        ),
-    )
-}
-
-/// A request body of at most `max` bytes, all of it within the gateway's
-/// `upgrade_timeout_secs` (hyper bounds the head's read, not the body's: a
-/// client trickling a declared body would hold its connection and task).
-pub(crate) async fn read_body(
-    gw: &Gateway,
-    body: Body,
-    max: usize,
-) -> Result<bytes::Bytes, BodyError> {
-    let within = std::time::Duration::from_secs(gw.config.server.upgrade_timeout_secs);
-    match tokio::time::timeout(within, http_body_util::Limited::new(body, max).collect()).await {
-        Ok(Ok(b)) => Ok(b.to_bytes()),
-        Ok(Err(_)) => Err(BodyError::TooLarge),
-        Err(_) => Err(BodyError::Slow(within)),
-    }
-}
-
 async fn websocket_required(State(gw): State<Arc<Gateway>>) -> ApiError {
     let r = Refusal::new(
         StatusCode::BAD_REQUEST,
@@ -265,7 +212,7 @@ async fn websocket_required(State(gw): State<Arc<Gateway>>) -> ApiError {
         "websocket_required",
         "this endpoint only accepts WebSocket upgrades (GET with Upgrade: websocket, version 13)",
     );
-    crate::server::count_refusal(&gw, "", &r);
+    count_refusal(&gw, "", &r);
     ApiError(r)
 }
 
@@ -276,7 +223,7 @@ async fn method_not_allowed(State(gw): State<Arc<Gateway>>, method: http::Method
         "method_not_allowed",
         format!("{method} is not allowed here; use POST {CLIENT_SECRETS_PATH}"),
     );
-    crate::server::count_refusal(&gw, "", &r);
+    count_refusal(&gw, "", &r);
     ApiError(r)
 }
 
@@ -290,6 +237,6 @@ async fn not_found(State(gw): State<Arc<Gateway>>, uri: http::Uri) -> ApiError {
             uri.path()
         ),
     );
-    crate::server::count_refusal(&gw, "", &r);
+    count_refusal(&gw, "", &r);
     ApiError(r)
 }

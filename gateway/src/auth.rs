@@ -16,6 +16,13 @@
 //! A key may be limited to some models (`models = [...]` on the key and on
 //! its team): [`model_allowed`] is the one place that decides it, for every
 //! entry point that names a model.
+//!
+//! The keys file is refused whole when it lists one digest under two ids
+//! (the key would be metered as whichever came last, and revoking one id
+//! would leave it working). A reload is decided by [`KeySet::replaces`]: a
+//! file with no keys may not replace one with keys (an emptied file, a
+//! Secret mounted empty, a botched render would revoke every key at once)
+//! unless it says `allow_empty = true` at its top.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -86,6 +93,11 @@ pub fn model_allowed(key: &KeyEntry, team: Option<&TeamEntry>, model: &str) -> b
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeysFile {
+    /// Says that a file without keys means it: a reload of it may revoke
+    /// every key ([`KeySet::replaces`]). A top-level key, so it goes before
+    /// the first `[[keys]]`.
+    #[serde(default)]
+    pub allow_empty: bool,
     #[serde(default)]
     pub keys: Vec<KeyEntry>,
     #[serde(default)]
@@ -108,6 +120,32 @@ pub enum KeysError {
 pub struct KeySet {
     entries: Vec<([u8; 32], KeyEntry)>,
     pub teams: Vec<TeamEntry>,
+    /// Entries from the keys file (the master key is not one).
+    file_keys: usize,
+    /// The file said `allow_empty = true`.
+    allow_empty: bool,
+}
+
+/// What an applied keys file holds, for the reload's log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReloadSummary {
+    /// Keys in the file (the master key is not counted).
+    pub keys: usize,
+    pub teams: usize,
+    /// Keys in the file marked `disabled`.
+    pub disabled: usize,
+}
+
+impl ReloadSummary {
+    /// The INFO line of an applied reload.
+    pub fn log(&self) {
+        tracing::info!(
+            keys = self.keys,
+            teams = self.teams,
+            disabled = self.disabled,
+            "keys file applied"
+        );
+    }
 }
 
 impl KeySet {
@@ -138,6 +176,13 @@ impl KeySet {
             {
                 return Err(format!("keys[{i}].id: duplicate id {:?}", k.id));
             }
+            if let Some(j) = entries.iter().position(|(d, _)| *d == digest) {
+                return Err(format!(
+                    "keys[{i}].sha256: the same key as keys[{j}]: ids {:?} and {:?} share one digest \
+                     (a key has one id)",
+                    entries[j].1.id, k.id
+                ));
+            }
             check_budget(k.budget_usd, || format!("keys[{i}].budget_usd"))?;
             check_models(k.models.as_deref(), || format!("keys[{i}].models"))?;
             entries.push((digest, k));
@@ -153,8 +198,31 @@ impl KeySet {
             check_models(t.models.as_deref(), || format!("teams[{i}].models"))?;
         }
         Ok(Self {
+            file_keys: entries.len(),
             entries,
             teams: file.teams,
+            allow_empty: file.allow_empty,
+        })
+    }
+
+    /// Whether this set (a reloaded keys file, the master key added) may
+    /// replace `current`, and what it holds. Refused: a file with no keys
+    /// replacing one with keys, unless it says `allow_empty = true`.
+    pub fn replaces(&self, current: &KeySet) -> Result<ReloadSummary, String> {
+        if self.file_keys == 0 && current.file_keys > 0 && !self.allow_empty {
+            return Err(format!(
+                "the file lists no keys and would revoke all {} keys in use; write \
+                 `allow_empty = true` at its top to empty it on purpose",
+                current.file_keys
+            ));
+        }
+        Ok(ReloadSummary {
+            keys: self.file_keys,
+            teams: self.teams.len(),
+            disabled: self.entries[..self.file_keys]
+                .iter()
+                .filter(|(_, e)| e.disabled)
+                .count(),
         })
     }
 
@@ -353,6 +421,95 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.contains("duplicate"), "{e}");
+    }
+
+    /// Two ids with one digest: a session would be metered on whichever
+    /// came last, and revoking one id would leave the key working.
+    #[test]
+    fn a_digest_listed_under_two_ids_is_refused_naming_both() {
+        let d = hex_of("shared");
+        let e = KeySet::parse(&format!(
+            "[[keys]]\nid = \"alpha\"\nsha256 = \"{d}\"\n[[keys]]\nid = \"other\"\nsha256 = \"{}\"\n\
+             [[keys]]\nid = \"beta\"\nsha256 = \"{}\"\n",
+            hex_of("x"),
+            d.to_uppercase()
+        ))
+        .unwrap_err();
+        assert!(e.contains("keys[2].sha256"), "{e}");
+        assert!(e.contains("\"alpha\"") && e.contains("\"beta\""), "{e}");
+        assert!(!e.contains("\"other\""), "{e}");
+    }
+
+    fn set(text: &str) -> KeySet {
+        KeySet::parse(text).unwrap()
+    }
+
+    fn two_keys() -> String {
+        format!(
+            "[[keys]]\nid = \"a\"\nsha256 = \"{}\"\nteam = \"t\"\n\
+             [[keys]]\nid = \"b\"\nsha256 = \"{}\"\ndisabled = true\n[[teams]]\nid = \"t\"\n",
+            hex_of("pb-a"),
+            hex_of("pb-b")
+        )
+    }
+
+    #[test]
+    fn a_file_without_keys_may_not_replace_one_with_keys_unless_it_says_so() {
+        let master = Secret::new("m");
+        let current = set(&two_keys()).with_master(&master);
+        for empty in ["", "\n# nothing\n", "[[teams]]\nid = \"t\"\n"] {
+            let e = set(empty)
+                .with_master(&master)
+                .replaces(&current)
+                .unwrap_err();
+            assert!(e.contains("revoke all 2 keys"), "{empty:?}: {e}");
+            assert!(e.contains("allow_empty = true"), "{e}");
+        }
+        let summary = set("allow_empty = true\n").replaces(&current).unwrap();
+        assert_eq!(
+            summary,
+            ReloadSummary {
+                keys: 0,
+                teams: 0,
+                disabled: 0
+            }
+        );
+        // The master key alone is no key of the file: emptying stays free.
+        let only_master = set("").with_master(&master);
+        assert!(set("").with_master(&master).replaces(&only_master).is_ok());
+        assert!(set("").replaces(&KeySet::default()).is_ok());
+    }
+
+    #[test]
+    fn an_applied_reload_counts_keys_teams_and_disabled_keys() {
+        let master = Secret::new("m");
+        let summary = set(&two_keys())
+            .with_master(&master)
+            .replaces(&set("").with_master(&master))
+            .unwrap();
+        assert_eq!(
+            summary,
+            ReloadSummary {
+                keys: 2,
+                teams: 1,
+                disabled: 1
+            }
+        );
+        // One key replacing two is a reload like any other.
+        let one = format!("[[keys]]\nid = \"c\"\nsha256 = \"{}\"\n", hex_of("pb-c"));
+        assert_eq!(set(&one).replaces(&set(&two_keys())).unwrap().keys, 1);
+    }
+
+    #[test]
+    fn allow_empty_is_a_top_level_key() {
+        assert!(set("allow_empty = true\n").allow_empty);
+        assert!(!set("").allow_empty);
+        let e = KeySet::parse(&format!(
+            "[[keys]]\nid = \"a\"\nsha256 = \"{}\"\nallow_empty = true\n",
+            hex_of("x")
+        ))
+        .unwrap_err();
+        assert!(e.contains("allow_empty"), "{e}");
     }
 
     #[test]

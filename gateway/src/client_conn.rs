@@ -18,6 +18,10 @@
 //! the answer to a malformed request is hyper's; so does a `GET` that
 //! declares a body (`Transfer-Encoding`, or a `Content-Length` other than
 //! 0), so that its body is read as a body, never as the next request.
+//!
+//! An HTTP/2 prior-knowledge preface (`PRI * HTTP/2.0`, [`H2_PREFACE`]) is
+//! told apart ([`First::Http2`]): hyper's HTTP/1 connection would close it
+//! without a word; the gateway answers it with a 505.
 
 use std::io;
 use std::pin::Pin;
@@ -36,6 +40,10 @@ use tokio_util::either::Either;
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// The most headers parsed here; a request with more goes to hyper.
 const MAX_HEADERS: usize = 32;
+/// How an HTTP/2 client with prior knowledge opens a connection (RFC 9113
+/// §3.4); its first line is enough to tell.
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const H2_PREFACE_LINE: &[u8] = b"PRI * HTTP/2.0\r\n";
 
 /// A request head read by the gateway.
 #[derive(Debug)]
@@ -59,6 +67,8 @@ pub enum First {
     },
     /// Anything else: every byte read so far, for hyper to read again.
     Other(Bytes),
+    /// An HTTP/2 prior-knowledge preface: the gateway speaks HTTP/1.1 only.
+    Http2,
     /// The peer closed (or failed) before sending a whole head.
     Gone,
 }
@@ -86,6 +96,7 @@ pub async fn read_head(tcp: &mut TcpStream) -> First {
                 };
             }
             Err(NotGet::Other) => return First::Other(buf.freeze()),
+            Err(NotGet::Http2) => return First::Http2,
             Err(NotGet::Partial) if buf.len() >= MAX_HEAD_BYTES => {
                 return First::Other(buf.freeze())
             }
@@ -105,6 +116,8 @@ enum NotGet {
     Other,
     /// A head that is not complete yet.
     Partial,
+    /// HTTP/2's connection preface.
+    Http2,
 }
 
 /// A byte range of the bytes read.
@@ -124,6 +137,13 @@ struct Layout {
 
 /// Parses a `GET` head, complete in `buf`.
 fn parse(buf: &[u8]) -> Result<Layout, NotGet> {
+    if buf.starts_with(H2_PREFACE_LINE) {
+        return Err(NotGet::Http2);
+    }
+    if H2_PREFACE_LINE.starts_with(buf) {
+        // httparse refuses `HTTP/2` before the line is whole.
+        return Err(NotGet::Partial);
+    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
@@ -388,6 +408,18 @@ mod tests {
         }
         let empty = b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n";
         assert!(parsed(empty).is_ok());
+    }
+
+    #[test]
+    fn an_http2_preface_is_told_apart_once_its_first_line_is_in() {
+        assert!(matches!(parsed(H2_PREFACE), Err(NotGet::Http2)));
+        assert!(matches!(parsed(b"PRI * HTTP/2.0\r\n"), Err(NotGet::Http2)));
+        assert!(matches!(parsed(b"PRI * HTTP/2"), Err(NotGet::Partial)));
+        assert!(matches!(parsed(b"PRI * HTTP/2.0\r"), Err(NotGet::Partial)));
+        assert!(matches!(
+            parsed(b"GET / HTTP/2.0\r\n\r\n"),
+            Err(NotGet::Other)
+        ));
     }
 
     #[test]

@@ -28,12 +28,15 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use patchbay_config::{validate_upstream_url, MIN_DRAIN_WAIT_SECS, MIN_POOL_MAX_IDLE_SECS};
+use patchbay_config::{
+    validate_upstream_url, MAX_PRICE_USD_PER_MILLION_TOKENS, MIN_DRAIN_WAIT_SECS,
+    MIN_POOL_MAX_IDLE_SECS,
+};
 use serde::Deserialize;
 use url::Url;
 
 use crate::secret::Secret;
-use crate::upstream::key::{key_from_file_text, UpstreamKey};
+use crate::upstream_key::{key_from_file_text, UpstreamKey};
 
 /// The sections a renderer writes, their enums and bounds, and the upstream-URL rules live in
 /// `patchbay-config`, shared with the operator that renders this file.
@@ -148,7 +151,17 @@ pub struct ServerConfig {
     /// Origins allowed to call the HTTP API from a browser (CORS); empty
     /// allows any origin (credentials are explicit headers, never cookies).
     pub cors_origins: Vec<String>,
+    /// One access line per request and per WebSocket session
+    /// ([`crate::access`]).
+    pub access_log: bool,
 }
+
+/// Consecutive failed dials that open an upstream's circuit breaker.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+/// How long a breaker first stays open.
+pub const DEFAULT_BREAKER_OPEN_SECS: u64 = 5;
+/// The longest a breaker stays open between probes.
+pub const DEFAULT_BREAKER_MAX_OPEN_SECS: u64 = 60;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -158,22 +171,11 @@ impl Default for ServerConfig {
             upgrade_timeout_secs: 10,
             worker_threads: 0,
             cors_origins: Vec::new(),
+            access_log: true,
             max_failovers: 2,
-            breaker_failures: crate::upstream::breaker::DEFAULT_FAILURES_TO_OPEN,
-            breaker_open_secs: crate::upstream::breaker::DEFAULT_OPEN.as_secs(),
-            breaker_max_open_secs: crate::upstream::breaker::DEFAULT_MAX_OPEN.as_secs(),
-        }
-    }
-}
-
-impl ServerConfig {
-    pub fn breaker(&self) -> crate::upstream::breaker::BreakerConfig {
-        crate::upstream::breaker::BreakerConfig {
-            failures_to_open: self.breaker_failures,
-            open: std::time::Duration::from_secs(self.breaker_open_secs),
-            max_open: std::time::Duration::from_secs(self.breaker_max_open_secs),
-            // A probe reports within its dial's deadline, or never.
-            probe_timeout: std::time::Duration::from_secs(self.upgrade_timeout_secs),
+            breaker_failures: DEFAULT_BREAKER_FAILURES,
+            breaker_open_secs: DEFAULT_BREAKER_OPEN_SECS,
+            breaker_max_open_secs: DEFAULT_BREAKER_MAX_OPEN_SECS,
         }
     }
 }
@@ -320,7 +322,7 @@ impl Config {
                     .map_err(|(k, m)| ConfigError::new(prefix(j, k), m))?;
                 up.api_key = UpstreamKey::new(secret);
                 if let Some(ca) = &up.ca_file {
-                    if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
+                    if let Err(e) = crate::pem::read_ca_file(ca) {
                         return Err(ConfigError::new(prefix(j, "ca_file"), e.to_string()));
                     }
                 }
@@ -384,6 +386,7 @@ impl Config {
             ));
         }
         validate_prices(&self.prices)?;
+        validate_max_turn_usd(&self.metering)?;
         if let Some((k, raw)) = redis_url_source(&self.store, env)? {
             let url = checked_redis_url(&raw, self.store.ca_file.is_some())
                 .map_err(|m| ConfigError::new(k, m))?;
@@ -396,7 +399,7 @@ impl Config {
                     "needs a rediss:// store (set store.redis_url_env or store.redis_url_file)",
                 ));
             }
-            if let Err(e) = crate::upstream::tls::read_ca_file(ca) {
+            if let Err(e) = crate::pem::read_ca_file(ca) {
                 return Err(ConfigError::new("store.ca_file", e.to_string()));
             }
         }
@@ -437,14 +440,6 @@ impl Config {
                         "must be from {MIN_CLIENT_SECRET_TTL_SECS} to {MAX_CLIENT_SECRET_TTL_SECS}"
                     ),
                 ));
-            }
-            for (i, f) in self.client_secrets.signing_key_files.iter().enumerate() {
-                if let Err(e) = crate::client_secret::read_signing_key(f) {
-                    return Err(ConfigError::new(
-                        format!("client_secrets.signing_key_files[{i}]"),
-                        e,
-                    ));
-                }
             }
         }
         // Every duration is added to a clock reading somewhere; past a year
@@ -572,6 +567,7 @@ pub fn live_from_toml(
             format!("must be at most {MAX_SECS} (one year)"),
         ));
     }
+    validate_max_turn_usd(&metering)?;
     let prices = doc
         .remove("prices")
         .unwrap_or_else(|| toml::Value::Array(Vec::new()));
@@ -613,7 +609,8 @@ fn validate_redis_url(url: &str, has_ca_file: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Every price must be a finite number >= 0.
+/// Every price must be a number within `[0, MAX_PRICE_USD_PER_MILLION_TOKENS]`: finite, and small
+/// enough that no usage can make a cost overflow (see `metering::pricing`).
 fn validate_prices(prices: &[PriceRow]) -> Result<(), ConfigError> {
     for (i, p) in prices.iter().enumerate() {
         let fields = [
@@ -625,15 +622,32 @@ fn validate_prices(prices: &[PriceRow]) -> Result<(), ConfigError> {
             ("audio_output", p.audio_output),
         ];
         for (name, v) in fields {
-            if !(v.is_finite() && v >= 0.0) {
+            if !(v.is_finite() && (0.0..=MAX_PRICE_USD_PER_MILLION_TOKENS).contains(&v)) {
                 return Err(ConfigError::new(
                     format!("prices[{i}].{name}"),
-                    "must be a number >= 0",
+                    format!(
+                        "must be a number >= 0 and at most {MAX_PRICE_USD_PER_MILLION_TOKENS} \
+                         (USD per 1M tokens), got {v}"
+                    ),
                 ));
             }
         }
     }
     Ok(())
+}
+
+/// `[metering] max_turn_usd` caps the charge of a turn whose usage is implausible: a finite
+/// number > 0 (0 would charge such turns nothing, `inf` would not cap them).
+fn validate_max_turn_usd(metering: &MeteringConfig) -> Result<(), ConfigError> {
+    let v = metering.max_turn_usd;
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            "metering.max_turn_usd",
+            format!("must be a finite number > 0 (USD), got {v}"),
+        ))
+    }
 }
 
 /// One upstream's live balancing settings, from a config file's text.
@@ -685,7 +699,9 @@ pub fn balances_from_toml(text: &str) -> Result<Vec<Balance>, ConfigError> {
 }
 
 /// Applies `PATCHBAY_<SECTION>_<KEY>` and the well-known pool variables.
-fn apply_env_overrides(
+/// Applies the `PATCHBAY_<SECTION>_<KEY>` overrides (and the pool's
+/// short names) from `env` to a parsed config file.
+pub fn apply_env_overrides(
     doc: &mut toml::Table,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
@@ -733,6 +749,7 @@ fn section_keys(section: &str) -> &'static [&'static str] {
             "breaker_open_secs",
             "breaker_max_open_secs",
             "cors_origins",
+            "access_log",
         ],
         "pool" => &[
             "size",
@@ -743,7 +760,7 @@ fn section_keys(section: &str) -> &'static [&'static str] {
         ],
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
         "limits" => &["max_sessions"],
-        "metering" => &["flush_secs", "unpriced", "stream_maxlen"],
+        "metering" => &["flush_secs", "unpriced", "stream_maxlen", "max_turn_usd"],
         "store" => &["redis_url_env", "redis_url_file", "ca_file"],
         "keys" => &["file"],
         "drain" => &["wait_secs", "mode", "linger_secs"],
@@ -1212,6 +1229,45 @@ mod tests {
         ] {
             let e = live_from_toml(text, &env_of(&[])).unwrap_err();
             assert!(e.key.starts_with(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_price_above_the_ceiling_is_refused_at_load_and_on_reload_naming_the_key() {
+        let row =
+            |v: &str| format!("[[prices]]\nmodel = \"m\"\ntext_input = 1.0\naudio_output = {v}\n");
+        for v in ["1e308", "1000000.5"] {
+            let e = Config::from_toml_with_env(&row(v), &env_of(BASE_ENV)).unwrap_err();
+            assert_eq!(e.key, "prices[0].audio_output", "{v}: {e}");
+            assert!(e.to_string().contains("prices[0].audio_output"), "{e}");
+            assert!(e.message.contains("1000000"), "the ceiling is named: {e}");
+            let e = live_from_toml(&row(v), &env_of(&[])).unwrap_err();
+            assert_eq!(e.key, "prices[0].audio_output", "{v}: {e}");
+        }
+        let c = Config::from_toml_with_env(&row("1000000.0"), &env_of(BASE_ENV)).unwrap();
+        assert_eq!(
+            c.prices[0].audio_output, 1_000_000.0,
+            "the ceiling itself is allowed"
+        );
+    }
+
+    #[test]
+    fn max_turn_usd_defaults_to_100_and_must_be_finite_and_positive() {
+        let c = Config::from_toml_with_env("", &env_of(BASE_ENV)).unwrap();
+        assert_eq!(c.metering.max_turn_usd, 100.0);
+        let c = Config::from_toml_with_env("[metering]\nmax_turn_usd = 2.5\n", &env_of(BASE_ENV))
+            .unwrap();
+        assert_eq!(c.metering.max_turn_usd, 2.5);
+        let mut env: Vec<(&str, &str)> = BASE_ENV.to_vec();
+        env.push(("PATCHBAY_METERING_MAX_TURN_USD", "7"));
+        let c = Config::from_toml_with_env("", &env_of(&env)).unwrap();
+        assert_eq!(c.metering.max_turn_usd, 7.0);
+        for v in ["0.0", "-1.0", "nan", "inf"] {
+            let text = format!("[metering]\nmax_turn_usd = {v}\n");
+            let e = Config::from_toml_with_env(&text, &env_of(BASE_ENV)).unwrap_err();
+            assert_eq!(e.key, "metering.max_turn_usd", "{v}: {e}");
+            let e = live_from_toml(&text, &env_of(&[])).unwrap_err();
+            assert_eq!(e.key, "metering.max_turn_usd", "{v}: {e}");
         }
     }
 

@@ -5,8 +5,8 @@
 //! `TaskTracker` from admission, before the 101 (its meter runs inside it,
 //! or in a tracked task of its own when its final flush waits on the
 //! store), and
-//! every session selects on the gateway's `CancellationToken`. On SIGTERM or
-//! Ctrl-C:
+//! every session selects on the gateway's `CancellationToken`. On SIGTERM,
+//! SIGINT (Ctrl-C), SIGHUP or SIGQUIT ([`shutdown_signal`]):
 //! 1. admission refuses new upgrades with 503 (the listener keeps accepting
 //!    so clients get that answer, not a refused connection) and `/readyz`
 //!    fails at once; pooled upstream sockets are closed;
@@ -22,29 +22,110 @@
 //!    anything still running or waiting is reported as a warning (rows and
 //!    writes still waiting then are lost with the process).
 //!
+//! Which signals drain and which are ignored, and why: `SIGNALS`.
+//!
 //! In Kubernetes: preStop sleep (endpoints are removed meanwhile) → SIGTERM
 //! → drain (≤ linger_secs + wait_secs) → exit, all inside
 //! `terminationGracePeriodSeconds`.
 
 use std::time::Duration;
 
+#[cfg(unix)]
+use tokio::signal::unix::SignalKind;
+
 use crate::config::DrainMode;
 use crate::gateway::Gateway;
 
-/// Resolves on SIGTERM or Ctrl-C.
+/// What a caught signal does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnSignal {
+    /// Start the drain.
+    Drain,
+    /// Log it and carry on.
+    Ignore,
+}
+
+/// The signals the gateway catches, and what each does. Every one of them
+/// would otherwise end the process at once, with sessions mid-response: no
+/// 1001 for their clients, no rows for their turns.
+///
+/// - SIGTERM (Kubernetes, `docker stop`, systemd, `kill`), SIGINT (Ctrl-C),
+///   SIGHUP (the terminal, SSH or tmux session it ran in was closed) and
+///   SIGQUIT (`Ctrl-\`, and the stop signal of images and supervisors that
+///   use it for a graceful stop, as nginx's image does) all drain, the same
+///   way: whoever sends one means "stop".
+/// - SIGUSR1 and SIGUSR2 are logged and ignored: by convention they ask a
+///   running program for something (reopen its logs, dump its state), never
+///   to stop, so one sent by habit or by a log rotator must not end every
+///   live call. A supervisor configured to stop with one gets a warning
+///   line naming the signal, and kills the process after its own timeout.
+///
+/// Left at their defaults: SIGKILL and SIGSTOP (uncatchable), the faults
+/// (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT: the process cannot go on),
+/// SIGPIPE (ignored by the Rust runtime), and the timer and limit signals
+/// (SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ), which no runtime or
+/// shell sends to stop a process.
+#[cfg(unix)]
+pub const SIGNALS: [(&str, SignalKind, OnSignal); 6] = [
+    ("SIGTERM", SignalKind::terminate(), OnSignal::Drain),
+    ("SIGINT", SignalKind::interrupt(), OnSignal::Drain),
+    ("SIGHUP", SignalKind::hangup(), OnSignal::Drain),
+    ("SIGQUIT", SignalKind::quit(), OnSignal::Drain),
+    ("SIGUSR1", SignalKind::user_defined1(), OnSignal::Ignore),
+    ("SIGUSR2", SignalKind::user_defined2(), OnSignal::Ignore),
+];
+
+/// Resolves on the first signal of `SIGNALS` that drains, logging which
+/// one arrived; logs and ignores the others. Every handler stays installed
+/// for the life of the process (so a second signal during the drain does
+/// not kill it).
 pub async fn shutdown_signal() -> std::io::Result<()> {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            r = tokio::signal::ctrl_c() => r?,
+        let mut streams = SIGNALS
+            .iter()
+            .map(|&(name, kind, on)| Ok((name, on, tokio::signal::unix::signal(kind)?)))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let named = |what: OnSignal| {
+            let names: Vec<&str> = SIGNALS
+                .iter()
+                .filter(|s| s.2 == what)
+                .map(|s| s.0)
+                .collect();
+            names.join(" ")
+        };
+        tracing::debug!(
+            drain = %named(OnSignal::Drain),
+            ignore = %named(OnSignal::Ignore),
+            "listening for signals"
+        );
+        loop {
+            let (name, on) = std::future::poll_fn(|cx| {
+                for (name, on, stream) in &mut streams {
+                    if stream.poll_recv(cx).is_ready() {
+                        return std::task::Poll::Ready((*name, *on));
+                    }
+                }
+                std::task::Poll::Pending
+            })
+            .await;
+            match on {
+                OnSignal::Drain => {
+                    tracing::info!(signal = name, "{name} received: draining");
+                    return Ok(());
+                }
+                OnSignal::Ignore => tracing::warn!(
+                    signal = name,
+                    "{name} received: ignored (SIGTERM, SIGINT, SIGHUP and SIGQUIT drain the gateway)"
+                ),
+            }
         }
-        Ok(())
     }
     #[cfg(not(unix))]
     {
-        tokio::signal::ctrl_c().await
+        tokio::signal::ctrl_c().await?;
+        tracing::info!(signal = "ctrl-c", "ctrl-c received: draining");
+        Ok(())
     }
 }
 

@@ -1,5 +1,6 @@
 //! Realtime event helpers: finding an event's `type` without parsing the
-//! event, and building the gateway's own `error` events.
+//! event, reading an `error` event's type and code, and building the
+//! gateway's own `error` events.
 //!
 //! The relay never parses and re-serialises what it forwards; it only needs
 //! the type of some frames (the first upstream event, the metered ones).
@@ -118,6 +119,28 @@ pub fn error_event(kind: &str, code: &str, message: &str) -> String {
         }
     })
     .to_string()
+}
+
+/// `error.type` and `error.code` of an `error` event.
+pub fn error_kind(frame: &str) -> (Option<&str>, Option<&str>) {
+    #[derive(serde::Deserialize)]
+    struct Event<'a> {
+        #[serde(borrow)]
+        error: Option<Inner<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inner<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<&'a str>,
+        #[serde(borrow)]
+        code: Option<&'a str>,
+    }
+    match serde_json::from_str::<Event>(frame) {
+        Ok(Event {
+            error: Some(Inner { kind, code }),
+        }) => (kind, code),
+        _ => (None, None),
+    }
 }
 
 #[cfg(test)]

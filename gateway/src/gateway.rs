@@ -1,9 +1,8 @@
-//! The gateway's shared state and its start-up: routes with their prepared
-//! upstreams, the key store, counters, metrics, and the listeners.
-//!
-//! [`start`] binds both listeners and returns a [`Running`] handle with the
-//! bound addresses (tests bind `127.0.0.1:0`), so the same code path serves
-//! `serve`, `demo` and the in-process tests.
+//! The gateway's shared state ([`Gateway`]): routes with their prepared
+//! upstreams and pools, the key store, metering, metrics, sessions and the
+//! drain's tokens. Everything below the HTTP edges works on it; it knows
+//! nothing of listeners or start-up ([`crate::bootstrap`]) or of the files
+//! that change it live ([`crate::reload`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -18,21 +17,13 @@ use crate::auth::{model_allowed, KeyEntry, KeySet, KeyStore};
 use crate::client_secret::ClientSecrets;
 use crate::config::{Config, RouteConfig, UpstreamConfig};
 use crate::metering::Metering;
-use crate::metrics::{Metrics, ModelMeters, UpstreamLabels};
+use crate::metrics::{FailoverLabels, Metrics, ModelMeters, UpstreamLabels};
 use crate::store::leases::{Acquire, Lease, Leases};
 use crate::store::redis::RedisConn;
-use crate::upstream::breaker::Breaker;
+use crate::upstream::breaker::{Breaker, BreakerConfig};
 use crate::upstream::dial::Upstream;
 use crate::upstream::pool::{parse_size_file, Pool};
 use crate::upstream::select::{self, Candidate, Selector};
-use crate::{server, watch};
-
-/// How often `[pool] size_file` is re-read.
-pub const SIZE_FILE_POLL: Duration = Duration::from_secs(2);
-/// How often the keys file is checked for changes.
-pub const KEYS_FILE_POLL: Duration = Duration::from_secs(2);
-/// How often the config file is checked for price edits.
-pub const CONFIG_FILE_POLL: Duration = Duration::from_secs(2);
 
 /// A configured route, ready to dial, with a warm pool per upstream.
 #[derive(Debug)]
@@ -76,6 +67,12 @@ impl RouteUpstream {
 
     pub fn weight(&self) -> u32 {
         self.weight.load(Ordering::Relaxed)
+    }
+
+    /// A reloaded `priority` and `weight` (the route then rebalances).
+    pub fn set_balance(&self, priority: u32, weight: u32) {
+        self.priority.store(priority, Ordering::Relaxed);
+        self.weight.store(weight, Ordering::Relaxed);
     }
 
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
@@ -169,8 +166,44 @@ impl Route {
         }
     }
 
+    /// Creates the route's series at 0 that exist before any session: the
+    /// model's ([`ModelMeters::export_at_zero`]), each pool's dials and
+    /// misses, each upstream's `upstream_circuit_open`, and, with several
+    /// upstreams, `upstream_failovers` for every pair and reason.
+    fn export_at_zero(&self) {
+        self.meters.export_at_zero(&self.metrics);
+        let model = &self.config.model;
+        for u in &self.upstreams {
+            u.pool.export_at_zero();
+            drop(
+                self.metrics
+                    .upstream_circuit_open
+                    .get_or_create(&UpstreamLabels {
+                        model: model.clone(),
+                        upstream: u.config.name.clone(),
+                    }),
+            );
+        }
+        for from in &self.upstreams {
+            for to in self.upstreams.iter().filter(|to| to.name() != from.name()) {
+                for reason in crate::upstream::failover::REASONS {
+                    drop(
+                        self.metrics
+                            .upstream_failovers
+                            .get_or_create(&FailoverLabels {
+                                model: model.clone(),
+                                from: from.name().to_string(),
+                                to: to.name().to_string(),
+                                reason: reason.into(),
+                            }),
+                    );
+                }
+            }
+        }
+    }
+
     /// Keeps the pool split current with the breakers until `stop`.
-    async fn watch_health(self: Arc<Self>, stop: CancellationToken) {
+    pub async fn watch_health(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(crate::upstream::pool::REPLENISH_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -205,6 +238,8 @@ pub struct Gateway {
     /// Every session task, from admission to its last close frame.
     pub tasks: TaskTracker,
     ready: AtomicBool,
+    /// The client listener's accepts fail for want of descriptors.
+    accepts_failing: AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -249,7 +284,9 @@ impl Gateway {
                             Upstream::for_upstream(r, &up, timeout, config.relay.max_message_bytes)
                                 .map_err(err)?,
                         );
-                        let breaker = Arc::new(Mutex::new(Breaker::new(config.server.breaker())));
+                        let breaker = Arc::new(Mutex::new(Breaker::new(
+                            BreakerConfig::from_server(&config.server),
+                        )));
                         let mut pool =
                             Pool::new(upstream.clone(), &r.model, share, max_idle, metrics.clone());
                         if several {
@@ -277,8 +314,9 @@ impl Gateway {
                 };
                 // Exported at 0 from the start: an autoscaler or the
                 // operator reading a pod that has had no session yet finds
-                // the series (a missing one reads as a failed scrape).
-                route.meters.sessions_active(&metrics);
+                // the series (a missing one reads as a failed scrape), and a
+                // dashboard reads 0 rather than "no data".
+                route.export_at_zero();
                 route.rebalance();
                 Ok(Arc::new(route))
             })
@@ -314,6 +352,7 @@ impl Gateway {
             draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
             ready: AtomicBool::new(ready),
+            accepts_failing: AtomicBool::new(false),
         })
     }
 
@@ -397,8 +436,28 @@ impl Gateway {
         self.routes.iter().find(|r| r.config.model == model)
     }
 
+    /// Marks the gateway ready (its pools warm, or the warm-up timed out).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    /// `/readyz`: the pools warmed up, no drain, and client connections
+    /// can be accepted.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire) && !self.sessions.is_draining()
+        self.ready.load(Ordering::Acquire)
+            && !self.sessions.is_draining()
+            && !self.accepts_failing.load(Ordering::Acquire)
+    }
+
+    /// Whether the client listener's accepts fail for want of descriptors.
+    pub fn accepts_failing(&self) -> bool {
+        self.accepts_failing.load(Ordering::Acquire)
+    }
+
+    /// Records whether the client listener's accepts fail for want of
+    /// descriptors; `true` when that changed.
+    pub fn set_accepts_failing(&self, failing: bool) -> bool {
+        self.accepts_failing.swap(failing, Ordering::AcqRel) != failing
     }
 }
 
@@ -429,143 +488,6 @@ fn initial_pool_size(config: &Config) -> usize {
         .min(config.pool.max_size)
 }
 
-/// A live-reloaded file: its path (if configured), what it is, how often it
-/// is polled, and what a change does.
-/// A live-reloaded file: its path, what it is (for log lines), its label in
-/// `patchbay_config_reloads_total{file}`, the poll period and how to apply it.
-type Watcher = (
-    Option<std::path::PathBuf>,
-    &'static str,
-    &'static str,
-    Duration,
-    fn(&Gateway, &str) -> Result<(), String>,
-);
-
-/// Applies the size file's size when it is valid and differs; a bad value
-/// is refused (the watcher logs and counts it).
-fn apply_size_file(gw: &Gateway, text: &str) -> Result<(), String> {
-    let n = parse_size_file(text)?.min(gw.config.pool.max_size);
-    if gw.routes.first().is_some_and(|r| r.pool_size() != n) {
-        tracing::info!(size = n, "pool size changed");
-        gw.set_pool_size(n);
-    }
-    Ok(())
-}
-
-/// Swaps in the keys file's key set; an invalid file keeps the current one.
-fn apply_keys_file(gw: &Gateway, text: &str) -> Result<(), String> {
-    let set = KeySet::parse(text)?;
-    let set = match &gw.config.master_key {
-        Some(m) => set.with_master(m),
-        None => set,
-    };
-    tracing::debug!(keys = set.len(), "keys file loaded");
-    gw.keys.replace(set);
-    Ok(())
-}
-
-/// Applies the live part of the config file ([`crate::config::LiveConfig`]: `[metering]` and
-/// `[[prices]]`; the meter reads prices at every flush, the unpriced policy at every admission,
-/// the flush interval when a session starts) and the `priority` and `weight` of every
-/// `[[routes.upstreams]]` entry. Other sections need a restart; an invalid edit is refused (and
-/// counted) and keeps what is loaded.
-fn apply_live_config(gw: &Gateway, text: &str) -> Result<(), String> {
-    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
-    let live =
-        crate::config::live_from_toml(text, &|k| env.get(k).cloned()).map_err(|e| e.to_string())?;
-    let balances = crate::config::balances_from_toml(text).map_err(|e| e.to_string())?;
-    if live.prices != *gw.metering.prices() {
-        tracing::info!(rows = live.prices.len(), "prices reloaded");
-        gw.metering.set_prices(live.prices);
-    }
-    if live.metering != gw.metering.config() {
-        tracing::info!(
-            flush_secs = live.metering.flush_secs,
-            unpriced = ?live.metering.unpriced,
-            "metering settings reloaded"
-        );
-        gw.metering.set_config(live.metering);
-    }
-    for route in &gw.routes {
-        let mut changed = false;
-        for u in &route.upstreams {
-            let Some(b) = balances
-                .iter()
-                .find(|b| b.route == route.config.model && b.upstream == u.name())
-            else {
-                continue;
-            };
-            if (b.priority, b.weight) != (u.priority(), u.weight()) {
-                u.priority.store(b.priority, Ordering::Relaxed);
-                u.weight.store(b.weight, Ordering::Relaxed);
-                tracing::info!(model = %route.config.model, upstream = %u.name(),
-                    priority = b.priority, weight = b.weight, "upstream balance reloaded");
-                changed = true;
-            }
-        }
-        if changed {
-            route.rebalance();
-        }
-    }
-    Ok(())
-}
-
-/// Polls `path` until draining starts and hands each changed content to
-/// `apply`, counted in `patchbay_config_reloads_total{file}`.
-fn watch_file(
-    gw: &Gateway,
-    path: std::path::PathBuf,
-    what: &'static str,
-    file: &'static str,
-    poll: Duration,
-    apply: impl FnMut(&str) -> Result<(), String> + Send + 'static,
-) {
-    let reloads = watch::Reloads {
-        file,
-        counters: gw.metrics.config_reloads.clone(),
-    };
-    tokio::spawn(watch::on_change(
-        path,
-        what,
-        poll,
-        gw.draining.clone(),
-        reloads,
-        apply,
-    ));
-}
-
-/// Points the shared Redis connection at the URL in a changed URL file; an
-/// invalid URL keeps the current connection (the error never quotes it).
-fn apply_redis_url(conn: &RedisConn, has_ca_file: bool, text: &str) -> Result<(), String> {
-    let url = crate::config::checked_redis_url(text, has_ca_file)
-        .map_err(|m| format!("store.redis_url_file: {m}"))?;
-    // The first read of the file is the URL the process started with.
-    if conn.is_for(url.expose()) {
-        return Ok(());
-    }
-    conn.reconnect(url.expose()).map_err(|e| e.to_string())?;
-    tracing::info!(store = %conn.endpoint(), "Redis URL changed; the store reconnects there");
-    Ok(())
-}
-
-/// `/readyz` turns ready once every pool first reached its target, or when
-/// the warm-up timeout passes, whichever comes first.
-async fn mark_ready_when_warm(gw: Arc<Gateway>) {
-    let warm = futures_util::future::join_all(
-        gw.routes
-            .iter()
-            .flat_map(|r| r.upstreams.iter().map(|u| u.pool.wait_warm())),
-    );
-    let timeout = Duration::from_secs(gw.config.pool.warmup_timeout_secs);
-    if tokio::time::timeout(timeout, warm).await.is_err() {
-        tracing::warn!(
-            timeout_secs = timeout.as_secs(),
-            "pool warm-up timed out; ready anyway"
-        );
-    }
-    gw.ready.store(true, Ordering::Release);
-}
-
 /// The key set from the keys file and/or the master key.
 pub fn load_keys(config: &Config) -> Result<KeySet, crate::auth::KeysError> {
     let set = match &config.keys.file {
@@ -575,128 +497,5 @@ pub fn load_keys(config: &Config) -> Result<KeySet, crate::auth::KeysError> {
     Ok(match &config.master_key {
         Some(m) => set.with_master(m),
         None => set,
-    })
-}
-
-/// A started gateway.
-#[derive(Debug)]
-pub struct Running {
-    pub gateway: Arc<Gateway>,
-    pub addr: SocketAddr,
-    pub admin_addr: SocketAddr,
-}
-
-/// Binds the client and admin listeners and starts serving.
-pub async fn start(config: Config) -> Result<Running, StartError> {
-    let gateway = Arc::new(Gateway::new(config)?);
-    let bind =
-        |addr: SocketAddr| server::bind(addr).map_err(|source| StartError::Bind { addr, source });
-    let listener = bind(gateway.config.server.listen)?;
-    let admin = bind(gateway.config.server.admin_listen)?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: gateway.config.server.listen,
-        source,
-    })?;
-    let admin_addr = admin.local_addr().map_err(|source| StartError::Bind {
-        addr: gateway.config.server.admin_listen,
-        source,
-    })?;
-    if let Some(leases) = &gateway.leases {
-        leases.spawn_renewal();
-    }
-    for route in &gateway.routes {
-        for u in &route.upstreams {
-            gateway
-                .tasks
-                .spawn(u.pool.clone().replenish(gateway.draining.clone()));
-        }
-        if route.balanced() {
-            tokio::spawn(route.clone().watch_health(gateway.draining.clone()));
-        }
-    }
-    let watchers: [Watcher; 3] = [
-        (
-            gateway.config.pool.size_file.clone(),
-            "pool size file",
-            "pool_size",
-            SIZE_FILE_POLL,
-            apply_size_file,
-        ),
-        (
-            gateway.config.keys.file.clone(),
-            "keys file",
-            "keys",
-            KEYS_FILE_POLL,
-            apply_keys_file,
-        ),
-        (
-            gateway.config.source.clone(),
-            "config file",
-            "config",
-            CONFIG_FILE_POLL,
-            apply_live_config,
-        ),
-    ];
-    for (path, what, file, poll, apply) in watchers {
-        if let Some(path) = path {
-            let gw = gateway.clone();
-            watch_file(&gateway, path, what, file, poll, move |text| {
-                apply(&gw, text)
-            });
-        }
-    }
-    for route in &gateway.routes {
-        for u in &route.upstreams {
-            let Some(path) = u.config.api_key_file.clone() else {
-                continue;
-            };
-            let (model, key) = (route.config.model.clone(), u.config.api_key.clone());
-            watch_file(
-                &gateway,
-                path,
-                "upstream key file",
-                "upstream_key",
-                KEYS_FILE_POLL,
-                move |text| crate::upstream::key::apply_key_file(&model, &key, text),
-            );
-        }
-    }
-    // A rotated Redis URL file moves the shared connection (store, leases,
-    // client-secret configs, call records) to the new URL; calls fail open
-    // meanwhile.
-    if let (Some(path), Some(conn)) = (
-        gateway.config.store.redis_url_file.clone(),
-        gateway.redis.clone(),
-    ) {
-        let has_ca = gateway.config.store.ca_file.is_some();
-        watch_file(
-            &gateway,
-            path,
-            "Redis URL file",
-            "redis_url",
-            KEYS_FILE_POLL,
-            move |text| apply_redis_url(&conn, has_ca, text),
-        );
-    }
-    // Each signing key file is polled; a change to any re-reads them all.
-    for path in gateway.client_secrets.signing_key_files() {
-        let gw = gateway.clone();
-        watch_file(
-            &gateway,
-            path.clone(),
-            "client-secret signing key",
-            "signing_key",
-            KEYS_FILE_POLL,
-            move |_| gw.client_secrets.reload(),
-        );
-    }
-    tokio::spawn(mark_ready_when_warm(gateway.clone()));
-    tokio::spawn(server::serve_clients(listener, gateway.clone()));
-    tokio::spawn(server::serve_admin(admin, gateway.clone()));
-    tracing::info!(%addr, %admin_addr, routes = gateway.routes.len(), "gateway listening");
-    Ok(Running {
-        gateway,
-        addr,
-        admin_addr,
     })
 }

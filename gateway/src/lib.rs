@@ -3,29 +3,38 @@
 //! a session is `server` (checks before the 101) → `admission` → `session`
 //! (upgrade, upstream, `session.created`) → `relay` (the splice).
 
+pub mod access;
 pub mod admin;
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod body;
+pub mod bootstrap;
 pub mod calls;
 pub mod client_conn;
 pub mod client_secret;
 pub mod config;
-pub mod demo;
+pub mod descriptors;
 pub mod drain;
 pub mod event;
 pub mod gateway;
+pub mod http_access;
+pub mod http_error;
 pub mod ids;
+pub mod lane;
 pub mod linger;
 pub mod logging;
 pub mod logs;
 pub mod metering;
+pub mod metric_family;
 pub mod metrics;
+pub mod pem;
 pub mod relay;
+pub mod reload;
 pub mod secret;
 pub mod server;
 pub mod session;
-pub mod sim;
 pub mod store;
 pub mod upstream;
+pub mod upstream_key;
 pub mod watch;

@@ -7,7 +7,8 @@
 //!   stderr, so stdout carries nothing else);
 //! - the Redis stream `{prefix}request_logs`, when Redis is configured: one
 //!   flat stream field per row field, every value a string (`ttft_ms`,
-//!   `team`, `client_secret_id` and `call_id` are empty when absent, `usage_unknown` is `true`/`false`). The
+//!   `team`, `client_secret_id` and `call_id` are empty when absent, `usage_unknown` and
+//!   `usage_implausible` are `true`/`false`). The
 //!   stream write rides in the meter's flush round trip
 //!   ([`crate::store::Store::flush`]), and waits in the outbox
 //!   ([`crate::metering::outbox`]) while the store fails.
@@ -22,8 +23,8 @@
 //! the drain's [`RequestLog::settle`] cuts the linger short. A stalled
 //! stdout reader (a slow log collector) therefore stalls only that thread:
 //! rows wait in the queue, counted by `patchbay_outbox_rows{sink="stdout"}`,
-//! up to [`crate::metering::outbox::MAX_ROWS`] rows or
-//! [`crate::metering::outbox::MAX_BYTES`]; past that the oldest are dropped,
+//! up to [`crate::lane::MAX_ROWS`] rows or
+//! [`crate::lane::MAX_BYTES`]; past that the oldest are dropped,
 //! counted by `patchbay_outbox_dropped_total{sink="stdout"}` with a warning.
 //! A failed write (stdout closed) drops its rows the same way.
 //! [`RequestLog::settle`] waits (polling, never blocking a worker) for the
@@ -37,8 +38,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
 
+use crate::lane::{Bounds, Lane, SETTLE_POLL};
 use crate::linger::{self, Batching, Linger};
-use crate::metering::outbox::{Bounds, Lane, SETTLE_POLL};
 use crate::metrics::{sink, Metrics};
 
 /// How long the writer thread waits, once woken, for more rows before it
@@ -48,7 +49,7 @@ pub const LINGER: Duration = Duration::from_millis(100);
 pub const LINGER_BYTES: usize = 256 * 1024;
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 29] = [
+pub const FIELDS: [&str; 30] = [
     "request_id",
     "session_id",
     "key_id",
@@ -77,6 +78,7 @@ pub const FIELDS: [&str; 29] = [
     "transcription_tokens",
     "cost_usd",
     "usage_unknown",
+    "usage_implausible",
     "end_reason",
 ];
 
@@ -136,8 +138,14 @@ pub struct RequestLogRow {
     pub output_text_tokens: u64,
     pub output_audio_tokens: u64,
     pub transcription_tokens: u64,
+    /// What the turn was charged: its cost at the flush's prices, capped at
+    /// `[metering] max_turn_usd` when `usage_implausible`.
     pub cost_usd: f64,
     pub usage_unknown: bool,
+    /// The usage reported was beyond the plausibility bound
+    /// ([`crate::metering::pricing::charge`]): the token counts are as
+    /// reported, `cost_usd` is capped.
+    pub usage_implausible: bool,
     pub end_reason: String,
 }
 
@@ -177,6 +185,7 @@ impl RequestLogRow {
         w.field("transcription_tokens", &self.transcription_tokens);
         w.field("cost_usd", &self.cost_usd);
         w.field("usage_unknown", &self.usage_unknown);
+        w.field("usage_implausible", &self.usage_implausible);
         w.field("end_reason", &self.end_reason);
         out.push(b'}');
         // serde_json writes UTF-8 only.
@@ -233,6 +242,7 @@ impl RequestLogRow {
             ("transcription_tokens", n(self.transcription_tokens)),
             ("cost_usd", self.cost_usd.to_string()),
             ("usage_unknown", self.usage_unknown.to_string()),
+            ("usage_implausible", self.usage_implausible.to_string()),
             ("end_reason", self.end_reason.clone()),
         ]
     }
@@ -520,6 +530,7 @@ mod tests {
             transcription_tokens: 0,
             cost_usd: 0.0065,
             usage_unknown: false,
+            usage_implausible: false,
             end_reason: "completed".into(),
         }
     }
@@ -543,6 +554,7 @@ mod tests {
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{line}");
         assert_eq!(v["ttft_ms"], serde_json::Value::Null);
         assert_eq!(v["usage_unknown"], false);
+        assert_eq!(v["usage_implausible"], false);
         assert_eq!(v["team"], "support");
         assert_eq!(v["client_secret_id"], serde_json::Value::Null);
         assert_eq!(v["cost_usd"], 0.0065);
@@ -567,6 +579,7 @@ mod tests {
         row.ttft_ms = Some(u64::MAX);
         row.status = 499;
         row.usage_unknown = true;
+        row.usage_implausible = true;
         rows.push(row);
         for cost in [
             0.0,
@@ -592,6 +605,7 @@ mod tests {
         row.team = None;
         row.ttft_ms = Some(87);
         row.usage_unknown = true;
+        row.usage_implausible = true;
         let fields = row.stream_fields();
         let names: Vec<&str> = fields.iter().map(|(k, _)| *k).collect();
         assert_eq!(names, FIELDS.to_vec());
@@ -600,6 +614,7 @@ mod tests {
         assert_eq!(get("client_secret_id"), "");
         assert_eq!(get("ttft_ms"), "87");
         assert_eq!(get("usage_unknown"), "true");
+        assert_eq!(get("usage_implausible"), "true");
         assert_eq!(get("cost_usd"), "0.0065");
         assert_eq!(get("status"), "200");
     }

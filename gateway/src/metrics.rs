@@ -3,6 +3,12 @@
 //! Labels carry the route's model and an outcome or result, never a key or
 //! a key id. Histograms use buckets from 1 ms to 10 s, which cover a pooled
 //! session start (sub-millisecond to a few ms) and a cold upstream dial.
+//!
+//! Every family is exported from the start, with no series yet
+//! ([`Declared`]); the series whose labels the configuration tells (each
+//! route's model and upstreams, fixed reason sets) are created at 0 when
+//! the routes are built ([`ModelMeters::export_at_zero`], the pools and
+//! `Route` in [`crate::gateway`]), so dashboards read 0, not "no data".
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -14,6 +20,8 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use crate::metric_family::Declared;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabel {
@@ -91,6 +99,12 @@ pub struct SecretRefusalLabels {
     pub reason: String,
 }
 
+/// Why the store refused a write (`patchbay_store_refusals_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabel {
+    pub reason: String,
+}
+
 fn seconds_histogram() -> Histogram {
     Histogram::new([
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -121,7 +135,14 @@ pub struct Metrics {
     pub rate_limit_blocks: Family<ModelLabel, Counter>,
     pub client_disconnects: Family<ModelLabel, Counter>,
     pub usage_records_dropped: Family<ModelLabel, Counter>,
+    pub usage_implausible: Family<ModelLabel, Counter>,
+    pub usage_duplicates: Family<ModelLabel, Counter>,
     pub store_errors: Counter,
+    /// Writes the store refused whole (`noperm`, `wrongtype`,
+    /// `not_a_number`), kept in the outbox and replayed.
+    pub store_refusals: Family<RefusalLabel, Counter>,
+    /// Failed `accept()`s on the client listener (`EMFILE` and friends).
+    pub accept_errors: Counter,
     pub session_lease_fallbacks: Counter,
     pub outbox_rows: Family<SinkLabel, Gauge>,
     pub outbox_bytes: Family<SinkLabel, Gauge>,
@@ -168,7 +189,11 @@ impl Metrics {
             rate_limit_blocks: Family::default(),
             client_disconnects: Family::default(),
             usage_records_dropped: Family::default(),
+            usage_implausible: Family::default(),
+            usage_duplicates: Family::default(),
             store_errors: Counter::default(),
+            store_refusals: Family::default(),
+            accept_errors: Counter::default(),
             session_lease_fallbacks: Counter::default(),
             outbox_rows: Family::default(),
             outbox_bytes: Family::default(),
@@ -184,135 +209,159 @@ impl Metrics {
         r.register(
             "realtime_sessions_active",
             "Live client sessions",
-            m.sessions_active.clone(),
+            Declared(m.sessions_active.clone()),
         );
         r.register(
             "realtime_sessions",
             "Client sessions ended, by outcome",
-            m.sessions_total.clone(),
+            Declared(m.sessions_total.clone()),
         );
         r.register(
             "upstream_dial_seconds",
             "Successful upstream dials: connect + upgrade + session.created",
-            m.upstream_dial_seconds.clone(),
+            Declared(m.upstream_dial_seconds.clone()),
         );
         r.register(
             "session_setup_seconds",
             "Client upgrade to session.created sent to the client",
-            m.session_setup_seconds.clone(),
+            Declared(m.session_setup_seconds.clone()),
         );
         r.register(
             "pool_hits",
             "Sessions served a warm socket",
-            m.pool_hits.clone(),
+            Declared(m.pool_hits.clone()),
         );
         r.register(
             "pool_misses",
             "Sessions that dialled fresh, by reason",
-            m.pool_misses.clone(),
+            Declared(m.pool_misses.clone()),
         );
         r.register(
             "pool_warm_sockets",
             "Warm upstream sockets waiting",
-            m.pool_warm_sockets.clone(),
+            Declared(m.pool_warm_sockets.clone()),
         );
         r.register(
             "pool_dials",
             "Pool dials, by upstream and result",
-            m.pool_dials.clone(),
+            Declared(m.pool_dials.clone()),
         );
         r.register(
             "upstream_failovers",
             "Session set-ups moved to another upstream after a failed dial",
-            m.upstream_failovers.clone(),
+            Declared(m.upstream_failovers.clone()),
         );
         r.register(
             "upstream_circuit_open",
             "1 while an upstream's circuit breaker is open (no dials go to it)",
-            m.upstream_circuit_open.clone(),
+            Declared(m.upstream_circuit_open.clone()),
         );
         r.register(
             "admission_refusals",
             "Upgrades refused before any upstream dial, by reason",
-            m.refusals.clone(),
+            Declared(m.refusals.clone()),
         );
         r.register(
             "turns",
             "Response turns metered, by status",
-            m.turns.clone(),
+            Declared(m.turns.clone()),
         );
-        r.register("tokens", "Tokens metered", m.tokens.clone());
-        r.register("cost_usd", "Metered cost in USD", m.cost_usd.clone());
+        r.register("tokens", "Tokens metered", Declared(m.tokens.clone()));
+        r.register(
+            "cost_usd",
+            "Metered cost in USD",
+            Declared(m.cost_usd.clone()),
+        );
         r.register(
             "budget_blocks",
             "Sessions refused or closed for a spent budget",
-            m.budget_blocks.clone(),
+            Declared(m.budget_blocks.clone()),
         );
         r.register(
             "rate_limit_blocks",
             "Sessions refused by rpm/tpm",
-            m.rate_limit_blocks.clone(),
+            Declared(m.rate_limit_blocks.clone()),
         );
         r.register(
             "client_disconnects",
             "Clients that left without a close handshake",
-            m.client_disconnects.clone(),
+            Declared(m.client_disconnects.clone()),
         );
         r.register(
             "usage_records_dropped",
-            "Turns dropped because the meter's channel was full",
-            m.usage_records_dropped.clone(),
+            "never_done evictions dropped because the meter's channel was full (a record closing a turn is never dropped)",
+            Declared(m.usage_records_dropped.clone()),
+        );
+        r.register(
+            "usage_implausible",
+            "Turns whose usage was beyond the plausibility bound: charged at most [metering] max_turn_usd",
+            Declared(m.usage_implausible.clone()),
+        );
+        r.register(
+            "usage_duplicates",
+            "Repeated response.done events for a response already metered in the session: not charged again",
+            Declared(m.usage_duplicates.clone()),
         );
         r.register(
             "store_errors",
             "Failed or timed-out store calls (fail open)",
-            m.store_errors.clone(),
+            Declared(m.store_errors.clone()),
+        );
+        r.register(
+            "store_refusals",
+            "Store writes refused whole (by reason: noperm, wrongtype, not_a_number), kept in the outbox and replayed",
+            Declared(m.store_refusals.clone()),
+        );
+        r.register(
+            "accept_errors",
+            "Failed accepts of client connections (out of file descriptors, mostly)",
+            Declared(m.accept_errors.clone()),
         );
         r.register(
             "session_lease_fallbacks",
             "Capped-key admissions decided by this process's own session count because Redis did not answer",
-            m.session_lease_fallbacks.clone(),
+            Declared(m.session_lease_fallbacks.clone()),
         );
         r.register(
             "outbox_rows",
             "Request-log rows waiting for their sink (stdout writer, or the store while it fails)",
-            m.outbox_rows.clone(),
+            Declared(m.outbox_rows.clone()),
         );
         r.register(
             "outbox_bytes",
             "Approximate bytes of the rows waiting for their sink",
-            m.outbox_bytes.clone(),
+            Declared(m.outbox_bytes.clone()),
         );
         r.register(
             "outbox_dropped",
             "Rows dropped past the outbox bound (oldest first) or refused by their sink",
-            m.outbox_dropped.clone(),
+            Declared(m.outbox_dropped.clone()),
         );
         r.register(
             "outbox_dropped_usd",
             "Spend of store writes dropped from the outbox, never counted in a budget",
-            m.outbox_dropped_usd.clone(),
+            Declared(m.outbox_dropped_usd.clone()),
         );
         r.register(
             "outbox_replayed",
             "Store writes sent from the outbox and confirmed",
-            m.outbox_replayed.clone(),
+            Declared(m.outbox_replayed.clone()),
         );
         r.register(
             "config_reloads",
             "Changed contents of a live-reloaded file, by file and result",
-            m.config_reloads.clone(),
+            Declared(m.config_reloads.clone()),
         );
         r.register_collector(Box::new(LogLinesDropped));
         r.register(
             "client_secrets_minted",
             "Client secrets minted, by model",
-            m.client_secrets_minted.clone(),
+            Declared(m.client_secrets_minted.clone()),
         );
         r.register(
             "client_secrets_refused",
             "Client-secret mints and connects refused, by stage and reason",
-            m.client_secrets_refused.clone(),
+            Declared(m.client_secrets_refused.clone()),
         );
         Self { registry, ..m }
     }
@@ -362,11 +411,12 @@ pub const TOKEN_KINDS: [(&str, &str); 7] = [
 
 /// One model's per-session and per-turn series (`sessions_active`,
 /// `upstream_dial_seconds`, `session_setup_seconds`, `sessions_total` by
-/// outcome, `pool_hits`, `usage_records_dropped`, `turns` with status 200, `tokens`,
-/// `cost_usd`), looked up in their families once per process instead of on
+/// outcome, `pool_hits`, `usage_records_dropped`, `usage_duplicates`,
+/// `turns` with status 200, `tokens`, `cost_usd`), looked up in their families once per process instead of on
 /// every session and turn (a lookup allocates the label set and hashes it).
 /// Each is taken from its family at its first use, so a series appears in
-/// `/metrics` exactly when it would without the cache.
+/// `/metrics` exactly when it would without the cache; a route's model
+/// has them all from the start ([`ModelMeters::export_at_zero`]).
 #[derive(Debug, Default)]
 pub struct ModelMeters {
     model: String,
@@ -376,6 +426,7 @@ pub struct ModelMeters {
     /// `sessions_total` by outcome (a handful of `&'static str`s).
     sessions: Mutex<Vec<(&'static str, Counter)>>,
     records_dropped: OnceLock<Counter>,
+    duplicates: OnceLock<Counter>,
     pool_hits: OnceLock<Counter>,
     turns_ok: OnceLock<Counter>,
     tokens: [OnceLock<Counter>; TOKEN_KINDS.len()],
@@ -454,6 +505,11 @@ impl ModelMeters {
             .clone()
     }
 
+    /// The model's `usage_duplicates` counter (a handle).
+    pub fn usage_duplicates(&self, m: &Metrics) -> Counter {
+        self.of_model(&self.duplicates, &m.usage_duplicates).clone()
+    }
+
     /// Counts a turn of this model with `status`.
     pub fn turn(&self, m: &Metrics, status: u16) {
         let labels = |status: u16| StatusLabels {
@@ -490,6 +546,35 @@ impl ModelMeters {
 
     pub fn cost_usd(&self, m: &Metrics, usd: f64) {
         self.of_model(&self.cost_usd, &m.cost_usd).inc_by(usd);
+    }
+
+    /// Creates, at 0, every series of this model whose labels are known
+    /// before any session: the cached ones above (tokens of each of
+    /// [`TOKEN_KINDS`]), the model's blocks, disconnects, implausible usage
+    /// and minted secrets. A dashboard then reads 0, not "no data", on a
+    /// fresh pod. Series keyed by what only a session tells (a turn's
+    /// status, a session's outcome, a refusal's reason) stay lazy.
+    pub fn export_at_zero(&self, m: &Metrics) {
+        self.sessions_active(m);
+        self.of_model(&self.dial_seconds, &m.upstream_dial_seconds);
+        self.of_model(&self.setup_seconds, &m.session_setup_seconds);
+        self.records_dropped(m);
+        self.usage_duplicates(m);
+        self.of_model(&self.pool_hits, &m.pool_hits);
+        for kind in 0..TOKEN_KINDS.len() {
+            self.tokens(m, kind, 0);
+        }
+        self.cost_usd(m, 0.0);
+        let label = model(&self.model);
+        for family in [
+            &m.budget_blocks,
+            &m.rate_limit_blocks,
+            &m.client_disconnects,
+            &m.usage_implausible,
+            &m.client_secrets_minted,
+        ] {
+            drop(family.get_or_create(&label));
+        }
     }
 }
 
@@ -611,5 +696,33 @@ mod tests {
             assert!(text.contains(line), "{line} in {text}");
         }
         assert!(!text.contains("modality=\"image\""), "{text}");
+    }
+
+    #[test]
+    fn a_models_known_series_are_exported_at_zero_and_per_turn_ones_stay_lazy() {
+        let m = Metrics::new();
+        m.model_meters("m").export_at_zero(&m);
+        let text = m.encode();
+        for line in [
+            "patchbay_realtime_sessions_active{model=\"m\"} 0",
+            "patchbay_upstream_dial_seconds_count{model=\"m\"} 0",
+            "patchbay_pool_hits_total{model=\"m\"} 0",
+            "patchbay_budget_blocks_total{model=\"m\"} 0",
+            "patchbay_rate_limit_blocks_total{model=\"m\"} 0",
+            "patchbay_client_disconnects_total{model=\"m\"} 0",
+            "patchbay_usage_implausible_total{model=\"m\"} 0",
+            "patchbay_client_secrets_minted_total{model=\"m\"} 0",
+            "patchbay_tokens_total{model=\"m\",direction=\"input\",modality=\"image\"} 0",
+            "patchbay_cost_usd_total{model=\"m\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        // A turn's status and a session's outcome are not known at start.
+        assert!(text.contains("# TYPE patchbay_turns counter\n"), "{text}");
+        assert!(!text.contains("patchbay_turns_total{"), "{text}");
+        assert!(
+            !text.contains("patchbay_realtime_sessions_total{"),
+            "{text}"
+        );
     }
 }

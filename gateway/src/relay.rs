@@ -65,6 +65,7 @@
 //! close or 1011. Oversize messages (`max_message_bytes`) get 1009 on the
 //! leg that sent them; a client protocol error 1002 (1007 for invalid UTF-8).
 
+pub mod code;
 pub mod frame;
 pub mod leg;
 pub(crate) mod on_wake;
@@ -107,16 +108,6 @@ pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// (`benchmarks/README.md`, read-buffer A/B).
 pub const READ_BUFFER_BYTES: usize = 4 * 1024;
 
-/// Close codes the teardown sends.
-pub mod code {
-    pub const NORMAL: u16 = 1000;
-    pub const GOING_AWAY: u16 = 1001;
-    pub const PROTOCOL_ERROR: u16 = 1002;
-    pub const INVALID_PAYLOAD: u16 = 1007;
-    pub const TOO_BIG: u16 = 1009;
-    pub const INTERNAL: u16 = 1011;
-}
-
 /// The WebSocket settings of tungstenite connections (a call's sideband).
 pub fn ws_config(max_message_bytes: usize) -> WebSocketConfig {
     WebSocketConfig::default()
@@ -127,6 +118,12 @@ pub fn ws_config(max_message_bytes: usize) -> WebSocketConfig {
 
 /// Sees upstream text messages on their way to the client, and the end.
 pub trait Tap {
+    /// Whether the tap can take another upstream message now. While it is
+    /// `Pending` (its waker registered) the relay reads no upstream frame:
+    /// the tap's backpressure, for records it must not drop.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Ready(())
+    }
     fn on_upstream_text(&mut self, _text: &str) {}
     /// A text message as received (the upstream's text is trusted, not
     /// validated, on the relay's path). The default validates it and hands
@@ -480,7 +477,7 @@ where
                 self.again = true;
                 break;
             }
-            if !self.upstream_read.ready() {
+            if !self.upstream_read.ready() || self.tap.poll_ready(cx).is_pending() {
                 break;
             }
             let f = match self.upstream.poll_frame(&mut self.upstream_read.context()) {
@@ -751,6 +748,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventLeg for Leg<S> {
     }
 
     async fn read_into<T: Tap>(&mut self, tap: &mut T) -> bool {
+        std::future::poll_fn(|cx| tap.poll_ready(cx)).await;
         self.read_text(|t| tap.on_upstream_frame(t)).await
     }
 }
@@ -772,6 +770,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventLeg for WsLeg<'_, S> {
     }
 
     async fn read_into<T: Tap>(&mut self, tap: &mut T) -> bool {
+        std::future::poll_fn(|cx| tap.poll_ready(cx)).await;
         match self.rx.next().await {
             Some(Ok(Message::Text(t))) => {
                 tap.on_upstream_text(&t);

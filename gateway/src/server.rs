@@ -10,11 +10,19 @@
 //! every later request on a kept-alive connection are served by hyper's
 //! HTTP/1 connection (the bytes already read replayed to it). Owning the
 //! accept loop gives the knobs a gateway needs: a listen backlog of
-//! [`LISTEN_BACKLOG`] for connect bursts, `TCP_NODELAY` on every accepted
+//! [`crate::bootstrap::LISTEN_BACKLOG`] for connect bursts, `TCP_NODELAY` on every accepted
 //! socket, and a head read timeout (`upgrade_timeout_secs`, the gateway's
 //! own read and hyper's) so half-open upgrades are dropped instead of
 //! piling up. Each connection is its own task, so a stalled one never
 //! delays another.
+//!
+//! Out of file descriptors, `accept()` fails with `EMFILE`: the loop backs
+//! off for [`ACCEPT_BACKOFF`] (the listener stays readable, so an immediate
+//! retry would spin) and the gateway reports not ready until an accept can
+//! succeed again ([`next_connection`]).
+//!
+//! An HTTP/2 prior-knowledge preface is answered `505` and closed (hyper's
+//! HTTP/1 connection would close it silently).
 //!
 //! Checks before the 101, in order: WebSocket handshake (else the request
 //! goes to the router, which answers 400 or 404); draining → 503;
@@ -39,40 +47,23 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
+use crate::access::{self, Origin};
 use crate::admission::Refusal;
 use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
 use crate::client_conn::{self, First};
 use crate::client_secret::is_client_secret;
+use crate::descriptors;
 use crate::gateway::Gateway;
-use crate::metrics::ReasonLabels;
+use crate::http_error::{count_refusal, refusal_parts, refusal_response};
 use crate::session::{ClientStart, Session};
 
-/// Pending-connection queue length; connect bursts of hundreds of sessions
-/// must not overflow it (the kernel caps it at `net.core.somaxconn`).
-pub const LISTEN_BACKLOG: u32 = 4096;
-
-/// Paths a Realtime client may use: OpenAI's, and Azure's two.
-pub const REALTIME_PATHS: [&str; 3] = ["/v1/realtime", "/openai/realtime", "/openai/v1/realtime"];
-
 type Body = Full<Bytes>;
-
-/// Binds with `SO_REUSEADDR` and a deep backlog.
-pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
-}
 
 fn http1(gw: &Gateway) -> hyper::server::conn::http1::Builder {
     let mut b = hyper::server::conn::http1::Builder::new();
@@ -90,17 +81,72 @@ pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
     loop {
         // Accepting goes on while draining, so that new upgrades get a clear
         // 503 (and SDKs retry elsewhere) rather than a refused connection.
-        let (tcp, _peer) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                // EMFILE and friends: back off briefly rather than spin.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let tcp = next_connection(&listener, &gw).await;
         let _ = tcp.set_nodelay(true);
         tokio::spawn(serve_client(tcp, gw.clone(), builder.clone(), api.clone()));
+    }
+}
+
+/// How long the accept loops wait after a failed `accept()`.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The next client connection.
+///
+/// A failed accept is retried after [`ACCEPT_BACKOFF`]: the listener stays
+/// readable, so an immediate retry would spin. Out of descriptors, the
+/// gateway is not ready until an accept can succeed again. Linux fails an
+/// `accept()` with `EMFILE` before it looks for a connection, so this
+/// happens with none waiting too (the accept right after the one that took
+/// the last descriptor); and with none waiting, nothing would wake the
+/// loop to find out that descriptors were freed. So while accepts fail the
+/// listener is looked at once per back-off: a connection, or none waiting
+/// (the kernel found a descriptor before it found no connection), ends the
+/// spell.
+async fn next_connection(listener: &TcpListener, gw: &Gateway) -> TcpStream {
+    loop {
+        let result = if gw.accepts_failing() {
+            tokio::time::sleep(ACCEPT_BACKOFF).await;
+            match listener.accept().now_or_never() {
+                Some(r) => r,
+                None => {
+                    accepts_recovered(gw);
+                    continue;
+                }
+            }
+        } else {
+            listener.accept().await
+        };
+        match result {
+            Ok((tcp, _peer)) => {
+                accepts_recovered(gw);
+                return tcp;
+            }
+            Err(e) if descriptors::is_out_of_descriptors(&e) => {
+                gw.metrics.accept_errors.inc();
+                if gw.set_accepts_failing(true) {
+                    tracing::warn!(
+                        error = %e,
+                        live_sessions = gw.sessions.active(),
+                        "accept failed: out of file descriptors; not ready until accepts succeed again"
+                    );
+                }
+            }
+            Err(e) => {
+                gw.metrics.accept_errors.inc();
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// Accepts work again (after a spell without descriptors): ready.
+fn accepts_recovered(gw: &Gateway) {
+    if gw.set_accepts_failing(false) {
+        tracing::info!(
+            live_sessions = gw.sessions.active(),
+            "accepts succeed again: ready"
+        );
     }
 }
 
@@ -121,12 +167,13 @@ async fn serve_client(
     builder: hyper::server::conn::http1::Builder,
     api: axum::Router,
 ) {
-    match Box::pin(first_request(tcp, &gw)).await {
+    let peer = tcp.peer_addr().ok();
+    match Box::pin(first_request(tcp, peer, &gw)).await {
         Next::Session(session) => {
             drop((builder, api, gw));
             session.await;
         }
-        Next::Hyper(io) => Box::pin(serve_with_hyper(io, gw, &builder, api)).await,
+        Next::Hyper(io) => Box::pin(serve_with_hyper(io, peer, gw, &builder, api)).await,
         Next::Done => {}
     }
 }
@@ -145,7 +192,7 @@ enum Next {
 }
 
 /// Reads the first request; answers a Realtime upgrade itself.
-async fn first_request(mut tcp: TcpStream, gw: &Arc<Gateway>) -> Next {
+async fn first_request(mut tcp: TcpStream, peer: Option<SocketAddr>, gw: &Arc<Gateway>) -> Next {
     let head_timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
     let first = match tokio::time::timeout(head_timeout, client_conn::read_head(&mut tcp)).await {
         Ok(f) => f,
@@ -155,18 +202,23 @@ async fn first_request(mut tcp: TcpStream, gw: &Arc<Gateway>) -> Next {
     let started = Instant::now();
     let replay = match first {
         First::Gone => return Next::Done,
+        First::Http2 => {
+            http2_refused(tcp, peer, gw, head_timeout, started).await;
+            return Next::Done;
+        }
         First::Other(read) => read,
         First::Get {
             head,
             read,
             head_len,
-        } if REALTIME_PATHS.contains(&head.path.as_str())
+        } if crate::session::REALTIME_PATHS.contains(&head.path.as_str())
             && is_websocket_upgrade(&Method::GET, &head.headers) =>
         {
             // Tracked from admission on: a drain that starts while the
             // admission waits for Redis waits for this session too.
             let admitting = gw.tasks.token();
-            match check_upgrade(gw, &head.query, &head.headers, started).await {
+            let origin = Origin::new(&head.path, Some(&head.query), peer);
+            match check_upgrade(gw, &head.query, &head.headers, started, origin).await {
                 Ok(accepted) => {
                     let response =
                         client_conn::switching_protocols(&accepted.accept, accepted.subprotocol());
@@ -202,10 +254,66 @@ async fn first_request(mut tcp: TcpStream, gw: &Arc<Gateway>) -> Next {
     Next::Hyper(client_conn::Rewind::new(replay, tcp))
 }
 
+/// Answers an HTTP/2 prior-knowledge preface with a 505 (hyper's HTTP/1
+/// connection would close it silently), then closes: the client's next
+/// bytes are HTTP/2 frames no answer can follow.
+async fn http2_refused(
+    mut tcp: TcpStream,
+    peer: Option<SocketAddr>,
+    gw: &Gateway,
+    within: Duration,
+    started: Instant,
+) {
+    let r = Refusal::new(
+        StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+        "invalid_request_error",
+        "http_version_not_supported",
+        "HTTP/2 is not served here: use HTTP/1.1 (WebSocket upgrades and the REST routes)",
+    );
+    count_refusal(gw, "", &r);
+    tracing::info!(status = 505, "HTTP/2 prior-knowledge preface refused");
+    if gw.config.server.access_log {
+        access::Line {
+            kind: "http",
+            method: "PRI",
+            path: "*",
+            status: r.status.as_u16(),
+            code: Some(r.code),
+            outcome: None,
+            key_id: None,
+            model: None,
+            client: peer,
+            duration: started.elapsed(),
+        }
+        .emit();
+    }
+    let (status, mut headers, body) = refusal_parts(&r);
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    let bytes = client_conn::response(status, &headers, body.as_bytes());
+    let _ = tokio::time::timeout(within, async {
+        tcp.write_all(&bytes).await?;
+        tcp.shutdown().await
+    })
+    .await;
+    // Closing with the client's frames unread would reset the connection,
+    // and a reset can destroy the answer before the client reads it: what
+    // the client still sends is read and dropped, briefly.
+    let _ = tokio::time::timeout(H2_LINGER, async {
+        let mut sink = [0u8; 4096];
+        while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// How long a refused HTTP/2 connection is read (and dropped) after its
+/// answer, so the answer is not lost to a reset.
+const H2_LINGER: Duration = Duration::from_secs(1);
+
 /// Serves a connection with hyper: Realtime upgrades through
 /// [`handle_client`], every other request through the API router.
 async fn serve_with_hyper(
     io: client_conn::Rewind,
+    peer: Option<SocketAddr>,
     gw: Arc<Gateway>,
     builder: &hyper::server::conn::http1::Builder,
     api: axum::Router,
@@ -217,13 +325,23 @@ async fn serve_with_hyper(
                 let gw = gw.clone();
                 let api = api.clone();
                 async move {
-                    if REALTIME_PATHS.contains(&req.uri().path())
+                    if crate::session::REALTIME_PATHS.contains(&req.uri().path())
                         && is_websocket_upgrade(req.method(), req.headers())
                     {
-                        return Ok(handle_client(req, gw).await.map(axum::body::Body::new));
+                        return Ok(handle_client(req, peer, gw)
+                            .await
+                            .map(axum::body::Body::new));
                     }
                     let req = req.map(axum::body::Body::new);
-                    tower::ServiceExt::oneshot(api, req).await
+                    if !gw.config.server.access_log {
+                        return tower::ServiceExt::oneshot(api, req).await;
+                    }
+                    let request = crate::http_access::Request::of(&gw, &req, peer);
+                    let response = tower::ServiceExt::oneshot(api, req).await;
+                    if let Ok(r) = &response {
+                        request.answered(r);
+                    }
+                    response
                 }
             }),
         )
@@ -236,7 +354,7 @@ pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
     let admin = crate::admin::router(gw);
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(ACCEPT_BACKOFF).await;
             continue;
         };
         let admin = admin.clone();
@@ -251,48 +369,6 @@ pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
             let _ = conn.await;
         });
     }
-}
-
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r
-}
-
-/// Counts a refusal in `patchbay_admission_refusals_total{model,reason}`.
-pub fn count_refusal(gw: &Gateway, model_name: &str, refusal: &Refusal) {
-    gw.metrics
-        .refusals
-        .get_or_create(&ReasonLabels {
-            model: model_name.into(),
-            reason: refusal.code.into(),
-        })
-        .inc();
-}
-
-/// The OpenAI-style JSON answer for a refusal, with `Retry-After` when it
-/// has one.
-pub fn refusal_response(refusal: &Refusal) -> Response<Body> {
-    let (status, headers, body) = refusal_parts(refusal);
-    let mut r = text(status, body);
-    *r.headers_mut() = headers;
-    r
-}
-
-/// A refusal's status, headers and body.
-fn refusal_parts(refusal: &Refusal) -> (StatusCode, HeaderMap, String) {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if let Some(after) = refusal.retry_after {
-        headers.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(after.as_secs().max(1)),
-        );
-    }
-    (refusal.status, headers, refusal.body())
 }
 
 /// A WebSocket handshake request (RFC 6455 §4.2.1), by its method and
@@ -339,14 +415,19 @@ pub(crate) fn tracked<F: Future<Output = ()>>(
     session.map(move |()| drop(admitted))
 }
 
-/// A WebSocket upgrade of one of [`REALTIME_PATHS`] served by hyper (a
+/// A WebSocket upgrade of one of [`crate::session::REALTIME_PATHS`] served by hyper (a
 /// request after the first on a kept-alive connection).
-async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response<Body> {
+async fn handle_client(
+    mut req: Request<Incoming>,
+    peer: Option<SocketAddr>,
+    gw: Arc<Gateway>,
+) -> Response<Body> {
     let started = Instant::now();
     let query = req.uri().query().unwrap_or("");
+    let origin = Origin::new(req.uri().path(), Some(query), peer);
     // Tracked from admission on, as in `first_request`.
     let admitting = gw.tasks.token();
-    let accepted = match check_upgrade(&gw, query, req.headers(), started).await {
+    let accepted = match check_upgrade(&gw, query, req.headers(), started, origin).await {
         Ok(a) => a,
         Err(r) => return refusal_response(&r),
     };
@@ -371,43 +452,73 @@ async fn handle_client(mut req: Request<Incoming>, gw: Arc<Gateway>) -> Response
     r
 }
 
-/// The checks before the 101 (see the module docs), the refusal counted.
+/// The checks before the 101 (see the module docs), the refusal counted
+/// and written to the access log.
 async fn check_upgrade(
     gw: &Arc<Gateway>,
     query: &str,
     headers: &HeaderMap,
     started: Instant,
+    origin: Origin,
 ) -> Result<Accepted, Refusal> {
-    let (model, result) = admit_upgrade(gw, query, headers, started).await;
+    let mut refused = Refused::default();
+    let result = admit_upgrade(gw, query, headers, started, origin, &mut refused).await;
     if let Err(r) = &result {
-        count_refusal(gw, model.as_deref().unwrap_or(""), r);
+        count_refusal(gw, refused.model.as_deref().unwrap_or(""), r);
+        if gw.config.server.access_log {
+            access::Line {
+                kind: "websocket",
+                method: "GET",
+                path: &refused.path,
+                status: r.status.as_u16(),
+                code: Some(r.code),
+                outcome: None,
+                key_id: refused.key_id.as_deref(),
+                model: access::query_model(Some(query)).as_deref(),
+                client: refused.client,
+                duration: started.elapsed(),
+            }
+            .emit();
+        }
     }
     result
 }
 
-/// [`check_upgrade`] before counting: the result, and the model label of a
-/// refusal (set once the model is known to be served).
+/// What a refused upgrade's count and access line need from the checks.
+#[derive(Default)]
+struct Refused {
+    /// The model label: set once the model is known to be served.
+    model: Option<String>,
+    /// The key's id, once the key is known.
+    key_id: Option<String>,
+    path: String,
+    client: Option<SocketAddr>,
+}
+
+/// [`check_upgrade`] before counting; `refused` is filled for a refusal's
+/// count and access line.
 async fn admit_upgrade(
     gw: &Arc<Gateway>,
     query: &str,
     headers: &HeaderMap,
     started: Instant,
-) -> (Option<String>, Result<Accepted, Refusal>) {
+    origin: Origin,
+    refused: &mut Refused,
+) -> Result<Accepted, Refusal> {
+    refused.path = origin.path;
+    refused.client = origin.client;
     if gw.sessions.is_draining() {
-        return (None, Err(Refusal::draining()));
+        return Err(Refusal::draining());
     }
     let presented = presented_key(headers);
-    let requested_model = url::form_urlencoded::parse(query.as_bytes())
-        .find(|(k, _)| k == "model" || k == "deployment")
-        .map(|(_, v)| v.into_owned())
-        .filter(|m| !m.is_empty());
+    let requested_model = access::query_model(Some(query));
     let keys = gw.keys.get();
     let (key, grant) = match presented.key.as_ref() {
         None => {
             let r = Refusal::unauthorized(
                 "missing API key: send Authorization: Bearer <key>, api-key, or the openai-insecure-api-key subprotocol",
             );
-            return (None, Err(r));
+            return Err(r);
         }
         Some(secret) if is_client_secret(secret.expose()) => {
             let opened = gw
@@ -421,18 +532,14 @@ async fn admit_upgrade(
                 .await;
             match opened {
                 Ok((key, grant)) => (key, Some(grant)),
-                Err(r) => return (None, Err(r)),
+                Err(r) => return Err(r),
             }
         }
         Some(k) => match keys.lookup(k) {
-            None => {
-                return (
-                    None,
-                    Err(Refusal::unauthorized("incorrect API key provided")),
-                )
-            }
+            None => return Err(Refusal::unauthorized("incorrect API key provided")),
             Some(k) if k.disabled => {
-                return (None, Err(Refusal::unauthorized("this API key is disabled")))
+                refused.key_id = Some(k.id.clone());
+                return Err(Refusal::unauthorized("this API key is disabled"));
             }
             Some(k) => (k.clone(), None),
         },
@@ -447,7 +554,8 @@ async fn admit_upgrade(
             "missing_model",
             "missing required query parameter: model",
         );
-        return (None, Err(r));
+        refused.key_id = Some(key.id);
+        return Err(r);
     };
     let Some(route) = gw.route(&model_name).cloned() else {
         let r = Refusal::new(
@@ -456,12 +564,17 @@ async fn admit_upgrade(
             "model_not_found",
             format!("the model '{model_name}' is not served by this gateway"),
         );
-        return (None, Err(r));
+        refused.key_id = Some(key.id);
+        return Err(r);
     };
     let session_id = crate::ids::short_id();
     let permit = match gw.admit(&key, &route, &session_id).await {
         Ok(p) => p,
-        Err(r) => return (Some(model_name), Err(r)),
+        Err(r) => {
+            refused.model = Some(model_name);
+            refused.key_id = Some(key.id);
+            return Err(r);
+        }
     };
 
     let params = crate::upstream::dial::session_params(query);
@@ -478,13 +591,14 @@ async fn admit_upgrade(
         permit,
         params,
         started,
-    };
-    (
-        None,
-        Ok(Accepted {
-            session,
-            accept,
-            wants_realtime,
+        origin: Box::new(Origin {
+            path: std::mem::take(&mut refused.path),
+            client: refused.client,
         }),
-    )
+    };
+    Ok(Accepted {
+        session,
+        accept,
+        wants_realtime,
+    })
 }

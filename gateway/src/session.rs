@@ -49,6 +49,9 @@ use crate::relay::{self, Kill, Limits, Tap};
 use crate::upstream::dial::{DialError, UpstreamLeg, Warm};
 use crate::upstream::failover;
 
+/// Paths a Realtime client may use: OpenAI's, and Azure's two.
+pub const REALTIME_PATHS: [&str; 3] = ["/v1/realtime", "/openai/realtime", "/openai/v1/realtime"];
+
 /// Client frames held while the upstream is dialled; past either bound the
 /// client is not read until the upstream is ready (TCP pushes back), so a
 /// session holds at most this much plus one message
@@ -178,6 +181,9 @@ pub struct Session {
     pub params: Vec<(String, String)>,
     /// When the upgrade request arrived.
     pub started: Instant,
+    /// Its path and client, for the access line at its end (boxed: the
+    /// session's future stays small).
+    pub origin: Box<crate::access::Origin>,
 }
 
 impl Session {
@@ -516,6 +522,21 @@ impl Session {
             upstream_close_code = upstream_code,
             "session ended"
         );
+        if self.gateway.config.server.access_log {
+            crate::access::Line {
+                kind: "websocket",
+                method: "GET",
+                path: &self.origin.path,
+                status: 101,
+                code: None,
+                outcome: Some(outcome),
+                key_id: Some(&self.key.id),
+                model: Some(&self.route.config.model),
+                client: self.origin.client,
+                duration: self.started.elapsed(),
+            }
+            .emit();
+        }
     }
 }
 
@@ -582,6 +603,15 @@ pub fn dial_error_to_client(e: &DialError) -> (String, u16) {
             error_event("server_error", "upstream_unavailable", &e.client_message()),
             TRY_AGAIN_LATER,
         ),
+        // The gateway's shortage, not the upstream's: busy, try again.
+        DialError::OutOfDescriptors => (
+            error_event(
+                "server_error",
+                "server_busy",
+                "the gateway is out of connections right now; try again later",
+            ),
+            TRY_AGAIN_LATER,
+        ),
         _ => (
             error_event("server_error", "upstream_unavailable", &e.client_message()),
             INTERNAL,
@@ -603,6 +633,20 @@ mod tests {
         // A fresh dial connects after the client's start: the client's.
         let fresh = client + Duration::from_millis(40);
         assert_eq!(session_deadline(client, fresh, max), client + max);
+    }
+
+    #[test]
+    fn a_gateway_out_of_descriptors_tells_the_client_it_is_busy_not_the_upstream() {
+        let (event, code) = dial_error_to_client(&DialError::OutOfDescriptors);
+        let v: serde_json::Value = serde_json::from_str(&event).unwrap();
+        assert_eq!(v["error"]["code"], "server_busy");
+        assert_eq!(code, 1013, "try again later");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let (event, _) = dial_error_to_client(&DialError::Connect {
+            authority: "x:1".into(),
+            source: refused,
+        });
+        assert!(event.contains("upstream_unavailable"), "{event}");
     }
 
     #[test]
@@ -648,6 +692,7 @@ mod tests {
             permit,
             params: Vec::new(),
             started: Instant::now(),
+            origin: Box::default(),
         };
         let mut request = http::Request::new(());
         let run = session.run(ClientStart::Hyper(hyper::upgrade::on(&mut request)));

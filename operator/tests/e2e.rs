@@ -746,9 +746,9 @@ async fn the_operator_account_reconciles_without_secrets_and_may_only_set_gatewa
 
 /// A gateway serving `sim` whose admin listener is `admin` (a loopback address of its own).
 async fn gateway_at(
-    sim: &patchbay_gateway::sim::SimHandle,
+    sim: &patchbay_sim::SimHandle,
     admin: std::net::SocketAddr,
-) -> patchbay_gateway::gateway::Running {
+) -> patchbay_gateway::bootstrap::Running {
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"{admin}\"\n\
          [[routes]]\nmodel = \"gpt-realtime\"\nupstream_url = \"{}\"\napi_key_env = \"E2E_UPSTREAM_KEY\"\n\
@@ -762,7 +762,7 @@ async fn gateway_at(
     };
     let config =
         patchbay_gateway::config::Config::from_toml_with_env(&toml, &env).expect("gateway config");
-    patchbay_gateway::gateway::start(config)
+    patchbay_gateway::bootstrap::start(config)
         .await
         .expect("gateway starts")
 }
@@ -814,9 +814,9 @@ async fn the_deletion_cost_of_each_ready_gateway_pod_follows_its_live_sessions()
         let l = std::net::TcpListener::bind("127.0.0.2:0").expect("127.0.0.2 is local");
         l.local_addr().unwrap().port()
     };
-    let sim = patchbay_gateway::sim::start(
+    let sim = patchbay_sim::start(
         "127.0.0.1:0".parse().unwrap(),
-        patchbay_gateway::sim::SimConfig::default(),
+        patchbay_sim::SimConfig::default(),
     )
     .await
     .expect("simulator");

@@ -17,7 +17,11 @@
 //! Call control (`hangup`, `refer`, `reject`) needs the key that created or
 //! accepted the call, or its team ([`super::ownership`]); anything else is
 //! 404. `reject` is also allowed on a SIP call nobody accepted yet (that is
-//! how a webhook declines a call).
+//! how a webhook declines a call). An accept claims its call before it is
+//! admitted and asked upstream ([`super::claim`]): a concurrent accept gets
+//! `400 call_already_accepted` as a later one does, a concurrent hangup,
+//! refer or reject `409 call_accept_in_progress` with `Retry-After`, and
+//! neither sends anything upstream.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -35,16 +39,22 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::admission::Refusal;
-use crate::api::{body_timeout, ApiError, BodyError};
 use crate::auth::{presented_key, KeyEntry};
+use crate::body::{body_timeout, BodyError};
 use crate::client_secret::{is_client_secret, Grant};
 use crate::gateway::{Gateway, Route};
+use crate::http_error::{count_refusal, ApiError};
 
-use super::fleet::{unix_ms, CallFleet, CallRecord, ADOPT_POLL};
+use super::claim::{self, Lost};
+use super::fleet::{unix_ms, CallFleet, CallRecord, ADOPT_POLL, CLAIM_GRACE};
 use super::offer::{self, OfferError};
-use super::ownership::{may_act, Owner, Owners};
+use super::ownership::{decide, Decision, Owner, Owners};
+use super::refusals::{
+    bad_request, call_not_found, calls_store_unavailable, held_refusal, offer_refusal,
+    route_refusal, unreachable_refusal, upstream_refusal,
+};
 use super::sideband::{self, Call};
-use super::upstream::{self, Answer, CallsRouteError, UpstreamCallError};
+use super::upstream::{self, Answer};
 use super::Transport;
 
 /// The calls collection, OpenAI's path and Azure GA's.
@@ -100,107 +110,12 @@ async fn method_not_allowed(State(st): State<CallsState>, method: http::Method) 
 }
 
 fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
-    crate::server::count_refusal(gw, model, &r);
+    count_refusal(gw, model, &r);
     ApiError(r).into_response()
 }
 
-fn bad_request(code: &'static str, message: impl Into<String>) -> Refusal {
-    Refusal::new(
-        StatusCode::BAD_REQUEST,
-        "invalid_request_error",
-        code,
-        message,
-    )
-}
-
-/// The refusal for a body that is not a usable offer.
-pub fn offer_refusal(e: &OfferError) -> Refusal {
-    let status = match e {
-        OfferError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        OfferError::UnsupportedType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        _ => StatusCode::BAD_REQUEST,
-    };
-    let code = match e {
-        OfferError::TooLarge => "request_too_large",
-        OfferError::UnsupportedType(_) => "unsupported_media_type",
-        OfferError::MissingSdp => "missing_required_parameter",
-        _ => "invalid_request",
-    };
-    Refusal::new(status, "invalid_request_error", code, e.to_string()).with_param(e.param())
-}
-
-/// The refusal for a route without a calls API.
-pub fn route_refusal(model: &str, e: &CallsRouteError) -> Refusal {
-    bad_request(
-        "unsupported_for_route",
-        format!("the model '{model}' cannot take calls through this gateway: {e}"),
-    )
-}
-
-/// The refusal for an upstream that answered with an error status: the
-/// upstream's status, the gateway's own message (the upstream's body may
-/// quote the gateway's key).
-pub fn upstream_refusal(status: StatusCode) -> Refusal {
-    let (kind, code) = match status.as_u16() {
-        401 | 403 => ("server_error", "upstream_auth_failed"),
-        404 => ("invalid_request_error", "call_not_found"),
-        429 => ("rate_limit_error", "upstream_rate_limited"),
-        s if s >= 500 => ("server_error", "upstream_unavailable"),
-        _ => ("invalid_request_error", "upstream_refused"),
-    };
-    let message = if status == StatusCode::NOT_FOUND {
-        "call not found".to_string()
-    } else {
-        format!(
-            "the upstream refused the request with HTTP {}",
-            status.as_u16()
-        )
-    };
-    Refusal::new(status, kind, code, message)
-}
-
-/// The client learns that the upstream could not be reached, not where it
-/// is (the error names its host and port, perhaps an internal proxy's):
-/// that goes to the log.
-fn unreachable_refusal(e: &UpstreamCallError) -> Refusal {
-    tracing::warn!(error = %e, "calls upstream could not be reached");
-    let (status, code, message) = match e {
-        UpstreamCallError::Timeout(_) => (
-            StatusCode::GATEWAY_TIMEOUT,
-            "upstream_timeout",
-            "the upstream did not answer in time",
-        ),
-        _ => (
-            StatusCode::BAD_GATEWAY,
-            "upstream_unavailable",
-            "the upstream could not be reached",
-        ),
-    };
-    Refusal::new(status, "server_error", code, message.to_string())
-}
-
-/// `503`: the calls store could not say who holds a call.
-fn calls_store_unavailable() -> Refusal {
-    Refusal::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "server_error",
-        "store_unavailable",
-        "the call's owner cannot be looked up right now; retry".to_string(),
-    )
-    .retry_after(Duration::from_secs(1))
-}
-
-fn call_not_found(call_id: &str) -> Refusal {
-    Refusal::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "call_not_found",
-        format!("no call '{call_id}' for this API key"),
-    )
-}
-
 async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, Refusal> {
-    match crate::api::read_body(gw, body, offer::MAX_BODY_BYTES).await {
+    match crate::body::read_body(gw, body, offer::MAX_BODY_BYTES).await {
         Ok(b) => Ok(b),
         Err(BodyError::TooLarge) => Err(offer_refusal(&OfferError::TooLarge)),
         Err(BodyError::Slow(after)) => Err(body_timeout(after)),
@@ -408,17 +323,19 @@ async fn start_call(st: &CallsState, call: Call) {
             lease_id: call.permit.lease().map(|l| l.id().to_string()),
             started_unix_ms: unix_ms(SystemTime::now())
                 .saturating_sub(call.started.elapsed().as_millis() as u64),
+            accepting: false,
         };
         let max = Duration::from_secs(st.gw.config.relay.max_session_secs);
         f.register(&call.route.config, &rec, max).await;
     }
-    st.owners.claim(
+    st.owners.settle(
         &call.id,
         Owner {
             key_id: call.key.id.clone(),
             team: call.key.team.clone(),
             model: call.route.config.model.clone(),
             transport: call.transport,
+            accepting: false,
         },
     );
     tracing::info!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, transport = call.transport.as_str(), model = %call.route.config.model, "call started");
@@ -510,21 +427,9 @@ async fn act(
         },
         (None, None) => None,
     };
-    if let Some(o) = &owner {
-        if !may_act(o, &key) {
-            return refuse(gw, "", call_not_found(&call_id));
-        }
-    }
-    match (action.as_str(), owner) {
-        ("accept", Some(_)) => {
-            let r = bad_request(
-                "call_already_accepted",
-                format!("the call '{call_id}' was already accepted"),
-            );
-            refuse(gw, "", r)
-        }
-        ("accept", None) => accept(&st, key, &call_id, &body, started).await,
-        ("reject", None) => {
+    match decide(&action, owner.as_ref(), &key) {
+        Decision::Accept => accept(&st, key, &call_id, &body, started).await,
+        Decision::ForwardUnheld => {
             // A call nobody accepted: declined by the webhook; any route with
             // a calls API can carry it.
             let Some(route) = gw
@@ -536,14 +441,19 @@ async fn act(
             };
             forward(gw, &route.clone(), &call_id, &action, &headers, body).await
         }
-        (_, None) => refuse(gw, "", call_not_found(&call_id)),
-        (_, Some(o)) => {
+        Decision::Forward(o) => {
             let route = match find_route(gw, &o.model) {
                 Ok(r) => r,
                 Err(r) => return refuse(gw, "", r),
             };
-            forward(gw, &route, &call_id, &action, &headers, body).await
+            let answer = forward(gw, &route, &call_id, &action, &headers, body).await;
+            if answer.status().is_success() && ["hangup", "reject"].contains(&action.as_str()) {
+                // Ended by the client: its sideband stops at once.
+                st.owners.client_ended(&call_id);
+            }
+            answer
         }
+        held => refuse(gw, "", held_refusal(&held, &call_id)),
     }
 }
 
@@ -617,24 +527,38 @@ async fn accept(
         Ok(u) => u,
         Err(e) => return refuse(gw, &model, route_refusal(&model, &e)),
     };
+    let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    // Claimed before anything is spent on it: a concurrent accept that
+    // loses takes no slot and sends nothing upstream.
+    let ttl = timeout + CLAIM_GRACE;
+    let claim = match claim::claim(&st.owners, st.fleet.as_ref(), &key, &route, call_id, ttl).await
+    {
+        Ok(c) => c,
+        Err(Lost::Held(d)) => return refuse(gw, &model, held_refusal(&d, call_id)),
+        Err(Lost::StoreUnavailable) => return refuse(gw, &model, calls_store_unavailable()),
+    };
     let session_id = crate::ids::short_id();
     let permit = match gw.admit(&key, &route, &session_id).await {
         Ok(p) => p,
-        Err(r) => return refuse(gw, &model, r),
+        Err(r) => {
+            claim.release().await;
+            return refuse(gw, &model, r);
+        }
     };
     session.insert("model".into(), route.config.upstream_model().into());
     session.entry("type").or_insert_with(|| "realtime".into());
-    let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
     let body = Value::Object(session).to_string().into_bytes();
     let answer =
         match upstream::post(&route.config, &url, Some("application/json"), body, timeout).await {
             Ok(a) => a,
             Err(e) => {
                 hang_up_unanswered(gw, &route, call_id, timeout);
+                claim.release().await;
                 return refuse(gw, &model, unreachable_refusal(&e));
             }
         };
     if !answer.status.is_success() {
+        claim.release().await;
         return refuse(gw, &model, upstream_refusal(answer.status));
     }
     start_call(
@@ -651,6 +575,7 @@ async fn accept(
         },
     )
     .await;
+    claim.keep();
     relay_answer(answer, None)
 }
 
@@ -760,53 +685,6 @@ async fn adopt(st: &CallsState, fleet: &CallFleet, route: &Arc<Route>, rec: Call
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_unreachable_upstream_is_not_named_to_the_client() {
-        let e = UpstreamCallError::Connect {
-            authority: "proxy.internal:3128".into(),
-            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
-        };
-        let r = unreachable_refusal(&e);
-        assert_eq!(r.status, StatusCode::BAD_GATEWAY);
-        assert!(!r.body().contains("proxy.internal"), "{}", r.body());
-        let r = unreachable_refusal(&UpstreamCallError::Timeout(Duration::from_secs(5)));
-        assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
-    }
-
-    #[test]
-    fn offer_errors_map_to_413_415_and_400() {
-        assert_eq!(
-            offer_refusal(&OfferError::TooLarge).status,
-            StatusCode::PAYLOAD_TOO_LARGE
-        );
-        assert_eq!(
-            offer_refusal(&OfferError::UnsupportedType("text/html".into())).status,
-            StatusCode::UNSUPPORTED_MEDIA_TYPE
-        );
-        for e in [
-            OfferError::MissingSdp,
-            OfferError::NotSdp,
-            OfferError::Multipart("x"),
-            OfferError::Json("x".into()),
-        ] {
-            assert_eq!(offer_refusal(&e).status, StatusCode::BAD_REQUEST, "{e:?}");
-        }
-        assert_eq!(
-            offer_refusal(&OfferError::MissingSdp).param.as_deref(),
-            Some("sdp")
-        );
-    }
-
-    #[test]
-    fn an_upstream_refusal_keeps_the_status_and_never_the_body() {
-        for s in [400u16, 401, 403, 404, 422, 429, 500, 503] {
-            let status = StatusCode::from_u16(s).unwrap();
-            let r = upstream_refusal(status);
-            assert_eq!(r.status, status);
-            assert!(!r.body().contains("sk-"), "{}", r.body());
-        }
-    }
 
     #[test]
     fn the_call_id_is_the_last_segment_of_a_safe_location() {

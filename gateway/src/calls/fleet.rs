@@ -5,7 +5,11 @@
 //! # In Redis
 //! - `{prefix}call:{call_id}`: the call's [`CallRecord`] (JSON), written
 //!   when the upstream answered, removed when the call ends; it expires
-//!   [`RECORD_GRACE`] after `max_session_secs` whatever happens.
+//!   [`RECORD_GRACE`] after `max_session_secs` whatever happens. An accept
+//!   claims it first with `SET NX` ([`CallFleet::claim_accept`], marked
+//!   `accepting`, expiring [`CLAIM_GRACE`] after the accept's own timeout):
+//!   of concurrent accepts on any replicas, one goes upstream; a refused
+//!   accept deletes its claim (only its own: compare-and-delete).
 //! - `{prefix}call_holder:{call_id}`: the id of the replica whose sideband
 //!   meters the call, with a TTL of [`HOLD_TTL`], renewed every
 //!   [`HOLD_RENEW`] while it does.
@@ -47,6 +51,10 @@ pub const HOLD_RENEW: Duration = Duration::from_secs(3);
 pub const ADOPT_POLL: Duration = Duration::from_secs(2);
 /// How long a call record outlives `max_session_secs`.
 pub const RECORD_GRACE: Duration = Duration::from_secs(300);
+/// How long an accept's claim outlives the accept's upstream timeout (the
+/// admission before it, and the answer after it): a replica that dies
+/// mid-accept leaves a claim that lapses by then.
+pub const CLAIM_GRACE: Duration = Duration::from_secs(30);
 
 /// What another replica needs to take a call over.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +69,9 @@ pub struct CallRecord {
     pub lease_id: Option<String>,
     /// When the call was admitted (Unix ms): `max_session_secs` counts from it.
     pub started_unix_ms: u64,
+    /// Claimed by an accept the upstream has not answered yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accepting: bool,
 }
 
 impl CallRecord {
@@ -78,6 +89,7 @@ impl CallRecord {
             team: self.team.clone(),
             model: self.model.clone(),
             transport: self.transport(),
+            accepting: self.accepting,
         }
     }
 }
@@ -88,6 +100,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+";
+
+/// Sets `KEYS[1]` to `ARGV[1]` (for `ARGV[2]` ms) unless it exists;
+/// returns nothing when it was set, else the value that holds it.
+const CLAIM_SCRIPT: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return false
+end
+return redis.call('GET', KEYS[1])
 ";
 
 /// Renews the hold only while it is this replica's (or nobody's): a replica
@@ -214,6 +235,41 @@ impl CallFleet {
             .await;
     }
 
+    /// Claims a call for an accept (`rec`, marked `accepting`) unless a
+    /// record exists, for `ttl`: `Ok(Claimed::Won)` with what releases it,
+    /// `Ok(Claimed::Held)` with the holder's record (`None` if unreadable),
+    /// `Err` when Redis could not say.
+    pub async fn claim_accept(
+        &self,
+        rec: &CallRecord,
+        ttl: Duration,
+    ) -> Result<Claimed, Unavailable> {
+        let json = serde_json::to_string(rec).unwrap_or_default();
+        let mut conn = self.conn.get();
+        let script = redis::Script::new(CLAIM_SCRIPT);
+        let mut inv = script.key(self.record_key(&rec.call_id));
+        inv.arg(&json).arg(ttl.as_millis() as u64);
+        let held: Option<String> = self
+            .bounded("call_claim_accept", inv.invoke_async(&mut conn))
+            .await
+            .ok_or(Unavailable)?;
+        Ok(match held {
+            None => Claimed::Won(json),
+            Some(h) => Claimed::Held(serde_json::from_str(&h).ok()),
+        })
+    }
+
+    /// Deletes an accept's claim: only `claim` (as [`Claimed::Won`] gave
+    /// it), never a record written since.
+    pub async fn release_claim(&self, call_id: &str, claim: &str) {
+        let mut conn = self.conn.get();
+        let script = redis::Script::new(RELEASE_SCRIPT);
+        let mut inv = script.key(self.record_key(call_id));
+        inv.arg(claim);
+        self.bounded("call_release_claim", inv.invoke_async::<i64>(&mut conn))
+            .await;
+    }
+
     /// Forgets an ended call.
     pub async fn forget(&self, route: &RouteConfig, call_id: &str) {
         let mut pipe = redis::pipe();
@@ -282,6 +338,15 @@ impl CallFleet {
     }
 }
 
+/// How a claim of a call for an accept went.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claimed {
+    /// This accept holds the call; the claim as written (to release it).
+    Won(String),
+    /// A record exists: its holder (`None` if it could not be read).
+    Held(Option<CallRecord>),
+}
+
 /// Redis did not answer a calls-store read in time, or failed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unavailable;
@@ -321,10 +386,20 @@ mod tests {
             client_secret_id: None,
             lease_id: Some("s1".into()),
             started_unix_ms: 5,
+            accepting: false,
         };
         let back: CallRecord = serde_json::from_str(&serde_json::to_string(&rec).unwrap()).unwrap();
         assert_eq!(back, rec);
         assert_eq!(back.owner().transport, Transport::Sip);
         assert_eq!(back.owner().team.as_deref(), Some("t"));
+        let json = serde_json::to_string(&rec).unwrap();
+        assert!(!json.contains("accepting"), "{json}");
+        let claim = CallRecord {
+            accepting: true,
+            ..rec
+        };
+        let back: CallRecord =
+            serde_json::from_str(&serde_json::to_string(&claim).unwrap()).unwrap();
+        assert!(back.owner().accepting);
     }
 }

@@ -10,6 +10,9 @@
 //! - [`offer`]: reading the offer bodies (multipart, JSON, raw SDP);
 //! - [`upstream`]: the upstream calls API and sideband URLs and requests;
 //! - [`ownership`]: which key (or team) may act on a call;
+//! - [`refusals`]: the calls API's error answers;
+//! - [`claim`]: an accept's claim on its call, taken before the upstream is
+//!   asked, so that concurrent accepts make one call;
 //! - [`fleet`]: with Redis, call records any replica can read, and the
 //!   hand-over of sidebands between replicas;
 //! - [`sideband`]: the metered sideband of one call, and how it ends.
@@ -19,9 +22,11 @@
 //! and therefore not metered.
 
 pub mod api;
+pub mod claim;
 pub mod fleet;
 pub mod offer;
 pub mod ownership;
+pub mod refusals;
 pub mod sideband;
 pub mod upstream;
 

@@ -2,11 +2,29 @@
 //! team, may act on it (hangup, refer, reject); any other key gets 404, as if
 //! the call did not exist, so call ids cannot be probed.
 //!
+//! An accept claims its call *before* the upstream is asked
+//! ([`Owners::try_claim`], a compare-and-set: the record is written only
+//! if there is none), so of concurrent accepts (a webhook retried at once)
+//! exactly one goes upstream. While that accept waits for the upstream the
+//! record is [`Owner::accepting`]: another accept is answered as a
+//! duplicate, a hangup, refer or reject with 409 (retry once the accept is
+//! answered); if the upstream refuses, the claim is released
+//! ([`Owners::release_claim`]) and a retry can win it. With Redis the same
+//! claim is made in the fleet's record too ([`super::fleet`]).
+//!
 //! Records live in this process's memory and are removed when the call's
-//! sideband ends. [`may_act`] is the pure decision.
+//! sideband ends. [`may_act`] and [`decide`] are the pure decisions.
+//!
+//! A hangup or reject the upstream answered is told to the call's sideband
+//! ([`Owners::client_ended`], watched through [`Owners::client_end`]): the
+//! call then ends as the client's hangup at once, even while its sideband
+//! is still being attached (which would otherwise fail against the ended
+//! call and be taken for a call the gateway cannot see).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::KeyEntry;
 
@@ -20,6 +38,8 @@ pub struct Owner {
     /// The route's client-facing model (the route its requests go to).
     pub model: String,
     pub transport: Transport,
+    /// Claimed by an accept the upstream has not answered yet.
+    pub accepting: bool,
 }
 
 /// Whether `key` may act on a call owned by `owner`: the same key, or a key
@@ -28,10 +48,46 @@ pub fn may_act(owner: &Owner, key: &KeyEntry) -> bool {
     owner.key_id == key.id || (owner.team.is_some() && owner.team == key.team)
 }
 
+/// What to do with an action on a call, given who holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// An accept of a call nobody holds: claim it, then ask the upstream.
+    Accept,
+    /// Forward the action on the holder's route.
+    Forward(Owner),
+    /// A reject of a call nobody holds (a webhook declining it): forward it
+    /// on any route with a calls API.
+    ForwardUnheld,
+    /// `404 call_not_found`: unknown to this key.
+    NotFound,
+    /// `400 call_already_accepted`: an accept of a held call.
+    AlreadyAccepted,
+    /// `409 call_accept_in_progress`: a hangup, refer or reject while the
+    /// call's accept waits for the upstream.
+    AcceptInProgress,
+}
+
+/// The decision for `action` (`accept`, `hangup`, `refer` or `reject`) by
+/// `key` on a call held by `owner` (`None`: by nobody).
+pub fn decide(action: &str, owner: Option<&Owner>, key: &KeyEntry) -> Decision {
+    match (action, owner) {
+        (_, Some(o)) if !may_act(o, key) => Decision::NotFound,
+        ("accept", Some(_)) => Decision::AlreadyAccepted,
+        ("accept", None) => Decision::Accept,
+        (_, Some(o)) if o.accepting => Decision::AcceptInProgress,
+        (_, Some(o)) => Decision::Forward(o.clone()),
+        ("reject", None) => Decision::ForwardUnheld,
+        (_, None) => Decision::NotFound,
+    }
+}
+
 /// Call owners, by call id.
 #[derive(Debug, Default)]
 pub struct Owners {
     calls: Mutex<HashMap<String, Owner>>,
+    /// Per call held here, fired when the client's hangup or reject was
+    /// answered by the upstream.
+    client_ends: Mutex<HashMap<String, CancellationToken>>,
 }
 
 impl Owners {
@@ -52,8 +108,53 @@ impl Owners {
             .clone()
     }
 
+    /// Records `owner` only if the call has none (compare-and-set):
+    /// `Err` with the holder when it already has one.
+    pub fn try_claim(&self, call_id: &str, owner: Owner) -> Result<(), Owner> {
+        match self.lock().entry(call_id.to_string()) {
+            std::collections::hash_map::Entry::Occupied(held) => Err(held.get().clone()),
+            std::collections::hash_map::Entry::Vacant(free) => {
+                free.insert(owner);
+                Ok(())
+            }
+        }
+    }
+
+    /// The call's accept was answered: its claim becomes the live owner.
+    pub fn settle(&self, call_id: &str, owner: Owner) {
+        self.lock().insert(call_id.to_string(), owner);
+    }
+
+    /// Drops an accept's claim (the upstream refused, or the accept never
+    /// got there); a live owner stays.
+    pub fn release_claim(&self, call_id: &str) {
+        let mut calls = self.lock();
+        if calls.get(call_id).is_some_and(|o| o.accepting) {
+            calls.remove(call_id);
+        }
+    }
+
     pub fn remove(&self, call_id: &str) {
         self.lock().remove(call_id);
+        self.ends().remove(call_id);
+    }
+
+    fn ends(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.client_ends.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fired once the client has hung up or rejected the call (whether
+    /// that happened before or after this is asked).
+    pub fn client_end(&self, call_id: &str) -> CancellationToken {
+        self.ends().entry(call_id.to_string()).or_default().clone()
+    }
+
+    /// The upstream answered the client's hangup or reject of a call held
+    /// here; a call not held here is left alone (nothing would watch it).
+    pub fn client_ended(&self, call_id: &str) {
+        if self.lock().contains_key(call_id) {
+            self.ends().entry(call_id.to_string()).or_default().cancel();
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -80,6 +181,7 @@ mod tests {
             team: team.map(str::to_string),
             model: "m".into(),
             transport: Transport::WebRtc,
+            accepting: false,
         };
         let cases = [
             (owner(None), key("a", None), true),
@@ -103,10 +205,95 @@ mod tests {
             team: None,
             model: "m".into(),
             transport: Transport::Sip,
+            accepting: false,
         };
         assert_eq!(owners.claim("c", o("a")).key_id, "a");
         assert_eq!(owners.claim("c", o("b")).key_id, "a");
         owners.remove("c");
         assert!(owners.is_empty());
+    }
+
+    #[test]
+    fn a_client_hangup_reaches_the_call_whether_its_watch_began_before_or_after() {
+        let owners = Owners::default();
+        let live = Owner {
+            accepting: false,
+            ..accepting("a")
+        };
+        owners.settle("early", live.clone());
+        let watching = owners.client_end("early");
+        owners.client_ended("early");
+        assert!(watching.is_cancelled());
+        owners.settle("late", live);
+        owners.client_ended("late");
+        assert!(owners.client_end("late").is_cancelled());
+        // A call not held here gets no token, and a removed one loses it.
+        owners.client_ended("elsewhere");
+        assert!(!owners.client_end("elsewhere").is_cancelled());
+        owners.remove("late");
+        owners.remove("elsewhere");
+        assert!(!owners.client_end("late").is_cancelled());
+    }
+
+    fn accepting(key_id: &str) -> Owner {
+        Owner {
+            key_id: key_id.into(),
+            team: None,
+            model: "m".into(),
+            transport: Transport::Sip,
+            accepting: true,
+        }
+    }
+
+    #[test]
+    fn one_claim_of_a_call_wins_and_a_released_claim_can_be_won_again() {
+        let owners = Owners::default();
+        assert_eq!(owners.try_claim("c", accepting("a")), Ok(()));
+        assert_eq!(owners.try_claim("c", accepting("b")), Err(accepting("a")));
+        owners.release_claim("c");
+        assert_eq!(owners.try_claim("c", accepting("b")), Ok(()));
+        let live = Owner {
+            accepting: false,
+            ..accepting("b")
+        };
+        owners.settle("c", live.clone());
+        owners.release_claim("c");
+        assert_eq!(owners.get("c"), Some(live), "a live owner is not a claim");
+    }
+
+    #[test]
+    fn each_action_is_decided_by_who_holds_the_call() {
+        let live = Owner {
+            accepting: false,
+            ..accepting("a")
+        };
+        let a = key("a", None);
+        let b = key("b", None);
+        use Decision::*;
+        let cases = [
+            ("accept", None, &a, Accept),
+            ("accept", Some(&live), &a, AlreadyAccepted),
+            ("accept", Some(&accepting("a")), &a, AlreadyAccepted),
+            ("accept", Some(&live), &b, NotFound),
+            ("accept", Some(&accepting("a")), &b, NotFound),
+            ("hangup", Some(&accepting("a")), &a, AcceptInProgress),
+            ("refer", Some(&accepting("a")), &a, AcceptInProgress),
+            ("reject", Some(&accepting("a")), &a, AcceptInProgress),
+            ("hangup", Some(&accepting("a")), &b, NotFound),
+            ("hangup", Some(&live), &a, Forward(live.clone())),
+            ("reject", Some(&live), &a, Forward(live.clone())),
+            ("hangup", Some(&live), &b, NotFound),
+            ("reject", None, &a, ForwardUnheld),
+            ("hangup", None, &a, NotFound),
+            ("refer", None, &a, NotFound),
+        ];
+        for (action, owner, k, want) in cases {
+            assert_eq!(
+                decide(action, owner, k),
+                want,
+                "{action} {owner:?} {}",
+                k.id
+            );
+        }
     }
 }

@@ -18,6 +18,10 @@
 //! - A sideband that cannot be opened ([`ATTACH_ATTEMPTS`] tries) ends the
 //!   call with a hangup: a call the gateway cannot see would run unmetered
 //!   and outside every budget.
+//! - A hangup or reject by the client ([`Owners::client_end`]) ends the
+//!   call as `client_hangup` at once, attached or not: an attach still
+//!   under way is abandoned (it could only fail against the ended call),
+//!   nothing more is sent upstream, and the session slot is freed.
 //! - A draining gateway never ends a call (its audio does not pass through
 //!   the pod): the sideband stays attached until `[drain] wait_secs` has
 //!   nearly passed, then is closed without a hangup and the call is logged
@@ -32,6 +36,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
 
 use crate::admission::Permit;
 use crate::auth::KeyEntry;
@@ -114,6 +119,8 @@ pub enum SidebandEnd {
     CallEnded,
     /// The sideband could not be opened.
     AttachFailed(String),
+    /// The client hung up or rejected the call (the upstream answered).
+    ClientHangup,
     /// The gateway ended the call (budget, key revoked).
     Killed(Kill),
     /// `max_session_secs` passed.
@@ -134,6 +141,7 @@ impl SidebandEnd {
     pub fn outcome(&self) -> &'static str {
         match self {
             SidebandEnd::CallEnded => "call_ended",
+            SidebandEnd::ClientHangup => "client_hangup",
             SidebandEnd::AttachFailed(_) => "sideband_failed",
             SidebandEnd::Killed(k) => k.outcome,
             SidebandEnd::MaxDuration => "max_session_duration",
@@ -145,6 +153,7 @@ impl SidebandEnd {
     fn end_reason(&self) -> EndReason {
         match self {
             SidebandEnd::CallEnded => EndReason::UpstreamClosed,
+            SidebandEnd::ClientHangup => EndReason::ClientClosed,
             SidebandEnd::AttachFailed(_) => EndReason::UpstreamFailed,
             SidebandEnd::Killed(k) => EndReason::from_end(&End::Killed(k.clone())),
             SidebandEnd::MaxDuration => EndReason::MaxDuration,
@@ -170,7 +179,9 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     let (mut tracker, meter, kill) = gw.metering.start_session(meta);
     gw.tasks.spawn(meter.run());
     let deadline = call.started + Duration::from_secs(gw.config.relay.max_session_secs);
-    let end = match attach_holding(&gw, &route, &call.id, timeout, fleet.as_ref()).await {
+    let client_end = owners.client_end(&call.id);
+    let attaching = attach_holding(&gw, &route, &call.id, timeout, fleet.as_ref());
+    let end = match unless_client_ended(attaching, &client_end).await {
         Err(end) => {
             if matches!(end, SidebandEnd::AttachFailed(_)) {
                 // A call the gateway cannot see cannot be governed: end it.
@@ -197,6 +208,13 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
             let mut reattach = Reattach::new(Instant::now());
             let end = loop {
                 let mut lost = false;
+                // The tracker's backpressure: a closing record waiting for
+                // the meter is taken before the next frame is read.
+                let _ = tokio::time::timeout(
+                    relay::CLOSE_GRACE,
+                    std::future::poll_fn(|cx| tracker.poll_ready(cx)),
+                )
+                .await;
                 tokio::select! {
                     msg = rx.next() => match msg {
                         Some(Ok(Message::Text(t))) => tracker.on_upstream_text(&t),
@@ -207,6 +225,7 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                         Some(Ok(_)) => {}
                     },
                     k = &mut kill => break SidebandEnd::Killed(k),
+                    _ = client_end.cancelled() => break SidebandEnd::ClientHangup,
                     _ = tokio::time::sleep_until(deadline) => break SidebandEnd::MaxDuration,
                     _ = &mut let_go => break SidebandEnd::LetGo,
                     _ = renew.tick(), if fleet.is_some() => {
@@ -228,7 +247,8 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                     tracing::warn!(call_id = %call.id, pause_ms = pause.as_millis() as u64,
                         "sideband connection lost; attaching again");
                     tokio::time::sleep(pause).await;
-                    match attach_holding(&gw, &route, &call.id, timeout, fleet.as_ref()).await {
+                    let attaching = attach_holding(&gw, &route, &call.id, timeout, fleet.as_ref());
+                    match unless_client_ended(attaching, &client_end).await {
                         Ok(ws) => {
                             (tx, rx) = ws.split();
                             reattach.attached(Instant::now());
@@ -236,6 +256,13 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                         Err(end) => break end,
                     }
                 }
+            };
+            // The upstream closes the sideband of a call the client hung
+            // up: when the hangup's answer was already in, the call is
+            // still the client's to have ended (the select took either).
+            let end = match end {
+                SidebandEnd::CallEnded if client_end.is_cancelled() => SidebandEnd::ClientHangup,
+                end => end,
             };
             if end.hangs_up() {
                 let relay_end = match &end {
@@ -259,7 +286,9 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                     let _ = tx
                         .send(Message::Close(Some(relay::close(1000, "sideband closed"))))
                         .await;
-                    while let Some(Ok(m)) = rx.next().await {
+                    loop {
+                        std::future::poll_fn(|cx| tracker.poll_ready(cx)).await;
+                        let Some(Ok(m)) = rx.next().await else { break };
                         if let Message::Text(t) = m {
                             tracker.on_upstream_text(&t);
                         }
@@ -323,6 +352,24 @@ fn renew_ticks() -> tokio::time::Interval {
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     renew.reset();
     renew
+}
+
+/// `attaching`, abandoned as [`SidebandEnd::ClientHangup`] once the client
+/// has hung up (an attach that fails meanwhile is the hangup's doing too).
+async fn unless_client_ended<T>(
+    attaching: impl std::future::Future<Output = Result<T, SidebandEnd>>,
+    client_end: &CancellationToken,
+) -> Result<T, SidebandEnd> {
+    tokio::select! {
+        biased;
+        _ = client_end.cancelled() => Err(SidebandEnd::ClientHangup),
+        r = attaching => match r {
+            Err(SidebandEnd::AttachFailed(_)) if client_end.is_cancelled() => {
+                Err(SidebandEnd::ClientHangup)
+            }
+            r => r,
+        },
+    }
 }
 
 /// [`attach`], with a fleet the call's hold renewed meanwhile: the attempts

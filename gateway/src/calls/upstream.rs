@@ -283,7 +283,7 @@ mod tests {
             provider,
             upstream_url: url.into(),
             protocol,
-            api_key: crate::upstream::key::UpstreamKey::new(Secret::new("sk-up")),
+            api_key: crate::upstream_key::UpstreamKey::new(Secret::new("sk-up")),
             ..RouteConfig::default()
         }
     }

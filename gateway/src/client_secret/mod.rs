@@ -61,11 +61,17 @@ pub fn read_signing_key(path: &Path) -> Result<SigningKey, String> {
     SigningKey::from_file_text(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Every configured key, in order; `Ok(None)` when none is configured.
+/// Every configured key, in order; `Ok(None)` when none is configured. An
+/// error names the file's config key (`client_secrets.signing_key_files[i]`).
+/// Read at start-up (a bad file stops it, exit 2) and at every change; the
+/// configuration itself only parses the paths.
 pub fn load_signing_keys(files: &[PathBuf]) -> Result<Option<SigningKeys>, String> {
     let keys = files
         .iter()
-        .map(|f| read_signing_key(f))
+        .enumerate()
+        .map(|(i, f)| {
+            read_signing_key(f).map_err(|e| format!("client_secrets.signing_key_files[{i}]: {e}"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(SigningKeys::new(keys))
 }
@@ -565,8 +571,12 @@ mod tests {
             "PATCHBAY_CLIENT_SECRETS_MAX_TTL_SECS" => Some("60".to_string()),
             _ => None,
         };
-        let e = Config::from_toml_with_env("", &env).unwrap_err();
-        assert_eq!(e.key, "client_secrets.signing_key_files[0]", "{e}");
+        let c = Config::from_toml_with_env("", &env).unwrap();
+        let e = load_signing_keys(&c.client_secrets.signing_key_files).unwrap_err();
+        assert!(
+            e.starts_with("client_secrets.signing_key_files[0]: "),
+            "{e}"
+        );
         let env_ttl = |k: &str| match k {
             "PATCHBAY_CLIENT_SECRETS_SIGNING_KEY_FILES" => None,
             k => env(k),
@@ -576,30 +586,35 @@ mod tests {
     }
 
     #[test]
-    fn bad_signing_key_files_are_named_in_the_config_error() {
+    fn bad_signing_key_files_are_named_in_the_start_error() {
         let env = |k: &str| match k {
             "OPENAI_API_KEY" => Some("sk".to_string()),
             MASTER_KEY_ENV => Some("pb".to_string()),
             _ => None,
         };
-        let e = Config::from_toml_with_env(
+        let c = Config::from_toml_with_env(
             "[client_secrets]\nsigning_key_files = [\"/nonexistent/patchbay-key\"]\n",
             &env,
         )
-        .unwrap_err();
-        assert_eq!(e.key, "client_secrets.signing_key_files[0]", "{e}");
+        .unwrap();
+        let e = ClientSecrets::new(&c, Arc::new(Metrics::new())).unwrap_err();
+        assert!(
+            e.starts_with("client_secrets.signing_key_files[0]: "),
+            "{e}"
+        );
         let short =
             std::env::temp_dir().join(format!("patchbay-cs-short-{}", crate::ids::short_id()));
         std::fs::write(&short, "too short").unwrap();
-        let e = Config::from_toml_with_env(
+        let c = Config::from_toml_with_env(
             &format!(
                 "[client_secrets]\nsigning_key_files = [{:?}]\n",
                 short.display().to_string()
             ),
             &env,
         )
-        .unwrap_err();
-        assert!(e.to_string().contains("at least 32 bytes"), "{e}");
+        .unwrap();
+        let e = load_signing_keys(&c.client_secrets.signing_key_files).unwrap_err();
+        assert!(e.contains("at least 32 bytes"), "{e}");
         std::fs::remove_file(&short).unwrap();
         for ttl in [0, 9, 7201] {
             let e = Config::from_toml_with_env(

@@ -8,8 +8,11 @@
 //! Every `[metering] flush_secs` (default 15), and once more when the
 //! tracker is finished (the channel closes), a flush:
 //! 1. turns the window's turns into request-log rows, priced with the price
-//!    table as it is now (an edited price applies from the next flush), and
-//!    queues them for stdout (written by the row writer thread, never here);
+//!    table as it is now (an edited price applies from the next flush), each
+//!    turn's charge bounded by the plausibility rule ([`pricing::charge`]:
+//!    an implausible usage is flagged, logged and counted, and charged at
+//!    most `max_turn_usd`), and queues them for stdout (written by the row
+//!    writer thread, never here);
 //! 2. in one idempotent store round trip (the session's next [`FlushId`]),
 //!    appends the rows to the Redis stream, adds the window's cost to every
 //!    applicable budget counter (key, team, route) and its tokens to the
@@ -56,10 +59,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use tokio_util::task::TaskTracker;
 
+use super::budgets::{applicable_budgets, budget_message};
 use super::outbox::{Queued, QueuedState};
 use super::pricing::{self, Usage};
+use super::shared::{bounded, SessionMeta, Shared};
 use super::tracker::{TurnKind, TurnRecord, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED};
-use super::{applicable_budgets, bounded, budget_message, SessionMeta, Shared};
 use crate::auth::{KeyEntry, KeySet, TeamEntry};
 use crate::config::PriceRow;
 use crate::event::error_event;
@@ -279,11 +283,15 @@ impl MeterTask {
     async fn flush(&mut self, check_budgets: bool) {
         self.check_key();
         let prices = self.shared.prices();
+        let max_turn_usd = self.shared.config().max_turn_usd;
         let mut rows = Vec::with_capacity(self.window.len());
         let mut cost = 0.0;
         let mut tokens: u64 = 0;
         for rec in std::mem::take(&mut self.window) {
-            let priced = build_row(&rec, &self.meta, &prices);
+            let priced = build_row(&rec, &self.meta, &prices, max_turn_usd);
+            if priced.charge.implausible {
+                self.implausible(&priced, max_turn_usd);
+            }
             if !priced.priced
                 && priced.usage.total > 0
                 && self.shared.first_unpriced(&priced.row.model)
@@ -292,7 +300,7 @@ impl MeterTask {
             }
             self.record_metrics(&priced.row, &priced.usage);
             cost += priced.row.cost_usd;
-            tokens = tokens.saturating_add(priced.row.total_tokens);
+            tokens = tokens.saturating_add(priced.charge.tokens);
             rows.push(priced.row);
         }
         self.shared.log.write(&rows);
@@ -433,6 +441,27 @@ impl MeterTask {
         }
     }
 
+    /// A turn whose usage was beyond the plausibility bound: counted and
+    /// logged (its row is flagged and its charge capped by [`build_row`]).
+    fn implausible(&self, p: &PricedRow, max_turn_usd: f64) {
+        self.shared
+            .metrics
+            .usage_implausible
+            .get_or_create(&model(&p.row.model))
+            .inc();
+        tracing::warn!(
+            session_id = %self.meta.session_id,
+            request_id = %p.row.request_id,
+            key_id = %self.key.id,
+            model = %p.row.model,
+            total_tokens = p.usage.total,
+            max_turn_tokens = pricing::MAX_TURN_TOKENS,
+            charged_usd = p.charge.cost_usd,
+            max_turn_usd,
+            "implausible usage reported upstream: the row keeps it, flagged usage_implausible; charged at most max_turn_usd"
+        );
+    }
+
     fn record_metrics(&self, row: &RequestLogRow, u: &Usage) {
         let m = &self.shared.metrics;
         // A transcription turn is labelled with its transcription model:
@@ -457,7 +486,8 @@ impl MeterTask {
         ];
         for (kind, n) in counts.into_iter().enumerate() {
             if n > 0 {
-                meters.tokens(m, kind, n);
+                // Bounded like the tpm window: a no-op for a plausible turn.
+                meters.tokens(m, kind, n.min(pricing::MAX_TURN_TOKENS));
             }
         }
         if row.cost_usd > 0.0 {
@@ -466,16 +496,24 @@ impl MeterTask {
     }
 }
 
-/// A row, its normalised usage, and whether a price row applied.
+/// A row, its normalised usage, whether a price row applied, and what the
+/// turn is charged.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PricedRow {
     pub row: RequestLogRow,
     pub usage: Usage,
     pub priced: bool,
+    pub charge: pricing::Charge,
 }
 
-/// The request-log row of one turn, priced with `prices`.
-pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> PricedRow {
+/// The request-log row of one turn, priced with `prices`, its charge capped
+/// at `max_turn_usd` when its usage is implausible ([`pricing::charge`]).
+pub fn build_row(
+    rec: &TurnRecord,
+    meta: &SessionMeta,
+    prices: &[PriceRow],
+    max_turn_usd: f64,
+) -> PricedRow {
     let (row_model, upstream_model, transcription) = match &rec.kind {
         TurnKind::Response => (meta.model.as_str(), meta.upstream_model.as_str(), false),
         TurnKind::Transcription { model } => {
@@ -486,6 +524,7 @@ pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> P
     let price = pricing::find(prices, row_model, upstream_model, &meta.upstream);
     let usage = rec.usage.unwrap_or_default();
     let cost_usd = price.map_or(0.0, |p| pricing::cost_usd(p, &usage));
+    let charge = pricing::charge(&usage, cost_usd, max_turn_usd);
     let rfc3339 = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
     let row = RequestLogRow {
         request_id: format!("{}:{}", meta.session_id, rec.n),
@@ -514,14 +553,16 @@ pub fn build_row(rec: &TurnRecord, meta: &SessionMeta, prices: &[PriceRow]) -> P
         output_text_tokens: usage.output_text,
         output_audio_tokens: usage.output_audio,
         transcription_tokens: if transcription { usage.total } else { 0 },
-        cost_usd,
+        cost_usd: charge.cost_usd,
         usage_unknown: rec.usage.is_none(),
+        usage_implausible: charge.implausible,
         end_reason: rec.end_reason.to_string(),
     };
     PricedRow {
         row,
         usage,
         priced: price.is_some(),
+        charge,
     }
 }
 
@@ -531,6 +572,8 @@ mod tests {
 
     use super::*;
     use crate::config::RouteConfig;
+
+    const MAX_TURN_USD: f64 = patchbay_config::DEFAULT_MAX_TURN_USD;
 
     fn meta() -> SessionMeta {
         let key = KeyEntry {
@@ -591,8 +634,14 @@ mod tests {
 
     #[test]
     fn a_response_row_carries_ids_times_tokens_and_cost() {
-        let usage = Usage::from_json(&serde_json::from_value(crate::sim::usage_for(2, 5)).unwrap());
-        let p = build_row(&record(TurnKind::Response, Some(usage)), &meta(), &prices());
+        let usage =
+            Usage::from_json(&serde_json::from_value(patchbay_sim::usage_for(2, 5)).unwrap());
+        let p = build_row(
+            &record(TurnKind::Response, Some(usage)),
+            &meta(),
+            &prices(),
+            MAX_TURN_USD,
+        );
         let r = &p.row;
         assert!(p.priced);
         assert_eq!(r.request_id, "sess1:3");
@@ -625,14 +674,45 @@ mod tests {
     }
 
     #[test]
+    fn an_implausible_usage_keeps_its_figures_in_a_flagged_row_charged_at_most_max_turn_usd() {
+        let usage = Usage::from_json(&serde_json::from_value(patchbay_sim::usage_max()).unwrap());
+        let p = build_row(
+            &record(TurnKind::Response, Some(usage)),
+            &meta(),
+            &prices(),
+            2.5,
+        );
+        let r = &p.row;
+        assert!(r.usage_implausible);
+        assert_eq!(
+            (r.total_tokens, r.output_audio_tokens),
+            (u64::MAX, u64::MAX)
+        );
+        assert_eq!(r.cost_usd, 2.5);
+        assert_eq!(p.charge.tokens, pricing::MAX_TURN_TOKENS);
+        let plain =
+            Usage::from_json(&serde_json::from_value(patchbay_sim::usage_for(2, 5)).unwrap());
+        let p = build_row(
+            &record(TurnKind::Response, Some(plain)),
+            &meta(),
+            &prices(),
+            2.5,
+        );
+        assert!(!p.row.usage_implausible);
+        assert_eq!(p.charge.tokens, 192);
+    }
+
+    #[test]
     fn a_row_names_the_client_secret_its_session_was_opened_with() {
         let rec = record(TurnKind::Response, None);
         assert_eq!(
-            build_row(&rec, &meta(), &prices()).row.client_secret_id,
+            build_row(&rec, &meta(), &prices(), MAX_TURN_USD)
+                .row
+                .client_secret_id,
             None
         );
         let meta = meta().with_client_secret(Some("cs_0011".into()));
-        let r = build_row(&rec, &meta, &prices()).row;
+        let r = build_row(&rec, &meta, &prices(), MAX_TURN_USD).row;
         assert_eq!(r.client_secret_id.as_deref(), Some("cs_0011"));
         assert_eq!(r.key_id, "k1", "metered as the parent key");
     }
@@ -642,7 +722,7 @@ mod tests {
         let mut rec = record(TurnKind::Response, None);
         rec.status = 499;
         rec.end_reason = "client_left";
-        let r = build_row(&rec, &meta(), &prices()).row;
+        let r = build_row(&rec, &meta(), &prices(), MAX_TURN_USD).row;
         assert!(r.usage_unknown);
         assert_eq!((r.total_tokens, r.cost_usd, r.status), (0, 0.0, 499));
         assert_eq!(r.end_reason, "client_left");
@@ -661,7 +741,7 @@ mod tests {
         let kind = TurnKind::Transcription {
             model: Some("gpt-4o-transcribe".into()),
         };
-        let r = build_row(&record(kind, Some(usage)), &meta(), &prices()).row;
+        let r = build_row(&record(kind, Some(usage)), &meta(), &prices(), MAX_TURN_USD).row;
         assert_eq!(
             (r.model.as_str(), r.upstream_model.as_str()),
             ("gpt-4o-transcribe", "gpt-4o-transcribe")
@@ -669,7 +749,12 @@ mod tests {
         assert_eq!(r.transcription_tokens, 35);
         assert!((r.cost_usd - (30.0 * 6.0 + 5.0 * 10.0) / 1e6).abs() < 1e-12);
         let unknown = TurnKind::Transcription { model: None };
-        let p = build_row(&record(unknown, Some(usage)), &meta(), &prices());
+        let p = build_row(
+            &record(unknown, Some(usage)),
+            &meta(),
+            &prices(),
+            MAX_TURN_USD,
+        );
         assert_eq!(p.row.model, UNKNOWN_TRANSCRIPTION_MODEL);
         assert!(!p.priced);
         assert_eq!(p.row.cost_usd, 0.0);

@@ -57,25 +57,31 @@ use tokio::sync::{mpsc, watch};
 
 use crate::admission::Refusal;
 use crate::auth::{KeyEntry, KeyStore, TeamEntry};
-use crate::config::{
-    BudgetPeriod, Config, MeteringConfig, PriceRow, Provider, RouteConfig, Unpriced, UpstreamConfig,
-};
+use crate::config::{Config, MeteringConfig, PriceRow, RouteConfig, Unpriced};
+use crate::lane::Bounds;
 use crate::logs::RequestLog;
 use crate::metrics::{model, Metrics};
 use crate::relay::Kill;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::RedisStore;
 use crate::store::{
-    window_position, AdmitCounts, AdmitQuery, BudgetKey, MemoryStore, RedisStore, Scope, Store,
-    StoreError, WindowCounts, CALL_TIMEOUT, DEFAULT_PREFIX, WINDOW,
+    window_position, AdmitCounts, AdmitQuery, Store, WindowCounts, DEFAULT_PREFIX, WINDOW,
 };
-use outbox::{Bounds, Outbox};
+use outbox::Outbox;
 
+mod budgets;
 pub mod meter;
 pub mod outbox;
 pub mod pricing;
+mod shared;
 pub mod tracker;
 mod whole;
 
+use budgets::budget_refusal;
+pub use budgets::{applicable_budgets, budget_message};
 pub use meter::{InlineMeter, MeterTask};
+pub use shared::SessionMeta;
+pub(crate) use shared::{bounded, error_chain, Shared};
 pub use tracker::{
     EndReason, TurnKind, TurnRecord, TurnTracker, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED,
 };
@@ -84,122 +90,6 @@ pub use tracker::{
 #[derive(Debug, Clone)]
 pub struct Metering {
     shared: Arc<Shared>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// Replaced live when the config file's `[metering]` changes ([`Metering::set_config`]).
-    config: RwLock<MeteringConfig>,
-    prices: RwLock<Arc<Vec<PriceRow>>>,
-    pub(crate) store: Arc<dyn Store>,
-    /// Store writes that could not be made yet, replayed in order.
-    pub(crate) outbox: Arc<Outbox>,
-    pub(crate) log: RequestLog,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) keys: Arc<KeyStore>,
-    /// Models already warned about as unpriced (one warning per model per
-    /// process, not one per session).
-    warned_unpriced: std::sync::Mutex<std::collections::HashSet<String>>,
-}
-
-impl Shared {
-    /// True the first time `model` is reported unpriced in this process.
-    pub(crate) fn first_unpriced(&self, model: &str) -> bool {
-        let mut warned = self
-            .warned_unpriced
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        warned.insert(model.to_string())
-    }
-
-    /// The `[metering]` settings as they are now.
-    pub(crate) fn config(&self) -> MeteringConfig {
-        self.config
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    pub(crate) fn prices(&self) -> Arc<Vec<PriceRow>> {
-        match self.prices.read() {
-            Ok(p) => p.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-
-    pub(crate) fn store_error(&self, e: &StoreError, during: &'static str) {
-        self.metrics.store_errors.inc();
-        tracing::warn!(store = %self.store.describe(), error = %e, during, "store call failed; failing open");
-    }
-}
-
-/// What the meter needs to know about a session.
-#[derive(Debug, Clone)]
-pub struct SessionMeta {
-    /// The upgrade id; rows are `<session_id>:<turn n>`.
-    pub session_id: String,
-    /// The key at admission; the meter re-reads it from the key store.
-    pub key: KeyEntry,
-    /// The client secret the session was opened with (`key` is its parent).
-    pub client_secret_id: Option<String>,
-    /// `websocket`, `webrtc` or `sip` ([`crate::calls::Transport`]).
-    pub transport: &'static str,
-    /// The call metered over a sideband.
-    pub call_id: Option<String>,
-    pub team: Option<String>,
-    /// The route's client-facing model.
-    pub model: String,
-    pub upstream_model: String,
-    pub provider: &'static str,
-    /// The upstream's name (a single-upstream route's model).
-    pub upstream: String,
-    pub route_budget: Option<(f64, BudgetPeriod)>,
-}
-
-impl SessionMeta {
-    pub fn new(session_id: impl Into<String>, key: &KeyEntry, route: &RouteConfig) -> Self {
-        Self {
-            session_id: session_id.into(),
-            key: key.clone(),
-            client_secret_id: None,
-            transport: "websocket",
-            call_id: None,
-            team: key.team.clone(),
-            model: route.model.clone(),
-            upstream_model: route.upstream_model().to_string(),
-            provider: provider_name(route.provider),
-            upstream: route.model.clone(),
-            route_budget: route.budget_usd.map(|b| (b, route.budget_period)),
-        }
-    }
-
-    /// Marks the session as opened with client secret `id`.
-    pub fn with_client_secret(mut self, id: Option<String>) -> Self {
-        self.client_secret_id = id;
-        self
-    }
-
-    /// Marks the session as the sideband of call `call_id`.
-    pub fn for_call(mut self, transport: &'static str, call_id: &str) -> Self {
-        self.transport = transport;
-        self.call_id = Some(call_id.to_string());
-        self
-    }
-
-    /// The session runs on `up`, one of the route's upstreams.
-    pub fn on_upstream(mut self, up: &UpstreamConfig, route: &RouteConfig) -> Self {
-        self.upstream_model = up.upstream_model(route).to_string();
-        self.provider = provider_name(up.provider);
-        self.upstream = up.name.clone();
-        self
-    }
-}
-
-fn provider_name(p: Provider) -> &'static str {
-    match p {
-        Provider::Openai => "openai",
-        Provider::Azure => "azure",
-    }
 }
 
 /// Fires (at most once) when the meter wants the session closed.
@@ -429,7 +319,8 @@ impl Metering {
         let meters = self.shared.metrics.model_meters(&meta.model);
         let dropped = meters.records_dropped(&self.shared.metrics);
         let (kill_tx, kill_rx) = watch::channel(None);
-        let tracker = TurnTracker::new(tx, dropped);
+        let tracker = TurnTracker::new(tx, dropped)
+            .counting_duplicates(meters.usage_duplicates(&self.shared.metrics));
         let meter = MeterTask::new(self.shared.clone(), meters, meta, rx, kill_tx);
         (tracker, meter, KillSignal(kill_rx))
     }
@@ -448,113 +339,6 @@ async fn check_store(store: Arc<RedisStore>) {
             "cannot use the store at start (check the URL's host, user and password, and [store] ca_file for rediss://); failing open, writes wait in the outbox"
         ),
     }
-}
-
-/// An error and its sources, `: `-separated.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
-}
-
-/// Bounds any store call with [`CALL_TIMEOUT`].
-pub(crate) async fn bounded<T>(
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-    op: &'static str,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Timeout {
-            op,
-            after: CALL_TIMEOUT,
-        }),
-    }
-}
-
-/// The budgets that apply to a session, with their limits: key → team →
-/// route, each only when it has a `budget_usd`.
-pub fn applicable_budgets(
-    key: &KeyEntry,
-    team: Option<&TeamEntry>,
-    route_model: &str,
-    route_budget: Option<(f64, BudgetPeriod)>,
-) -> Vec<(BudgetKey, f64)> {
-    let mut out = Vec::with_capacity(3);
-    if let Some(limit) = key.budget_usd {
-        out.push((
-            BudgetKey {
-                scope: Scope::Key,
-                id: key.id.clone(),
-                period: key.budget_period,
-            },
-            limit,
-        ));
-    }
-    if let Some(t) = team {
-        if let Some(limit) = t.budget_usd {
-            out.push((
-                BudgetKey {
-                    scope: Scope::Team,
-                    id: t.id.clone(),
-                    period: t.budget_period,
-                },
-                limit,
-            ));
-        }
-    }
-    if let Some((limit, period)) = route_budget {
-        out.push((
-            BudgetKey {
-                scope: Scope::Route,
-                id: route_model.to_string(),
-                period,
-            },
-            limit,
-        ));
-    }
-    out
-}
-
-/// "budget exceeded for team 'support' (limit $50.00)".
-pub fn budget_message(b: &BudgetKey, limit: f64) -> String {
-    let period = match b.period {
-        BudgetPeriod::Total => "",
-        BudgetPeriod::Daily => " per day",
-        BudgetPeriod::Monthly => " per month",
-    };
-    format!(
-        "budget exceeded for {} '{}' (limit ${}{period})",
-        b.scope.as_str(),
-        b.id,
-        usd(limit)
-    )
-}
-
-/// Cents, unless that would misstate the amount (`0.005` → `0.005`).
-fn usd(v: f64) -> String {
-    let cents = format!("{v:.2}");
-    if cents.parse::<f64>().is_ok_and(|c| (c - v).abs() < 1e-9) {
-        return cents;
-    }
-    let fine = format!("{v:.6}");
-    fine.trim_end_matches('0').to_string()
-}
-
-fn budget_refusal(b: &BudgetKey, limit: f64) -> Refusal {
-    Refusal::new(
-        StatusCode::PAYMENT_REQUIRED,
-        "insufficient_quota",
-        "insufficient_quota",
-        budget_message(b, limit),
-    )
 }
 
 /// The admission decision over the store's numbers (`None`: the store did
@@ -646,7 +430,10 @@ pub(crate) fn retry_after(w: WindowCounts, threshold: f64, f: f64) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    use super::budgets::usd;
     use super::*;
+    use crate::config::BudgetPeriod;
+    use crate::store::{BudgetKey, Scope};
 
     fn counts(rpm: Option<(u64, u64)>, tpm: Option<(u64, u64)>, budgets: Vec<f64>) -> AdmitCounts {
         let w = |(previous, current)| WindowCounts { previous, current };

@@ -35,159 +35,27 @@
 //! during an outage loses what it holds; the drain waits for it within
 //! `[drain] wait_secs`.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::metrics::{sink, Metrics};
+use crate::lane::{Bounds, Lane, SETTLE_POLL};
+use crate::metrics::{sink, Metrics, RefusalLabel};
 use crate::store::{FlushBatch, Replayed, Store, StoreError};
 
-/// Default bound on the rows one outbox (or the stdout row queue) keeps.
-pub const MAX_ROWS: usize = 100_000;
-/// Default bound on their approximate size.
-pub const MAX_BYTES: usize = 64 * 1024 * 1024;
 /// Writes sent in one replay round trip.
 pub const REPLAY_BATCH: usize = 64;
 /// First wait before retrying a failed replay; doubles up to [`RETRY_MAX`].
 pub const RETRY_MIN: Duration = Duration::from_millis(100);
 pub const RETRY_MAX: Duration = Duration::from_secs(2);
-/// How often [`Outbox::settle`] looks at the queue.
-pub const SETTLE_POLL: Duration = Duration::from_millis(10);
 /// Bytes counted per row on top of its field values.
 const ROW_OVERHEAD_BYTES: usize = 256;
-
-/// The bound of a queue of rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
-    pub max_rows: usize,
-    pub max_bytes: usize,
-}
-
-impl Default for Bounds {
-    fn default() -> Self {
-        Self {
-            max_rows: MAX_ROWS,
-            max_bytes: MAX_BYTES,
-        }
-    }
-}
-
-/// A FIFO of items that each stand for some rows and bytes, bounded by
-/// [`Bounds`]: pushing past the bound drops the oldest items that are not
-/// in flight. Pure data; the outbox and the stdout row queue wrap it in
-/// their own locks.
-#[derive(Debug)]
-pub struct Lane<T> {
-    items: VecDeque<Item<T>>,
-    rows: usize,
-    bytes: usize,
-    next_id: u64,
-    bounds: Bounds,
-}
-
-#[derive(Debug)]
-struct Item<T> {
-    id: u64,
-    item: T,
-    rows: usize,
-    bytes: usize,
-    /// Sent to the store and not answered yet: its fate is the store's
-    /// answer, so the bound does not drop it (the replay's batch at most
-    /// can stand over the bound for one round trip).
-    in_flight: bool,
-}
-
-impl<T> Lane<T> {
-    pub fn new(bounds: Bounds) -> Self {
-        Self {
-            items: VecDeque::new(),
-            rows: 0,
-            bytes: 0,
-            next_id: 0,
-            bounds,
-        }
-    }
-
-    /// Appends `item`; returns its id and the items dropped (oldest first)
-    /// to get back within the bound (which can include `item` itself when
-    /// it alone is over the bound). Items in flight are never dropped.
-    pub fn push(&mut self, item: T, rows: usize, bytes: usize) -> (u64, Vec<(T, usize)>) {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.items.push_back(Item {
-            id,
-            item,
-            rows,
-            bytes,
-            in_flight: false,
-        });
-        self.rows += rows;
-        self.bytes += bytes;
-        let mut dropped = Vec::new();
-        while self.rows > self.bounds.max_rows || self.bytes > self.bounds.max_bytes {
-            let Some(at) = self.items.iter().position(|i| !i.in_flight) else {
-                break;
-            };
-            if let Some(i) = self.items.remove(at) {
-                self.rows -= i.rows;
-                self.bytes -= i.bytes;
-                dropped.push((i.item, i.rows));
-            }
-        }
-        (id, dropped)
-    }
-
-    /// Up to `n` items from the front, with their ids.
-    pub fn front(&self, n: usize) -> Vec<(u64, &T)> {
-        self.items.iter().take(n).map(|i| (i.id, &i.item)).collect()
-    }
-
-    /// Marks the item `id`, if still queued, as sent to the store (`true`)
-    /// or back to waiting (`false`).
-    pub fn set_in_flight(&mut self, id: u64, in_flight: bool) {
-        if let Some(i) = self.items.iter_mut().find(|i| i.id == id) {
-            i.in_flight = in_flight;
-        }
-    }
-
-    /// Removes the item `id` if it is still queued.
-    pub fn remove(&mut self, id: u64) -> Option<T> {
-        let at = self.items.iter().position(|i| i.id == id)?;
-        let i = self.items.remove(at)?;
-        self.rows -= i.rows;
-        self.bytes -= i.bytes;
-        Some(i.item)
-    }
-
-    /// Takes every item (oldest first).
-    pub fn take_all(&mut self) -> Vec<(T, usize)> {
-        self.rows = 0;
-        self.bytes = 0;
-        self.items.drain(..).map(|i| (i.item, i.rows)).collect()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
 
 const PENDING: u8 = 0;
 const APPLIED: u8 = 1;
@@ -241,6 +109,7 @@ struct Gauges {
     dropped_usd: Counter<f64, std::sync::atomic::AtomicU64>,
     replayed: Counter,
     store_errors: Counter,
+    refusals: Family<RefusalLabel, Counter>,
 }
 
 /// The store outbox; see the module docs.
@@ -285,6 +154,7 @@ impl Outbox {
             dropped_usd: metrics.outbox_dropped_usd.clone(),
             replayed: metrics.outbox_replayed.clone(),
             store_errors: metrics.store_errors.clone(),
+            refusals: metrics.store_refusals.clone(),
         };
         let outbox = Arc::new(Self {
             store,
@@ -469,7 +339,18 @@ async fn replay_loop(outbox: Weak<Outbox>, queued: Arc<Notify>, urgent: Arc<Noti
             let r = ob.replay_once().await;
             if let Err(e) = &r {
                 ob.gauges.store_errors.inc();
-                if !failing {
+                if let Some((reason, refused)) = e.refusal() {
+                    ob.gauges
+                        .refusals
+                        .get_or_create(&RefusalLabel {
+                            reason: reason.into(),
+                        })
+                        .inc();
+                    if !failing {
+                        tracing::warn!(store = %ob.store.describe(), reason, refused = %refused, queued = ob.len(),
+                            "the store refuses a queued write (nothing of it applied); keeping it and the writes behind it in the outbox");
+                    }
+                } else if !failing {
                     tracing::warn!(store = %ob.store.describe(), error = %e, queued = ob.len(), "store unreachable; keeping writes in the outbox");
                 }
             } else if failing {
@@ -503,7 +384,8 @@ async fn replay_loop(outbox: Weak<Outbox>, queued: Arc<Notify>, urgent: Arc<Noti
 mod tests {
     use super::*;
     use crate::logs::RequestLogRow;
-    use crate::store::{FlushId, RedisStore};
+    use crate::store::redis::RedisStore;
+    use crate::store::FlushId;
     use std::time::SystemTime;
 
     fn one_row_batch(seq: u64, cost_usd: f64) -> FlushBatch {
@@ -536,6 +418,7 @@ mod tests {
             transcription_tokens: 0,
             cost_usd,
             usage_unknown: false,
+            usage_implausible: false,
             end_reason: "completed".into(),
         };
         FlushBatch {

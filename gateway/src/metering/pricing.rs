@@ -18,7 +18,26 @@
 //! - duration-based transcription usage (`{"type":"duration"}`, whisper-1)
 //!   carries no tokens and is priced at 0: the price table has no per-second
 //!   column.
+//!
+//! Plausibility: a turn whose usage no real turn can have is charged as a
+//! bounded amount, not as reported ([`charge`]). It is implausible when its
+//! `total` (the larger of the reported total and input + output, so at
+//! least every other count) is above [`MAX_TURN_TOKENS`], or when its cost
+//! is above `[metering] max_turn_usd` (default 100 USD). Its row keeps the
+//! reported token counts and is flagged `usage_implausible`; it is charged
+//! its cost capped at `max_turn_usd`, and its tokens capped at
+//! [`MAX_TURN_TOKENS`] in the tpm window and the token metrics. So one turn
+//! never moves a budget by more than `max_turn_usd`, nor a tpm window or a
+//! token counter by more than [`MAX_TURN_TOKENS`].
+//!
+//! A cost is finite and >= 0 by construction: every rate is taken within
+//! `[0, MAX_PRICE_USD_PER_MILLION_TOKENS]` (the loader refuses a price
+//! outside it; the arithmetic does not rely on that), token counts are
+//! `u64`, and token differences saturate at 0, so one price column adds at
+//! most `u64::MAX` × 1e6 / 1e6 ≈ 1.8e19 USD and the sum of the eight stays
+//! far below `f64::MAX`.
 
+use patchbay_config::MAX_PRICE_USD_PER_MILLION_TOKENS;
 use serde::Deserialize;
 
 use crate::config::PriceRow;
@@ -140,7 +159,9 @@ impl Usage {
     }
 
     pub fn cached(&self) -> u64 {
-        self.cached_text + self.cached_audio + self.cached_image
+        self.cached_text
+            .saturating_add(self.cached_audio)
+            .saturating_add(self.cached_image)
     }
 }
 
@@ -172,20 +193,73 @@ pub fn route_priced(prices: &[PriceRow], route: &crate::config::RouteConfig) -> 
 
 const PER: f64 = 1_000_000.0;
 
+/// Most tokens one turn can plausibly report, in its `total` (so in any
+/// field). A turn's input is at most its model's context window and its
+/// output at most the longest answer: 32k in all for `gpt-realtime`, 128k +
+/// 32k for `gpt-realtime-2`. Ten million is over sixty times the largest,
+/// while a usage of 2^64-1 tokens is an upstream that cannot be believed.
+pub const MAX_TURN_TOKENS: u64 = 10_000_000;
+
+/// What one turn is charged (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Charge {
+    /// USD added to every applicable budget and to the cost metric, and
+    /// written as the row's `cost_usd`.
+    pub cost_usd: f64,
+    /// Tokens added to the key's tpm window and the token metrics' bound.
+    pub tokens: u64,
+    /// The usage was beyond the plausibility bound: the row is flagged.
+    pub implausible: bool,
+}
+
+/// The charge of a turn whose usage is `u` and whose cost at its price is
+/// `cost_usd` ([`cost_usd`], or 0 when unpriced): as reported when the
+/// usage is plausible, else flagged with the cost capped at `max_turn_usd`
+/// and the tokens at [`MAX_TURN_TOKENS`].
+pub fn charge(u: &Usage, cost_usd: f64, max_turn_usd: f64) -> Charge {
+    // A NaN cost (impossible from `cost_usd`) is capped too.
+    let implausible = u.total > MAX_TURN_TOKENS || cost_usd.is_nan() || cost_usd > max_turn_usd;
+    if implausible {
+        Charge {
+            cost_usd: cost_usd.min(max_turn_usd).max(0.0),
+            tokens: u.total.min(MAX_TURN_TOKENS),
+            implausible,
+        }
+    } else {
+        Charge {
+            cost_usd,
+            tokens: u.total,
+            implausible,
+        }
+    }
+}
+
 /// USD for `u` at `p`, to the nano-dollar: the sum's binary rounding noise
 /// (`1.9999999999999998e-5` for what is 2e-5) would otherwise be printed in
 /// every row. The row, the budgets and the metrics all take this one value.
+/// Finite and >= 0 whatever `p` and `u` hold (see the module doc).
 pub fn cost_usd(p: &PriceRow, u: &Usage) -> f64 {
-    let tokens = |n: u64, usd_per_million: f64| n as f64 * usd_per_million / PER;
-    let usd = tokens(u.input_text - u.cached_text, p.text_input)
+    let tokens = |n: u64, usd_per_million: f64| n as f64 * rate(usd_per_million) / PER;
+    let usd = tokens(u.input_text.saturating_sub(u.cached_text), p.text_input)
         + tokens(u.cached_text, p.cached_text_input)
-        + tokens(u.input_image - u.cached_image, p.text_input)
+        + tokens(u.input_image.saturating_sub(u.cached_image), p.text_input)
         + tokens(u.cached_image, p.cached_text_input)
-        + tokens(u.input_audio - u.cached_audio, p.audio_input)
+        + tokens(u.input_audio.saturating_sub(u.cached_audio), p.audio_input)
         + tokens(u.cached_audio, p.cached_audio_input)
         + tokens(u.output_text, p.text_output)
         + tokens(u.output_audio, p.audio_output);
     (usd * NANO).round() / NANO
+}
+
+/// A price as the arithmetic takes it: within `[0,
+/// MAX_PRICE_USD_PER_MILLION_TOKENS]`, anything else (NaN included) as the
+/// nearest bound, so that no row can make a cost infinite, NaN or negative.
+fn rate(usd_per_million: f64) -> f64 {
+    if usd_per_million > 0.0 {
+        usd_per_million.min(MAX_PRICE_USD_PER_MILLION_TOKENS)
+    } else {
+        0.0
+    }
 }
 
 const NANO: f64 = 1e9;
@@ -219,7 +293,7 @@ mod tests {
     fn simulator_usage_normalises_and_prices_audio_text_and_cached() {
         // The simulator's second response: 30 text + 100 audio in, 64 of the
         // audio cached; 12 text + 50 audio out.
-        let u = Usage::from_json(&serde_json::from_value(crate::sim::usage_for(2, 5)).unwrap());
+        let u = Usage::from_json(&serde_json::from_value(patchbay_sim::usage_for(2, 5)).unwrap());
         assert_eq!(
             u,
             Usage {
@@ -329,6 +403,129 @@ mod tests {
             serde_json::json!({"input_tokens": 1, "input_token_details": {"cached_tokens": 1, "text_tokens": 1}}),
         );
         assert_eq!(cost_usd(&realtime_price(), &one), 4e-7);
+    }
+
+    fn every_field_max() -> Usage {
+        usage(serde_json::json!({
+            "total_tokens": u64::MAX, "input_tokens": u64::MAX, "output_tokens": u64::MAX,
+            "input_token_details": {"text_tokens": u64::MAX, "audio_tokens": u64::MAX,
+                "image_tokens": u64::MAX, "cached_tokens": u64::MAX,
+                "cached_tokens_details": {"text_tokens": u64::MAX, "audio_tokens": u64::MAX,
+                    "image_tokens": u64::MAX}},
+            "output_token_details": {"text_tokens": u64::MAX, "audio_tokens": u64::MAX}
+        }))
+    }
+
+    fn every_rate(usd_per_million: f64) -> PriceRow {
+        PriceRow {
+            upstream: None,
+            model: "m".into(),
+            text_input: usd_per_million,
+            cached_text_input: usd_per_million,
+            audio_input: usd_per_million,
+            cached_audio_input: usd_per_million,
+            text_output: usd_per_million,
+            audio_output: usd_per_million,
+        }
+    }
+
+    #[test]
+    fn the_largest_usage_at_the_highest_allowed_price_costs_a_finite_amount() {
+        let c = cost_usd(
+            &every_rate(patchbay_config::MAX_PRICE_USD_PER_MILLION_TOKENS),
+            &every_field_max(),
+        );
+        assert!(c.is_finite() && c > 0.0, "{c}");
+    }
+
+    /// Prices are validated at load, but the arithmetic does not rely on
+    /// it: a row built in code with a rate past the ceiling (or not a
+    /// number) still gives a finite cost >= 0.
+    #[test]
+    fn a_cost_is_finite_and_never_negative_whatever_the_row_holds() {
+        let u = every_field_max();
+        for rate in [
+            f64::MAX,
+            1e308,
+            f64::INFINITY,
+            f64::NAN,
+            -1.0,
+            f64::NEG_INFINITY,
+        ] {
+            let c = cost_usd(&every_rate(rate), &u);
+            assert!(c.is_finite() && c >= 0.0, "rate {rate}: cost {c}");
+        }
+        // A Usage built in code that breaks the cached <= input invariant
+        // neither panics nor wraps around.
+        let odd = Usage {
+            input_text: 1,
+            cached_text: 5,
+            ..Usage::default()
+        };
+        let c = cost_usd(&realtime_price(), &odd);
+        assert!(c.is_finite() && c >= 0.0, "{c}");
+    }
+
+    #[test]
+    fn a_plausible_turn_is_charged_as_reported() {
+        let u = Usage::from_json(&serde_json::from_value(patchbay_sim::usage_for(2, 5)).unwrap());
+        let cost = cost_usd(&realtime_price(), &u);
+        let c = charge(&u, cost, 100.0);
+        assert_eq!((c.cost_usd, c.tokens, c.implausible), (cost, 192, false));
+        // At the bounds exactly: still plausible.
+        let edge = Usage {
+            total: MAX_TURN_TOKENS,
+            ..Usage::default()
+        };
+        assert_eq!(
+            charge(&edge, 100.0, 100.0),
+            Charge {
+                cost_usd: 100.0,
+                tokens: MAX_TURN_TOKENS,
+                implausible: false
+            }
+        );
+    }
+
+    #[test]
+    fn too_many_tokens_flag_the_turn_and_cap_its_cost_and_tokens() {
+        let u = every_field_max();
+        let cost = cost_usd(&realtime_price(), &u);
+        assert!(cost > 100.0);
+        let c = charge(&u, cost, 100.0);
+        assert_eq!(
+            c,
+            Charge {
+                cost_usd: 100.0,
+                tokens: MAX_TURN_TOKENS,
+                implausible: true
+            }
+        );
+        // Just past the bound, cheap (or unpriced): flagged, cost kept.
+        let over = Usage {
+            total: MAX_TURN_TOKENS + 1,
+            ..Usage::default()
+        };
+        assert_eq!(
+            charge(&over, 0.0, 100.0),
+            Charge {
+                cost_usd: 0.0,
+                tokens: MAX_TURN_TOKENS,
+                implausible: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_cost_above_max_turn_usd_flags_the_turn_and_is_capped() {
+        let u = Usage {
+            total: 1000,
+            ..Usage::default()
+        };
+        let c = charge(&u, 250.0, 100.0);
+        assert_eq!((c.cost_usd, c.tokens, c.implausible), (100.0, 1000, true));
+        let c = charge(&u, f64::NAN, 3.0);
+        assert_eq!((c.cost_usd, c.implausible), (3.0, true));
     }
 
     #[test]

@@ -2,10 +2,18 @@
 //! client and turns `response.created` … `response.done` into turn records.
 //!
 //! It is owned by the relay task and called through `&mut` ([`Tap`]), so
-//! there is no lock or atomic per frame; closed turns leave through a
-//! bounded channel with `try_send` (a full channel drops the turn and counts
-//! it on `patchbay_usage_records_dropped_total`), so the relay never waits
-//! on metering.
+//! there is no lock or atomic per frame. Closed turns leave through a
+//! bounded channel ([`CHANNEL_CAPACITY`]) to the meter. A closing record
+//! (a `response.done`, a transcription's usage, a turn cut short by the
+//! session's end) is never dropped: when the channel is full it waits in
+//! the tracker, and the relay reads no further upstream frame until the
+//! meter has taken it ([`Tap::poll_ready`]): a burst slows the relay, it
+//! cannot lose a billed turn. Only a turn evicted as `never_done` (more
+//! than [`MAX_OPEN_TURNS`] in flight) is dropped when the channel is full
+//! or a closing record waits, counted on
+//! `patchbay_usage_records_dropped_total`. Memory stays bounded: the relay
+//! checks before every upstream frame, and one frame closes at most one
+//! turn (the session's end at most [`MAX_OPEN_TURNS`]).
 //!
 //! Cost per frame. The event type is read without parsing the frame:
 //! 1. from the leading bytes (first key, or second behind `event_id`:
@@ -28,6 +36,12 @@
 //! - `response.created` opens a turn (its clock starts); `response.done`
 //!   closes the turn with the same response id. A `done` whose `created` was
 //!   never seen is still billed, with zero latency.
+//! - A response id is charged once per session: a `response.done` for a
+//!   response this session already metered (a replayed event) makes no
+//!   record and is counted on `patchbay_usage_duplicates_total`, and a
+//!   `response.created` for one opens no turn. The last
+//!   [`METERED_IDS_KEPT`] ids are remembered (as keyed 64-bit hashes, 8
+//!   bytes each; a `done` without an id cannot be matched and is billed).
 //! - Time to first token: the first `response.*.delta` (GA or beta name)
 //!   naming the turn's response, or naming none. Deltas of another response
 //!   and `conversation.item.input_audio_transcription.delta` never stamp it.
@@ -50,7 +64,10 @@
 //! scanned substring still matches; at most [`MAX_OPEN_TURNS`] responses are
 //! tracked at once (the oldest is closed as unknown past that).
 
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::LazyLock;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use memchr::memmem::{Finder, FinderRev};
@@ -58,6 +75,7 @@ use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Deserializer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::PollSender;
 
 use super::pricing::{Usage, UsageJson};
 use crate::event::{event_type, leading_event_type, plain_string, skip_ws};
@@ -68,6 +86,14 @@ pub const CHANNEL_CAPACITY: usize = 1024;
 /// Responses tracked at once; the Realtime API runs one per conversation,
 /// plus out-of-band ones.
 pub const MAX_OPEN_TURNS: usize = 16;
+/// Metered response ids a session remembers to charge each once: a replay
+/// comes right after its original, and this covers thousands of turns (the
+/// hashes take at most 32 KiB, grown as turns are metered).
+pub const METERED_IDS_KEPT: usize = 4096;
+
+/// Keys the hashes of metered response ids (random per process, so an
+/// upstream cannot choose ids that collide).
+static ID_HASHER: LazyLock<RandomState> = LazyLock::new(RandomState::new);
 
 const CREATED: &str = "response.created";
 const DONE: &str = "response.done";
@@ -211,6 +237,10 @@ struct OpenTurn {
 #[derive(Debug)]
 pub struct TurnTracker {
     tx: mpsc::Sender<TurnRecord>,
+    /// The same channel, for waiting on room ([`Tap::poll_ready`]).
+    room: PollSender<TurnRecord>,
+    /// Closing records the full channel could not take yet, in order.
+    waiting: VecDeque<TurnRecord>,
     dropped: Counter,
     open: Vec<OpenTurn>,
     /// Open turns without a first token yet; deltas are looked at only
@@ -221,21 +251,50 @@ pub struct TurnTracker {
     /// Set when the session started ending: cancelled responses are then
     /// the teardown's, and their rows carry this cause.
     ending: Option<EndReason>,
+    /// Hashes of the response ids metered so far, oldest first (at most
+    /// [`METERED_IDS_KEPT`]).
+    metered: VecDeque<u64>,
+    /// Counts `response.done` events for an already metered response.
+    duplicates: Counter,
 }
 
 impl TurnTracker {
-    /// A tracker sending to `tx`; `dropped` counts records lost to a full
-    /// channel.
+    /// A tracker sending to `tx`; `dropped` counts `never_done` evictions
+    /// lost to a full channel (and records the meter can no longer take).
     pub fn new(tx: mpsc::Sender<TurnRecord>, dropped: Counter) -> Self {
         Self {
+            room: PollSender::new(tx.clone()),
             tx,
+            waiting: VecDeque::new(),
             dropped,
             open: Vec::new(),
             waiting_ttft: 0,
             turns: 0,
             transcription_model: None,
             ending: None,
+            metered: VecDeque::new(),
+            duplicates: Counter::default(),
         }
+    }
+
+    /// Counts repeated `response.done` events on `duplicates` (a counter of
+    /// its own otherwise).
+    pub fn counting_duplicates(mut self, duplicates: Counter) -> Self {
+        self.duplicates = duplicates;
+        self
+    }
+
+    /// Whether the response `id` was metered in this session.
+    fn metered(&self, id: &str) -> bool {
+        let h = ID_HASHER.hash_one(id);
+        self.metered.contains(&h)
+    }
+
+    fn remember_metered(&mut self, id: &str) {
+        if self.metered.len() >= METERED_IDS_KEPT {
+            self.metered.pop_front();
+        }
+        self.metered.push_back(ID_HASHER.hash_one(id));
     }
 
     /// Responses in flight.
@@ -253,6 +312,40 @@ impl TurnTracker {
     /// run its final flush and end.
     pub fn finish(mut self, reason: EndReason) {
         self.cut_short(reason);
+        self.hand_over_waiting();
+    }
+
+    /// Closing records still waiting for room: a task delivers them and
+    /// holds the channel open until it has, so the meter's final flush
+    /// counts them.
+    fn hand_over_waiting(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.waiting);
+        let lost = waiting.len() as u64;
+        let tx = self.tx.clone();
+        let dropped = self.dropped.clone();
+        let deliver = async move {
+            for rec in waiting {
+                if tx.send(rec).await.is_err() {
+                    dropped.inc();
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(deliver)),
+            // Outside a runtime (a tracker dropped by a test's thread):
+            // nothing can wait for the meter.
+            Err(_) => {
+                self.dropped.inc_by(lost);
+            }
+        }
+    }
+
+    /// Closing records waiting for room in the channel.
+    pub fn waiting_records(&self) -> usize {
+        self.waiting.len()
     }
 
     fn cut_short(&mut self, reason: EndReason) {
@@ -275,8 +368,26 @@ impl TurnTracker {
         self.waiting_ttft = 0;
     }
 
+    /// Sends a closing record, or keeps it until the channel has room.
     fn emit(&mut self, rec: TurnRecord) {
-        if self.tx.try_send(rec).is_err() {
+        if !self.waiting.is_empty() {
+            self.waiting.push_back(rec);
+            return;
+        }
+        match self.tx.try_send(rec) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(rec)) => self.waiting.push_back(rec),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.dropped.inc();
+            }
+        }
+    }
+
+    /// Sends a record worth less than the relay's pace (a `never_done`
+    /// eviction): dropped and counted when the channel is full or a closing
+    /// record waits.
+    fn emit_junk(&mut self, rec: TurnRecord) {
+        if !self.waiting.is_empty() || self.tx.try_send(rec).is_err() {
             self.dropped.inc();
         }
     }
@@ -292,6 +403,11 @@ impl TurnTracker {
             .and_then(|e| e.response)
             .and_then(|r| r.id);
         if id.is_some() && self.open.iter().any(|t| t.response_id == id) {
+            return;
+        }
+        // A replayed `created` of a response already metered: no new turn
+        // (it would be cut short as unknown at the session's end).
+        if id.as_deref().is_some_and(|id| self.metered(id)) {
             return;
         }
         if self.open.len() >= MAX_OPEN_TURNS {
@@ -310,7 +426,7 @@ impl TurnTracker {
                 end_reason: "never_done",
                 usage: None,
             };
-            self.emit(rec);
+            self.emit_junk(rec);
         }
         let n = self.next_n();
         self.open.push(OpenTurn {
@@ -343,6 +459,13 @@ impl TurnTracker {
             return;
         };
         let response = event.response.unwrap_or_default();
+        if let Some(id) = &response.id {
+            if self.metered(id) {
+                self.duplicates.inc();
+                return;
+            }
+            self.remember_metered(id);
+        }
         let (status, end_reason) = match response.status.as_deref() {
             Some("completed") | None => (200, "completed"),
             Some("incomplete") => (200, "incomplete"),
@@ -443,6 +566,31 @@ impl TurnTracker {
 }
 
 impl Tap for TurnTracker {
+    /// Ready once no closing record waits for room in the channel; while
+    /// one does, the relay reads no upstream frame (the meter's taking a
+    /// record wakes it).
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while !self.waiting.is_empty() {
+            match self.room.poll_reserve(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) => {
+                    if let Some(rec) = self.waiting.pop_front() {
+                        if self.room.send_item(rec).is_err() {
+                            self.dropped.inc();
+                        }
+                    }
+                }
+                Poll::Ready(Err(_)) => {
+                    // The meter is gone: nothing can take them any more.
+                    for _ in self.waiting.drain(..) {
+                        self.dropped.inc();
+                    }
+                }
+            }
+        }
+        Poll::Ready(())
+    }
+
     fn responses_in_flight(&self) -> Vec<Option<String>> {
         self.open.iter().map(|t| t.response_id.clone()).collect()
     }
@@ -487,6 +635,7 @@ impl Drop for TurnTracker {
         if !self.open.is_empty() {
             self.cut_short(EndReason::Aborted);
         }
+        self.hand_over_waiting();
     }
 }
 
@@ -790,8 +939,62 @@ mod tests {
     fn done(id: &str, status: &str) -> String {
         json!({"type": "response.done", "event_id": "e9", "response": {
             "id": id, "status": status, "output": [{"type": "message", "content": [{"type": "output_audio", "transcript": "response.done \"x\""}]}],
-            "usage": crate::sim::usage_for(1, 5)}})
+            "usage": patchbay_sim::usage_for(1, 5)}})
         .to_string()
+    }
+
+    /// A no-op waker's context, for polling the tracker by hand.
+    fn noop_cx() -> Context<'static> {
+        Context::from_waker(std::task::Waker::noop())
+    }
+
+    #[test]
+    fn a_burst_of_evictions_never_drops_the_closing_record_that_carries_usage() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let dropped = Counter::default();
+        let mut t = TurnTracker::new(tx, dropped.clone());
+        // 5,000 responses opened and never finished, then the one billed.
+        for i in 0..5_000 {
+            t.on_upstream_text(&created(&format!("resp_{i}")));
+        }
+        t.on_upstream_text(&done("resp_4999", "completed"));
+        // The channel (8) is full of evictions; the billed record waits and
+        // the relay is told to stop reading.
+        assert_eq!(t.waiting_records(), 1);
+        assert!(t.poll_ready(&mut noop_cx()).is_pending());
+        let junk = drain(&mut rx);
+        assert_eq!(junk.len(), 8);
+        assert!(junk.iter().all(|r| r.end_reason == "never_done"));
+        assert_eq!(dropped.get(), 5_000 - MAX_OPEN_TURNS as u64 - 8);
+        // Room again: it goes out, in order, and reading resumes.
+        assert!(t.poll_ready(&mut noop_cx()).is_ready());
+        assert_eq!(t.waiting_records(), 0);
+        let billed = drain(&mut rx);
+        assert_eq!(billed.len(), 1);
+        assert_eq!(billed[0].status, 200);
+        assert!(billed[0].usage.is_some());
+    }
+
+    #[tokio::test]
+    async fn records_still_waiting_at_the_end_reach_the_meter_before_the_channel_closes() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let mut t = TurnTracker::new(tx, Counter::default());
+        for i in 0..3 {
+            t.on_upstream_text(&created(&format!("r{i}")));
+            t.on_upstream_text(&done(&format!("r{i}"), "completed"));
+        }
+        t.on_upstream_text(&created("r3"));
+        assert_eq!(t.waiting_records(), 2);
+        t.finish(EndReason::ClientClosed);
+        let mut got = Vec::new();
+        while let Some(r) = rx.recv().await {
+            got.push(r);
+        }
+        let statuses: Vec<u16> = got.iter().map(|r| r.status).collect();
+        assert_eq!(got.len(), 4, "three billed turns and the one cut short");
+        assert_eq!(&statuses[..3], &[200, 200, 200]);
+        assert!(got[..3].iter().all(|r| r.usage.is_some()));
+        assert!(got[3].usage.is_none());
     }
 
     fn delta(kind: &str, response_id: Option<&str>) -> String {
@@ -979,12 +1182,63 @@ mod tests {
         assert!(r.usage.is_some());
     }
 
+    /// A `response.done` for a response this session already metered (a
+    /// replayed event) is a duplicate: no second record, so no second
+    /// charge; a replayed `response.created` opens no turn.
+    #[test]
+    fn a_repeated_done_for_a_metered_response_is_a_duplicate_and_not_charged_again() {
+        let (t, mut rx, _) = tracker();
+        let duplicates = Counter::default();
+        let mut t = t.counting_duplicates(duplicates.clone());
+        t.on_upstream_text(&created("r1"));
+        t.on_upstream_text(&done("r1", "completed"));
+        t.on_upstream_text(&done("r1", "completed"));
+        t.on_upstream_text(&created("r1"));
+        assert_eq!(t.open_turns(), 0, "a created for a metered response");
+        t.on_upstream_text(&done("r1", "completed"));
+        // A done without its created, replayed.
+        t.on_upstream_text(&done("ghost", "completed"));
+        t.on_upstream_text(&done("ghost", "completed"));
+        t.on_upstream_text(&created("r2"));
+        t.on_upstream_text(&done("r2", "completed"));
+        let recs = drain(&mut rx);
+        let ids: Vec<u64> = recs.iter().map(|r| r.n).collect();
+        assert_eq!(ids, [1, 2, 3], "{recs:?}");
+        assert_eq!(t.open_turns(), 0);
+        assert_eq!(duplicates.get(), 3);
+    }
+
+    #[test]
+    fn the_oldest_metered_ids_are_forgotten_past_the_bound() {
+        let (mut t, mut rx, _) = tracker();
+        for i in 0..=METERED_IDS_KEPT {
+            t.on_upstream_text(&done(&format!("r{i}"), "completed"));
+        }
+        assert_eq!(t.metered.len(), METERED_IDS_KEPT);
+        // More records than the channel holds: they wait, none is lost.
+        let mut delivered = 0;
+        loop {
+            delivered += drain(&mut rx).len();
+            if t.waiting_records() == 0 {
+                break;
+            }
+            // Refills the channel from the waiting records (pending again
+            // once it is full).
+            let _ = t.poll_ready(&mut noop_cx());
+        }
+        assert_eq!(delivered, METERED_IDS_KEPT + 1);
+        t.on_upstream_text(&done("r1", "completed"));
+        assert!(drain(&mut rx).is_empty(), "r1 is still known");
+        t.on_upstream_text(&done("r0", "completed"));
+        assert_eq!(drain(&mut rx).len(), 1, "r0 was forgotten");
+    }
+
     /// A field of an unexpected shape is taken as absent; the rest of its
     /// event still counts.
     #[test]
     fn an_odd_field_never_loses_the_rest_of_its_event() {
         let (mut t, mut rx, _) = tracker();
-        let usage = crate::sim::usage_for(1, 5);
+        let usage = patchbay_sim::usage_for(1, 5);
         t.on_upstream_text(
             &json!({"type": "response.done", "response": {"id": 7, "status": {"x": [1]}, "usage": usage}})
                 .to_string(),
@@ -1154,13 +1408,17 @@ mod tests {
     }
 
     #[test]
-    fn a_full_channel_drops_and_counts() {
+    fn a_full_channel_keeps_a_billed_record_waiting_instead_of_dropping_it() {
         let (tx, mut rx) = mpsc::channel(1);
         let dropped = Counter::default();
         let mut t = TurnTracker::new(tx, dropped.clone());
         t.on_upstream_text(&done("a", "completed"));
         t.on_upstream_text(&done("b", "completed"));
-        assert_eq!(dropped.get(), 1);
+        assert_eq!(dropped.get(), 0);
+        assert_eq!(t.waiting_records(), 1);
+        assert!(t.poll_ready(&mut noop_cx()).is_pending());
+        assert_eq!(drain(&mut rx).len(), 1);
+        assert!(t.poll_ready(&mut noop_cx()).is_ready());
         assert_eq!(drain(&mut rx).len(), 1);
     }
 

@@ -61,9 +61,6 @@ pub mod leases;
 pub mod memory;
 pub mod redis;
 
-pub use memory::MemoryStore;
-pub use redis::RedisStore;
-
 /// Key prefix in production; tests use their own so they can run in parallel.
 pub const DEFAULT_PREFIX: &str = "patchbay:";
 /// Bound on one store call (a Redis call includes its connection).
@@ -96,7 +93,29 @@ pub enum StoreError {
     #[error("invalid Redis URL: {0}")]
     Url(#[source] ::redis::RedisError),
     #[error("store ca_file: {0}")]
-    CaFile(#[source] crate::upstream::tls::TlsSetupError),
+    CaFile(#[source] crate::pem::TlsSetupError),
+}
+
+impl StoreError {
+    /// A write the store refused whole before writing anything (the flush
+    /// script's `NOTAPPLIED <reason> <command> <key>`): the reason, and the
+    /// command and key it refused.
+    pub fn refusal(&self) -> Option<(&'static str, String)> {
+        let text = self.to_string();
+        let at = text.find("NOTAPPLIED")?;
+        // The server's text comes after the code, however the client
+        // library punctuates it (`"NOTAPPLIED": noperm XADD key`).
+        let mut words = text[at + "NOTAPPLIED".len()..]
+            .trim_start_matches(|c: char| c.is_whitespace() || matches!(c, ':' | '"' | '-'))
+            .split_whitespace();
+        let reason = match words.next()? {
+            "noperm" => "noperm",
+            "wrongtype" => "wrongtype",
+            "not_a_number" => "not_a_number",
+            _ => "other",
+        };
+        Some((reason, words.collect::<Vec<_>>().join(" ")))
+    }
 }
 
 /// What became of one replayed write.
@@ -369,6 +388,28 @@ pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_write_is_read_from_the_error_however_it_is_worded() {
+        for message in [
+            "NOTAPPLIED wrongtype INCRBYFLOAT p:budget:key:k:total",
+            "\"NOTAPPLIED\": wrongtype INCRBYFLOAT p:budget:key:k:total",
+        ] {
+            let e = StoreError::Reply {
+                op: "replay",
+                message: message.into(),
+            };
+            assert_eq!(
+                e.refusal(),
+                Some(("wrongtype", "INCRBYFLOAT p:budget:key:k:total".into()))
+            );
+        }
+        let other = StoreError::Reply {
+            op: "flush",
+            message: "READONLY You can't write against a read only replica.".into(),
+        };
+        assert_eq!(other.refusal(), None);
+    }
 
     fn at(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(secs)

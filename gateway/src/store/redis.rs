@@ -15,9 +15,16 @@
 //! - replay: one pipeline of `SCRIPT LOAD` and one `EVALSHA` per queued
 //!   write, in order.
 //!
-//! Inside the script each write is a `pcall`: a key someone overwrote with
-//! another type (a budget holding a string) fails that one command, counted
-//! and logged, instead of leaving the batch half applied.
+//! A write is applied whole or not at all: before it sets the write mark,
+//! the script checks every command it is about to run (the user's ACL
+//! rights through `redis.acl_check_cmd`, each key's type, a counter's
+//! value) and, if any would be refused, answers `NOTAPPLIED <reason>
+//! <command> <key>` without writing anything. The write then waits in the
+//! outbox like any write the store refused, counted in
+//! `patchbay_store_refusals_total{reason}` and logged with the command, and
+//! is replayed until the store takes it (a permission restored, a key
+//! repaired). Writes after the checks still run under `pcall` and are
+//! counted should one fail anyway.
 //!
 //! TLS: `rediss://` URLs connect with rustls (ring), verifying the server's
 //! certificate against the webpki roots, or against the certificates of
@@ -68,20 +75,67 @@ local nb = tonumber(ARGV[4])
 local tpm_by = tonumber(ARGV[5])
 local nrows = tonumber(ARGV[7])
 local nf = tonumber(ARGV[8])
+local b0 = 8 + nf
 local fresh = false
 if seq > 0 then
   local applied = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-  if seq > applied then
-    fresh = true
-    redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  fresh = seq > applied
+end
+if fresh then
+  -- Every command is checked before anything is written, so the write
+  -- mark and the writes it guards land together or not at all: a refused
+  -- write is answered as an error (NOTAPPLIED reason command key), left
+  -- unmarked, and sent again by the outbox.
+  local function allowed(...)
+    if redis.acl_check_cmd == nil then return true end
+    return redis.acl_check_cmd(...)
   end
+  local function kind(key) return redis.call('TYPE', key)['ok'] end
+  local function refuse(reason, cmd, key)
+    return redis.error_reply('NOTAPPLIED ' .. reason .. ' ' .. cmd .. ' ' .. key)
+  end
+  if not allowed('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) then return refuse('noperm', 'SET', KEYS[1]) end
+  local t = kind(KEYS[1])
+  if t ~= 'none' and t ~= 'string' then return refuse('wrongtype', 'SET', KEYS[1]) end
+  for i = 1, nb do
+    local key = KEYS[2 + i]
+    local cost = ARGV[b0 + 2 * i - 1]
+    local ttl = ARGV[b0 + 2 * i]
+    if tonumber(cost) > 0 then
+      if not allowed('INCRBYFLOAT', key, cost) then return refuse('noperm', 'INCRBYFLOAT', key) end
+      if tonumber(ttl) > 0 and not allowed('EXPIRE', key, ttl) then return refuse('noperm', 'EXPIRE', key) end
+      t = kind(key)
+      if t == 'string' then
+        if tonumber(redis.call('GET', key)) == nil then return refuse('not_a_number', 'INCRBYFLOAT', key) end
+      elseif t ~= 'none' then
+        return refuse('wrongtype', 'INCRBYFLOAT', key)
+      end
+    end
+  end
+  if tpm_by > 0 then
+    local key = KEYS[3 + nb]
+    if not allowed('INCRBY', key, ARGV[5]) then return refuse('noperm', 'INCRBY', key) end
+    if not allowed('EXPIRE', key, ARGV[6]) then return refuse('noperm', 'EXPIRE', key) end
+    t = kind(key)
+    if t == 'string' then
+      local v = tonumber(redis.call('GET', key))
+      if v == nil or v ~= math.floor(v) then return refuse('not_a_number', 'INCRBY', key) end
+    elseif t ~= 'none' then
+      return refuse('wrongtype', 'INCRBY', key)
+    end
+  end
+  if nrows > 0 then
+    if not allowed('XADD', KEYS[2], '*', ARGV[9], 'x') then return refuse('noperm', 'XADD', KEYS[2]) end
+    t = kind(KEYS[2])
+    if t ~= 'none' and t ~= 'stream' then return refuse('wrongtype', 'XADD', KEYS[2]) end
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 end
 local failed = 0
 local function count(r)
   if type(r) == 'table' and r.err then failed = failed + 1 end
   return r
 end
-local b0 = 8 + nf
 local totals = {}
 for i = 1, nb do
   local key = KEYS[2 + i]
@@ -123,11 +177,13 @@ end
 return {failed, totals}
 "#;
 
-/// Server error codes that a later retry can succeed past: a loading,
+/// Server error codes that a later retry can succeed past: the flush
+/// script's own refusal (`NOTAPPLIED`: nothing was written), a loading,
 /// busy, read-only or full server, one that cannot persist (`MISCONF`) or
 /// lacks its replicas (`NOREPLICAS`), a user whose rights or login changed
 /// (`NOPERM`, `NOAUTH`). Any other error rejects the write.
-const TRANSIENT_ERRORS: [&str; 12] = [
+const TRANSIENT_ERRORS: [&str; 13] = [
+    "NOTAPPLIED",
     "LOADING",
     "BUSY",
     "TRYAGAIN",
@@ -511,9 +567,9 @@ pub fn managed(url: &str, ca_file: Option<&Path>) -> Result<ConnectionManager, S
     let client = match ca_file {
         Some(path) => {
             // Parsed here too, so a bad file is an error naming it.
-            crate::upstream::tls::read_ca_file(path).map_err(StoreError::CaFile)?;
+            crate::pem::read_ca_file(path).map_err(StoreError::CaFile)?;
             let pem = std::fs::read(path).map_err(|source| {
-                StoreError::CaFile(crate::upstream::tls::TlsSetupError::Read {
+                StoreError::CaFile(crate::pem::TlsSetupError::Read {
                     path: path.display().to_string(),
                     source,
                 })

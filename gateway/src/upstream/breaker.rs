@@ -20,12 +20,17 @@
 
 use std::time::{Duration, Instant};
 
+use crate::config::{
+    ServerConfig, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_MAX_OPEN_SECS,
+    DEFAULT_BREAKER_OPEN_SECS,
+};
+
 /// Consecutive failures that open a closed breaker.
-pub const DEFAULT_FAILURES_TO_OPEN: u32 = 5;
+pub const DEFAULT_FAILURES_TO_OPEN: u32 = DEFAULT_BREAKER_FAILURES;
 /// How long a breaker first stays open.
-pub const DEFAULT_OPEN: Duration = Duration::from_secs(5);
+pub const DEFAULT_OPEN: Duration = Duration::from_secs(DEFAULT_BREAKER_OPEN_SECS);
 /// The longest a breaker stays open between probes.
-pub const DEFAULT_MAX_OPEN: Duration = Duration::from_secs(60);
+pub const DEFAULT_MAX_OPEN: Duration = Duration::from_secs(DEFAULT_BREAKER_MAX_OPEN_SECS);
 
 /// How long a probe may go unreported before another dial may probe (the
 /// dial's own deadline, `upgrade_timeout_secs`, in the gateway).
@@ -46,6 +51,19 @@ impl Default for BreakerConfig {
             open: DEFAULT_OPEN,
             max_open: DEFAULT_MAX_OPEN,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// The `[server] breaker_*` settings.
+    pub fn from_server(server: &ServerConfig) -> Self {
+        Self {
+            failures_to_open: server.breaker_failures,
+            open: Duration::from_secs(server.breaker_open_secs),
+            max_open: Duration::from_secs(server.breaker_max_open_secs),
+            // A probe reports within its dial's deadline, or never.
+            probe_timeout: Duration::from_secs(server.upgrade_timeout_secs),
         }
     }
 }

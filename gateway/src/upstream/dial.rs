@@ -35,9 +35,9 @@ use crate::relay::frame::FrameRole;
 use crate::relay::leg::{Control, Leg, Side};
 use crate::secret::Secret;
 use crate::upstream::handshake::{self, HandshakeError, REFUSAL_BODY_MAX};
-use crate::upstream::key::UpstreamKey;
 use crate::upstream::resolve::Resolver;
 use crate::upstream::tls;
+use crate::upstream_key::UpstreamKey;
 
 /// A connection to the upstream, plain or TLS. The TLS stream is boxed: it
 /// holds rustls's connection state inline (over 1 KiB), and this type sits
@@ -122,11 +122,15 @@ pub enum DialError {
     /// Every upstream of the route has its circuit breaker open.
     #[error("every upstream of this route is failing; try again later")]
     CircuitOpen,
+    /// The gateway itself has no file descriptor left for the socket
+    /// (`EMFILE`/`ENFILE`): nothing is known about the upstream.
+    #[error("the gateway is out of file descriptors")]
+    OutOfDescriptors,
 }
 
 /// ` (code)` of an `error` event, for the log.
 fn error_code_suffix(frame: Option<&str>) -> String {
-    match frame.map(crate::upstream::failover::error_kind) {
+    match frame.map(crate::event::error_kind) {
         Some((_, Some(code))) => format!(" ({code})"),
         Some((Some(kind), None)) => format!(" ({kind})"),
         _ => String::new(),
@@ -162,6 +166,16 @@ impl DialError {
         }
     }
 
+    /// Every value of [`DialError::result_label`].
+    pub const RESULT_LABELS: [&'static str; 6] = [
+        "unreachable",
+        "timeout",
+        "refused",
+        "bad_first_event",
+        "circuit_open",
+        "out_of_descriptors",
+    ];
+
     /// Label for `patchbay_pool_dials_total{result}` and the dial histogram.
     pub fn result_label(&self) -> &'static str {
         match self {
@@ -172,6 +186,7 @@ impl DialError {
             DialError::Refused { .. } => "refused",
             DialError::FirstEvent { .. } | DialError::ClosedEarly { .. } => "bad_first_event",
             DialError::CircuitOpen => "circuit_open",
+            DialError::OutOfDescriptors => "out_of_descriptors",
         }
     }
 }
@@ -287,9 +302,15 @@ impl Upstream {
     ) -> Result<UpstreamLeg, DialError> {
         let tcp = by(deadline, "connect", self.resolver.connect())
             .await?
-            .map_err(|source| DialError::Connect {
-                authority: self.resolver.authority(),
-                source,
+            .map_err(|source| {
+                if crate::descriptors::is_out_of_descriptors(&source) {
+                    DialError::OutOfDescriptors
+                } else {
+                    DialError::Connect {
+                        authority: self.resolver.authority(),
+                        source,
+                    }
+                }
             })?;
         // Nagle would hold small frames back; never fatal if it fails.
         let _ = tcp.set_nodelay(true);
@@ -589,7 +610,7 @@ mod tests {
             upstream_url: url.into(),
             upstream_model: Some("dep-1".into()),
             protocol,
-            api_key: crate::upstream::key::UpstreamKey::new(Secret::new("sk-up")),
+            api_key: crate::upstream_key::UpstreamKey::new(Secret::new("sk-up")),
             ..RouteConfig::default()
         }
     }

@@ -17,6 +17,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::event::error_kind;
 use crate::upstream::breaker::Breaker;
 use crate::upstream::dial::{DialError, Warm};
 
@@ -49,9 +50,23 @@ pub fn classify(e: &DialError) -> Verdict {
             }
             _ => Verdict::Final,
         },
-        DialError::CircuitOpen => Verdict::Final,
+        // Another upstream needs a socket too.
+        DialError::CircuitOpen | DialError::OutOfDescriptors => Verdict::Final,
     }
 }
+
+/// Every value of [`reason`].
+pub const REASONS: [&str; 9] = [
+    "rate_limited",
+    "auth",
+    "server_error",
+    "refused",
+    "timeout",
+    "error_event",
+    "unreachable",
+    "circuit_open",
+    "out_of_descriptors",
+];
 
 /// The failover counter's `reason` label.
 pub fn reason(e: &DialError) -> &'static str {
@@ -72,6 +87,7 @@ pub fn reason(e: &DialError) -> &'static str {
         | DialError::Handshake { .. }
         | DialError::ClosedEarly { .. } => "unreachable",
         DialError::CircuitOpen => "circuit_open",
+        DialError::OutOfDescriptors => "out_of_descriptors",
     }
 }
 
@@ -85,28 +101,6 @@ pub fn refuses_the_account(frame: &str) -> bool {
         error_kind(frame),
         (Some("authentication_error"), _) | (_, Some("invalid_api_key" | "insufficient_quota"))
     )
-}
-
-/// `error.type` and `error.code` of an `error` event.
-pub fn error_kind(frame: &str) -> (Option<&str>, Option<&str>) {
-    #[derive(serde::Deserialize)]
-    struct Event<'a> {
-        #[serde(borrow)]
-        error: Option<Inner<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Inner<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: Option<&'a str>,
-        #[serde(borrow)]
-        code: Option<&'a str>,
-    }
-    match serde_json::from_str::<Event>(frame) {
-        Ok(Event {
-            error: Some(Inner { kind, code }),
-        }) => (kind, code),
-        _ => (None, None),
-    }
 }
 
 /// How a report changed the breaker.
@@ -126,6 +120,9 @@ pub fn report(breaker: &Mutex<Breaker>, result: &Result<Warm, DialError>, now: I
             b.success();
             false
         }
+        // The gateway's own shortage says nothing about the upstream (an
+        // unreported probe is replaced after its timeout).
+        Err(DialError::OutOfDescriptors) => false,
         Err(e) => match classify(e) {
             Verdict::Retry => b.failure(now),
             Verdict::Trip => b.trip(now),
@@ -242,6 +239,13 @@ mod tests {
         ];
         for (e, verdict, label) in cases {
             assert_eq!((classify(&e), reason(&e)), (verdict, label), "{e}");
+            // The label sets exported at 0 from the start hold every label.
+            assert!(REASONS.contains(&label), "{label}");
+            assert!(DialError::RESULT_LABELS.contains(&e.result_label()), "{e}");
+        }
+        for e in [DialError::CircuitOpen, DialError::OutOfDescriptors] {
+            assert!(REASONS.contains(&reason(&e)), "{e}");
+            assert!(DialError::RESULT_LABELS.contains(&e.result_label()), "{e}");
         }
     }
 
@@ -288,5 +292,34 @@ mod tests {
         report(&b, &Err(refused(401)), now);
         assert!(b.lock().unwrap().allow(later));
         assert_eq!(report(&b, &Err(refused(400)), later), Change::Closed);
+    }
+
+    #[test]
+    fn the_gateways_own_descriptor_shortage_never_moves_a_breaker() {
+        use crate::upstream::breaker::BreakerConfig;
+        let out = || Err(DialError::OutOfDescriptors);
+        assert_eq!(
+            (
+                classify(&DialError::OutOfDescriptors),
+                reason(&DialError::OutOfDescriptors)
+            ),
+            (Verdict::Final, "out_of_descriptors")
+        );
+        let b = Mutex::new(Breaker::new(BreakerConfig {
+            failures_to_open: 1,
+            ..BreakerConfig::default()
+        }));
+        let now = Instant::now();
+        assert_eq!(report(&b, &out(), now), Change::None);
+        assert!(!b.lock().unwrap().is_open(), "not the upstream's failure");
+        // Nor does it close an open one, as a probe's answer would.
+        report(&b, &Err(refused(401)), now);
+        let later = now + std::time::Duration::from_secs(60);
+        assert!(b.lock().unwrap().allow(later));
+        assert_eq!(report(&b, &out(), later), Change::None);
+        assert!(
+            b.lock().unwrap().is_open(),
+            "still open: nothing was learnt"
+        );
     }
 }

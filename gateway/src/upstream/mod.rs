@@ -5,7 +5,6 @@ pub mod breaker;
 pub mod dial;
 pub mod failover;
 pub mod handshake;
-pub mod key;
 pub mod pool;
 pub mod resolve;
 pub mod select;

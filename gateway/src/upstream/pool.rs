@@ -76,6 +76,8 @@ pub enum Miss {
 }
 
 impl Miss {
+    pub const ALL: [Miss; 3] = [Miss::Empty, Miss::Stale, Miss::Dead];
+
     pub fn label(self) -> &'static str {
         match self {
             Miss::Empty => "empty",
@@ -160,6 +162,26 @@ impl Pool {
             gauge,
             tick: REPLENISH_TICK,
             backoff_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Creates this pool's dial and miss series at 0 (each result of
+    /// [`DialError::RESULT_LABELS`] and `ok`, each [`Miss`]), so they are
+    /// exported before the first dial or take.
+    pub fn export_at_zero(&self) {
+        let results = std::iter::once("ok").chain(DialError::RESULT_LABELS);
+        for result in results {
+            drop(self.metrics.pool_dials.get_or_create(&ResultLabels {
+                model: self.model.clone(),
+                upstream: self.name.clone(),
+                result: result.into(),
+            }));
+        }
+        for miss in Miss::ALL {
+            drop(self.metrics.pool_misses.get_or_create(&ReasonLabels {
+                model: self.model.clone(),
+                reason: miss.label().into(),
+            }));
         }
     }
 
@@ -591,7 +613,7 @@ mod tests {
     use super::*;
     use crate::config::RouteConfig;
     use crate::secret::Secret;
-    use crate::sim::{self, SimConfig, SimHandle};
+    use patchbay_sim::{self as sim, SimConfig, SimHandle};
 
     const WAIT: Duration = Duration::from_secs(10);
 
@@ -601,7 +623,7 @@ mod tests {
             .unwrap();
         let route = RouteConfig {
             upstream_url: sim.url(false),
-            api_key: crate::upstream::key::UpstreamKey::new(Secret::new("sk-test")),
+            api_key: crate::upstream_key::UpstreamKey::new(Secret::new("sk-test")),
             ..RouteConfig::default()
         };
         let upstream = Upstream::new(&route, Duration::from_secs(5), 1 << 20).unwrap();
@@ -795,7 +817,7 @@ mod tests {
     #[tokio::test]
     async fn a_partly_refusing_upstream_gets_one_pass_of_dials_per_retry_after() {
         let (sim, up) = sim_and_upstream(SimConfig {
-            fault: Some(crate::sim::SimFault::SessionLimit { max: 2 }),
+            fault: Some(patchbay_sim::SimFault::SessionLimit { max: 2 }),
             ..SimConfig::default()
         })
         .await;
@@ -813,7 +835,7 @@ mod tests {
     #[tokio::test]
     async fn upstream_whose_first_event_is_an_error_never_enters_the_pool() {
         let (sim, up) = sim_and_upstream(SimConfig {
-            fault: Some(crate::sim::SimFault::ErrorFirst),
+            fault: Some(patchbay_sim::SimFault::ErrorFirst),
             ..SimConfig::default()
         })
         .await;
@@ -892,7 +914,9 @@ mod tests {
     async fn an_upstream_of_several_exports_its_warm_sockets_under_its_own_name_only() {
         let (_sim, up) = sim_and_upstream(SimConfig::default()).await;
         let breaker = Arc::new(Mutex::new(Breaker::new(
-            crate::config::ServerConfig::default().breaker(),
+            crate::upstream::breaker::BreakerConfig::from_server(
+                &crate::config::ServerConfig::default(),
+            ),
         )));
         let p =
             Pool::new(up, "m", 1, WAIT, Arc::new(Metrics::new())).with_breaker("azure", breaker);

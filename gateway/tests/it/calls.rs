@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::common::*;
 use patchbay_gateway::calls::offer::encode_multipart;
 use patchbay_gateway::metrics::StatusLabels;
-use patchbay_gateway::sim::{SimConfig, SimFault};
+use patchbay_sim::{SimConfig, SimFault};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -138,7 +138,7 @@ fn call_id_of(a: &Answer) -> String {
     id.to_string()
 }
 
-fn turns(gw: &patchbay_gateway::gateway::Running, status: &str) -> u64 {
+fn turns(gw: &patchbay_gateway::bootstrap::Running, status: &str) -> u64 {
     gw.gateway
         .metrics
         .turns
@@ -149,7 +149,7 @@ fn turns(gw: &patchbay_gateway::gateway::Running, status: &str) -> u64 {
         .get()
 }
 
-fn sidebands(sim: &patchbay_gateway::sim::SimHandle, call_id: &str) -> usize {
+fn sidebands(sim: &patchbay_sim::SimHandle, call_id: &str) -> usize {
     let needle = format!("call_id={call_id}");
     sim.stats
         .queries
@@ -394,6 +394,131 @@ async fn a_sip_call_accepted_through_the_gateway_is_metered_over_its_sideband() 
         200
     );
     assert!(eventually(|| gw.gateway.sessions.active() == 0).await);
+}
+
+/// The SIP accepts a webhook retried at once: each a request of its own.
+async fn accepts_at_once(addrs: [SocketAddr; 3], key: &str, call_id: &str) -> Vec<Answer> {
+    let body = json!({"type": "realtime", "model": MODEL}).to_string();
+    let [a, b, c] = addrs;
+    let (a, b, c) = tokio::join!(
+        act(a, key, call_id, "accept", &body),
+        act(b, key, call_id, "accept", &body),
+        act(c, key, call_id, "accept", &body),
+    );
+    vec![a, b, c]
+}
+
+/// The actions the simulator received for `call_id`, in order.
+fn actions_on(sim: &patchbay_sim::SimHandle, call_id: &str) -> Vec<String> {
+    sim.stats
+        .calls
+        .actions()
+        .into_iter()
+        .filter(|a| a.call_id == call_id)
+        .map(|a| a.action)
+        .collect()
+}
+
+/// One accept won: one 200, the others OpenAI's answer to a duplicate
+/// accept; one accept upstream, one sideband.
+async fn one_accept_won(answers: &[Answer], sim: &patchbay_sim::SimHandle, call_id: &str) {
+    let won = answers.iter().filter(|a| a.status == 200).count();
+    assert_eq!(
+        won,
+        1,
+        "{:?}",
+        answers
+            .iter()
+            .map(|a| (a.status, a.body.clone()))
+            .collect::<Vec<_>>()
+    );
+    for lost in answers.iter().filter(|a| a.status != 200) {
+        assert_eq!(lost.status, 400, "{}", lost.body);
+        assert_eq!(lost.json()["error"]["code"], "call_already_accepted");
+    }
+    assert_eq!(actions_on(sim, call_id), ["accept"]);
+    assert!(eventually(|| sidebands(sim, call_id) == 1).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sidebands(sim, call_id), 1, "one sideband meters the call");
+}
+
+fn slow_accepts() -> SimConfig {
+    // The upstream takes a while to answer: the retries arrive meanwhile.
+    SimConfig {
+        accept_answer_delay: Duration::from_millis(800),
+        ..callers(0)
+    }
+}
+
+#[tokio::test]
+async fn three_concurrent_accepts_of_one_sip_call_make_one_call() {
+    let (sim, gw) = sim_and_gateway(slow_accepts(), PRICES).await;
+    let call_id = sim.stats.calls.incoming_sip_call();
+    let early = async {
+        // While the winning accept waits for the upstream: the call is
+        // being accepted, nothing else goes upstream.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let hangup = act(gw.addr, CLIENT_KEY, &call_id, "hangup", "").await;
+        let reject = act(gw.addr, CLIENT_KEY, &call_id, "reject", "{}").await;
+        (hangup, reject)
+    };
+    let (answers, (hangup, reject)) =
+        tokio::join!(accepts_at_once([gw.addr; 3], CLIENT_KEY, &call_id), early);
+    one_accept_won(&answers, &sim, &call_id).await;
+    for early in [&hangup, &reject] {
+        assert_eq!(early.status, 409, "{}", early.body);
+        assert_eq!(early.json()["error"]["code"], "call_accept_in_progress");
+        assert!(early.header("retry-after").is_some(), "{}", early.head);
+    }
+    assert_eq!(gw.gateway.sessions.active(), 1, "one session slot");
+    let h = act(gw.addr, CLIENT_KEY, &call_id, "hangup", "").await;
+    assert_eq!(h.status, 200, "{}", h.body);
+    assert!(eventually(|| gw.gateway.sessions.active() == 0).await);
+}
+
+#[tokio::test]
+async fn an_accept_the_upstream_refuses_releases_the_call_for_a_retry() {
+    let (sim, gw) = sim_and_gateway(callers(0), PRICES).await;
+    let call_id = sim.stats.calls.incoming_sip_call();
+    let body = json!({"type": "realtime", "model": MODEL}).to_string();
+    sim.set_refusing(true);
+    let refused = act(gw.addr, CLIENT_KEY, &call_id, "accept", &body).await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    sim.set_refusing(false);
+    let retried = act(gw.addr, CLIENT_KEY, &call_id, "accept", &body).await;
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    assert!(eventually(|| sidebands(&sim, &call_id) == 1).await);
+    assert_eq!(gw.gateway.sessions.active(), 1);
+}
+
+#[tokio::test]
+async fn with_redis_three_concurrent_accepts_on_two_replicas_make_one_call() {
+    if redis_url("concurrent accepts across replicas").is_none() {
+        return;
+    }
+    let sim = sim(slow_accepts()).await;
+    let keys = TempFile::new("keys.toml", &key_entry(&unique("sip"), "pb-sip", ""));
+    let (first, second) = two_gateways(&sim, &keys).await;
+    let call_id = sim.stats.calls.incoming_sip_call();
+    let answers = accepts_at_once([first.addr, second.addr, first.addr], "pb-sip", &call_id).await;
+    one_accept_won(&answers, &sim, &call_id).await;
+    let active = || first.gateway.sessions.active() + second.gateway.sessions.active();
+    assert_eq!(active(), 1, "one session slot in the fleet");
+
+    // A refused accept leaves no claim behind: another replica's retry wins.
+    let other = sim.stats.calls.incoming_sip_call();
+    let body = json!({"type": "realtime", "model": MODEL}).to_string();
+    sim.set_refusing(true);
+    let refused = act(first.addr, "pb-sip", &other, "accept", &body).await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    sim.set_refusing(false);
+    let retried = act(second.addr, "pb-sip", &other, "accept", &body).await;
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    for id in [&call_id, &other] {
+        let h = act(second.addr, "pb-sip", id, "hangup", "").await;
+        assert_eq!(h.status, 200, "{}", h.body);
+    }
+    assert!(eventually(|| active() == 0).await);
 }
 
 #[tokio::test]
@@ -784,11 +909,11 @@ async fn a_browser_with_an_ephemeral_secret_creates_a_call_configured_by_the_sec
 
 /// Two gateways sharing the test Redis in front of one simulator.
 async fn two_gateways(
-    sim: &patchbay_gateway::sim::SimHandle,
+    sim: &patchbay_sim::SimHandle,
     keys: &TempFile,
 ) -> (
-    patchbay_gateway::gateway::Running,
-    patchbay_gateway::gateway::Running,
+    patchbay_gateway::bootstrap::Running,
+    patchbay_gateway::bootstrap::Running,
 ) {
     let toml = gateway_toml(
         &sim.url(false),
@@ -892,6 +1017,59 @@ async fn a_call_whose_sideband_cannot_be_opened_is_hung_up_rather_than_left_unme
     );
 }
 
+/// How soon a call the client ended frees its session slot: far less than
+/// the failing attaches (two [`patchbay_gateway::calls::sideband::ATTACH_BACKOFF`]s)
+/// it used to wait for.
+const PROMPTLY: Duration = Duration::from_millis(500);
+
+#[tokio::test]
+async fn a_call_hung_up_before_its_sideband_attaches_ends_as_the_clients_hangup() {
+    // The upgrade takes a while (OpenAI's ~250 ms): the hangup arrives while
+    // the sideband is still being attached.
+    let config = SimConfig {
+        upgrade_delay: Duration::from_millis(50),
+        ..SimConfig::default()
+    };
+    let (sim, gw) = sim_and_gateway(config, PRICES).await;
+    let outcome = |o: &str| format!("outcome=\"{o}\"");
+    for n in 1..=3 {
+        let a = create_raw(gw.addr, CLIENT_KEY).await;
+        assert_eq!(a.status, 201, "{}", a.body);
+        let call_id = call_id_of(&a);
+        let h = act(gw.addr, CLIENT_KEY, &call_id, "hangup", "").await;
+        assert_eq!(h.status, 200, "{}", h.body);
+        assert!(
+            within(PROMPTLY, async || gw.gateway.sessions.active() == 0).await,
+            "call {n}: the session slot is freed at once"
+        );
+        let ended = async || {
+            metric(
+                gw.admin_addr,
+                "patchbay_realtime_sessions_total",
+                &outcome("client_hangup"),
+            )
+            .await
+                == n as f64
+        };
+        assert!(
+            within(WAIT, ended).await,
+            "call {n} ends as the client's hangup"
+        );
+        // The call's task is over (its outcome is counted after any hangup
+        // of its own): the client's hangup is the only one upstream.
+        assert_eq!(actions_on(&sim, &call_id), ["hangup"], "call {n}");
+    }
+    assert_eq!(
+        metric(
+            gw.admin_addr,
+            "patchbay_realtime_sessions_total",
+            &outcome("sideband_failed")
+        )
+        .await,
+        0.0
+    );
+}
+
 #[tokio::test]
 async fn removing_the_key_hangs_up_its_live_call() {
     let sim = sim(SimConfig::default()).await;
@@ -928,7 +1106,7 @@ async fn metered(admin: SocketAddr) -> f64 {
 }
 
 /// Two gateway processes sharing Redis; a call created on the first.
-async fn two_processes(sim: &patchbay_gateway::sim::SimHandle) -> (Child, Child, String) {
+async fn two_processes(sim: &patchbay_sim::SimHandle) -> (Child, Child, String) {
     let url = redis_url("calls hand-over between processes").unwrap();
     let extra =
         format!("{PRICES}[store]\nredis_url_env = \"{REDIS_ENV}\"\n[drain]\nwait_secs = 5\n");
@@ -1053,7 +1231,7 @@ async fn an_action_on_a_call_whose_owner_cannot_be_looked_up_is_refused_not_forw
         other => test_env(other),
     };
     let config = patchbay_gateway::config::Config::from_toml_with_env(&toml, &env).unwrap();
-    let gw = patchbay_gateway::gateway::start(config).await.unwrap();
+    let gw = patchbay_gateway::bootstrap::start(config).await.unwrap();
     for action in ["reject", "accept", "hangup"] {
         let r = act(gw.addr, CLIENT_KEY, "rtc_held_elsewhere", action, "{}").await;
         assert_eq!(r.status, 503, "{action}: {}", r.body);

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::*;
 use patchbay_gateway::client_secret::{read_signing_key, SigningKeys};
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use http::HeaderValue;
+use patchbay_gateway::bootstrap::{self, Running};
 use patchbay_gateway::config::{Config, MASTER_KEY_ENV};
 use patchbay_gateway::event::event_type;
-use patchbay_gateway::gateway::{self, Running};
-use patchbay_gateway::sim::{self, SimConfig, SimHandle};
+use patchbay_sim::{self as sim, SimConfig, SimHandle};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -124,7 +124,9 @@ pub fn config(toml: &str) -> Config {
 }
 
 pub async fn gateway(toml: &str) -> Running {
-    gateway::start(config(toml)).await.expect("gateway starts")
+    bootstrap::start(config(toml))
+        .await
+        .expect("gateway starts")
 }
 
 /// A gateway on `sim` whose client keys come from the keys file `keys`
@@ -393,6 +395,18 @@ impl Child {
         env: &[(&str, &str)],
         stderr_is: Stderr,
     ) -> Child {
+        Self::start_configured(upstream_url, extra, env, stderr_is, |_| {}).await
+    }
+
+    /// [`Child::start_with`], the command set up by `configure` before it
+    /// is spawned (resource limits, say).
+    pub async fn start_configured(
+        upstream_url: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+        stderr_is: Stderr,
+        configure: impl FnOnce(&mut std::process::Command),
+    ) -> Child {
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let toml = gateway_toml(upstream_url, extra)
@@ -416,6 +430,7 @@ impl Child {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        configure(&mut cmd);
         let mut process = cmd.spawn().expect("the gateway binary starts");
         let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         if stderr_is == Stderr::Collected {
@@ -468,11 +483,33 @@ impl Child {
     }
 
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` (`TERM`, `HUP`, `QUIT`, `USR1`, …).
+    pub fn signal(&self, name: &str) {
         let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.process.id().to_string()])
+            .args([&format!("-{name}"), &self.process.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
+    }
+
+    /// The request-log rows (JSON lines) the child wrote to stdout: reads
+    /// the pipe to its end, so call it once the child has exited.
+    pub fn stdout_rows(&mut self) -> Vec<serde_json::Value> {
+        use std::io::Read;
+        let mut stdout = String::new();
+        self.process
+            .stdout
+            .take()
+            .expect("stdout is read once")
+            .read_to_string(&mut stdout)
+            .unwrap();
+        stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     /// Waits for the exit; returns its code and how long it took.

@@ -1,11 +1,12 @@
 //! SIGTERM on a real child process: 1001 to every client, 503 for new
-//! upgrades, `/readyz` failing, exit 0 within the wait; linger mode.
+//! upgrades, `/readyz` failing, exit 0 within the wait; linger mode; SIGHUP
+//! and SIGQUIT drain the same way, SIGUSR1 and SIGUSR2 are ignored.
 
 use std::time::{Duration, Instant};
 
 use crate::common::*;
 use futures_util::SinkExt;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 use tokio_tungstenite::tungstenite::Message;
 
 /// A simulator whose responses stream for a long time (mid-response on
@@ -59,6 +60,97 @@ async fn sigterm_closes_every_session_with_1001_and_exits_0() {
         .await,
         "every upstream leg was closed"
     );
+}
+
+/// Sends `signal` to a gateway with sessions mid-response and checks it
+/// drains exactly as on SIGTERM: every client gets 1001 within a second,
+/// the process exits 0, every response in flight has its `503 shutdown`
+/// row on stdout (charged with the usage of the `response.done` that
+/// answered the drain's cancel), and the log names the signal.
+async fn drains_on(signal: &str) {
+    const SESSIONS: usize = 5;
+    let sim = sim(slow_responses()).await;
+    let mut child = Child::start(
+        &sim.url(false),
+        "",
+        &[("RUST_LOG", "patchbay_gateway=info")],
+    )
+    .await;
+    let mut clients = Vec::new();
+    for _ in 0..SESSIONS {
+        clients.push(mid_response(child.addr).await);
+    }
+    child.signal(signal);
+    let signalled = Instant::now();
+    for ws in &mut clients {
+        let (_, code, _) = until_close(ws).await;
+        assert_eq!(code, Some(1001), "SIG{signal}");
+        assert!(signalled.elapsed() < Duration::from_secs(1), "SIG{signal}");
+    }
+    let (code, _) = child.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0), "SIG{signal}");
+    let rows = child.stdout_rows();
+    let cut = rows
+        .iter()
+        .filter(|r| {
+            r["key_id"] == "master"
+                && r["status"] == 503
+                && r["end_reason"] == "shutdown"
+                && r["usage_unknown"] == false
+        })
+        .count();
+    assert_eq!(
+        (rows.len(), cut),
+        (SESSIONS, SESSIONS),
+        "SIG{signal}: {rows:?}"
+    );
+    let logs = child.logs();
+    assert!(
+        logs.contains(&format!("SIG{signal}")),
+        "the log names the signal\n{logs}"
+    );
+}
+
+#[tokio::test]
+async fn sighup_drains_like_sigterm_with_1001_and_every_row_written() {
+    drains_on("HUP").await;
+}
+
+#[tokio::test]
+async fn sigquit_drains_like_sigterm_with_1001_and_every_row_written() {
+    drains_on("QUIT").await;
+}
+
+#[tokio::test]
+async fn sigusr1_and_sigusr2_are_logged_and_ignored() {
+    let sim = sim(SimConfig::default()).await;
+    let mut child = Child::start(
+        &sim.url(false),
+        "",
+        &[("RUST_LOG", "patchbay_gateway=info")],
+    )
+    .await;
+    let mut ws = connect(child.addr).await;
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+    for signal in ["USR1", "USR2"] {
+        child.signal(signal);
+        let name = format!("SIG{signal}");
+        assert!(
+            eventually(|| child.logs().contains(&name)).await,
+            "{name} is logged\n{}",
+            child.logs()
+        );
+    }
+    // Still serving: the live session, a new one, and readiness.
+    let turn = one_turn(&mut ws).await;
+    assert_eq!(kind(turn.last().unwrap()), "response.done");
+    let mut other = connect(child.addr).await;
+    assert_eq!(kind(&recv_text(&mut other).await), "session.created");
+    assert_eq!(http_get(child.admin_addr, "/readyz").await.0, 200);
+    assert!(child.process.try_wait().unwrap().is_none(), "still running");
+    child.sigterm();
+    assert_eq!(child.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(until_close(&mut ws).await.1, Some(1001));
 }
 
 #[tokio::test]

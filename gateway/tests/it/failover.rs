@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use patchbay_gateway::sim::{SimConfig, SimFault, SimHandle};
+use patchbay_sim::{SimConfig, SimFault, SimHandle};
 use redis::AsyncCommands;
 
 /// Breakers open for 1 s (2 s at most) so recovery is quick to observe.
@@ -344,7 +344,7 @@ async fn weights_and_priorities_are_live_settings() {
         &two_upstreams(&a, "weight = 1", &b, "weight = 1", ""),
     );
     let config = patchbay_gateway::config::Config::from_file_with_env(&file.0, &test_env).unwrap();
-    let gw = patchbay_gateway::gateway::start(config).await.unwrap();
+    let gw = patchbay_gateway::bootstrap::start(config).await.unwrap();
     for _ in 0..20 {
         one_session(gw.addr).await;
     }

@@ -11,7 +11,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 
 use crate::common::*;
 

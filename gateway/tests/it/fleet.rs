@@ -7,9 +7,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use patchbay_gateway::gateway::Running;
-use patchbay_gateway::sim::{SimConfig, SimHandle};
+use patchbay_gateway::bootstrap::Running;
 use patchbay_gateway::store::leases::{LEASE_RENEW, LEASE_TTL};
+use patchbay_sim::{SimConfig, SimHandle};
 use tokio::time::Instant;
 
 use crate::common::*;
@@ -268,7 +268,7 @@ async fn with_redis_unreachable_the_cap_falls_back_to_the_process_and_leases_ret
     let config = |toml: &str| {
         patchbay_gateway::config::Config::from_toml_with_env(toml, &env).expect("valid config")
     };
-    let one = patchbay_gateway::gateway::start(config(&toml))
+    let one = patchbay_gateway::bootstrap::start(config(&toml))
         .await
         .unwrap();
 
@@ -297,7 +297,7 @@ async fn with_redis_unreachable_the_cap_falls_back_to_the_process_and_leases_ret
         "lease registered {:?} after Redis came up",
         started.elapsed()
     );
-    let two = patchbay_gateway::gateway::start(config(&toml))
+    let two = patchbay_gateway::bootstrap::start(config(&toml))
         .await
         .unwrap();
     assert_eq!(open_with(two.addr, &key.secret).await.err(), Some(429));

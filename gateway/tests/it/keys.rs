@@ -2,7 +2,7 @@
 //! disabled keys, and live reloads.
 
 use crate::common::*;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 
 /// 101 when a session opens with `key`, else the refusal's status.
 async fn status_for(addr: std::net::SocketAddr, key: &str) -> u16 {
@@ -99,7 +99,7 @@ async fn open_model(
     }
 }
 
-fn upgrades(sim: &patchbay_gateway::sim::SimHandle) -> u64 {
+fn upgrades(sim: &patchbay_sim::SimHandle) -> u64 {
     sim.stats.upgrades.load(std::sync::atomic::Ordering::SeqCst)
 }
 
@@ -179,4 +179,33 @@ async fn model_allow_lists_admit_listed_models_and_refuse_others_with_403_before
     )
     .await;
     assert_eq!(counted, f64::from(refusals));
+}
+
+/// An emptied keys file (a botched render, a Secret mounted empty) would
+/// revoke every key at once: it is refused, and the live session carries
+/// on. A file that says `allow_empty = true` empties the set on purpose.
+#[tokio::test]
+async fn an_empty_keys_file_is_refused_and_does_not_revoke_a_live_session() {
+    let sim = sim(SimConfig::default()).await;
+    let file = TempFile::new("keys.toml", &key_entry("a", "pb-a", ""));
+    let gw = keys_file_gateway(&sim, &file).await;
+    let mut ws = open_with(gw.addr, "pb-a").await.unwrap();
+    one_turn(&mut ws).await;
+    // The watcher's first read (what was loaded at start) is applied.
+    assert!(eventually(|| reloads(&gw, "keys", "applied") == 1).await);
+
+    std::fs::write(&file.0, "").unwrap();
+    assert!(
+        eventually(|| reloads(&gw, "keys", "rejected") == 1).await,
+        "the empty keys file was not refused"
+    );
+    let turn = one_turn(&mut ws).await;
+    assert_eq!(kind(turn.last().unwrap()), "response.done", "still live");
+    assert_eq!(status_for(gw.addr, "pb-a").await, 101);
+
+    std::fs::write(&file.0, "allow_empty = true\n").unwrap();
+    assert!(eventually(|| reloads(&gw, "keys", "applied") == 2).await);
+    let (_, code, _) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008), "the key was revoked on purpose");
+    assert_eq!(status_for(gw.addr, "pb-a").await, 401);
 }

@@ -7,11 +7,11 @@ use crate::common::*;
 
 #[tokio::test]
 async fn an_edited_unpriced_policy_and_flush_interval_apply_without_a_restart() {
-    let sim = sim(patchbay_gateway::sim::SimConfig::default()).await;
+    let sim = sim(patchbay_sim::SimConfig::default()).await;
     let toml = |metering: &str| gateway_toml(&sim.url(false), &format!("[metering]\n{metering}\n"));
     let file = TempFile::new("live.toml", &toml("flush_secs = 15\nunpriced = \"allow\""));
     let config = Config::from_file_with_env(&file.0, &test_env).unwrap();
-    let gw = patchbay_gateway::gateway::start(config).await.unwrap();
+    let gw = patchbay_gateway::bootstrap::start(config).await.unwrap();
     open_with(gw.addr, CLIENT_KEY)
         .await
         .expect("an unpriced model is allowed");

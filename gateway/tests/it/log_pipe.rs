@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
 /// A short log queue, so that a few hundred sessions fill it.

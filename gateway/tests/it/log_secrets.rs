@@ -8,7 +8,7 @@ use std::io::Read;
 use std::time::Duration;
 
 use crate::common::*;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 
 /// A client key the gateway does not know.
 const REFUSED_KEY: &str = "pb-refused-3c9e71d0a2";
@@ -105,7 +105,10 @@ async fn no_key_or_client_secret_is_logged_at_trace_in_text_or_json() {
     for format in ["text", "json"] {
         let (stderr, stdout, minted) = trace_everything(format).await;
         // The level really was trace for the gateway: its debug lines are there.
-        assert!(stderr.contains("keys file loaded"), "{format}:\n{stderr}");
+        assert!(
+            stderr.contains("listening for signals"),
+            "{format}:\n{stderr}"
+        );
         assert_eq!(
             stdout.lines().count(),
             2,

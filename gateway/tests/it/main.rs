@@ -1,10 +1,14 @@
 //! The gateway's integration tests, as one test binary: each module starts
 //! what it needs (simulator, gateway, Redis client) on 127.0.0.1.
 
+mod access_log;
 mod calls;
+mod cli;
 mod client_secrets;
 mod common;
+mod descriptors;
 mod drain;
+mod early_refusals;
 mod failover;
 mod first_request;
 mod fleet;
@@ -15,6 +19,7 @@ mod log_secrets;
 mod metering;
 mod metering_relay;
 mod metering_store;
+mod metrics_at_start;
 mod passthrough;
 mod pool;
 mod redis_server;

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::*;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 use redis::AsyncCommands;
 
 /// Prices for the route: one simulator turn (usage_for(1, 5)) costs
@@ -228,7 +228,7 @@ async fn an_edited_price_in_the_config_file_applies_from_the_next_flush() {
     };
     let file = TempFile::new("gateway.toml", &toml(1.0));
     let config = patchbay_gateway::config::Config::from_file_with_env(&file.0, &test_env).unwrap();
-    let gw = patchbay_gateway::gateway::start(config).await.unwrap();
+    let gw = patchbay_gateway::bootstrap::start(config).await.unwrap();
     let cost = || metric(gw.admin_addr, "patchbay_cost_usd_total", "");
     let mut ws = open_with(gw.addr, CLIENT_KEY).await.unwrap();
     one_turn(&mut ws).await;
@@ -256,4 +256,70 @@ async fn an_edited_price_in_the_config_file_applies_from_the_next_flush() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!((seen - expected).abs() < 1e-9, "{seen} vs {expected}");
+}
+
+/// An upstream reporting 2^64-1 for every usage count: the row keeps the
+/// reported figures and is flagged, the charge is capped at
+/// `[metering] max_turn_usd` (default 100 USD), so a key with a 500 USD
+/// budget is not spent by one impossible turn and opens sessions again.
+#[tokio::test]
+async fn usage_of_2_64_minus_1_is_flagged_charged_at_most_max_turn_usd_and_the_key_still_opens() {
+    let sim = sim(SimConfig {
+        fault: Some(patchbay_sim::SimFault::UsageMax),
+        ..SimConfig::default()
+    })
+    .await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &key_entry("huge", "pb-huge", "budget_usd = 500.0"),
+    );
+    let mut child = Child::start(
+        &sim.url(false),
+        &format!(
+            "{PRICES}[metering]\nflush_secs = 0\n[keys]\nfile = \"{}\"\n",
+            keys.0.display()
+        ),
+        &[],
+    )
+    .await;
+    let mut ws = open_with(child.addr, "pb-huge").await.unwrap();
+    one_turn(&mut ws).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while metric(child.admin_addr, "patchbay_cost_usd_total", "").await == 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn was never charged"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut again = open_with(child.addr, "pb-huge")
+        .await
+        .expect("the key still opens a session (not 402)");
+    let turn = one_turn(&mut again).await;
+    assert_eq!(kind(turn.last().unwrap()), "response.done");
+    while metric(child.admin_addr, "patchbay_cost_usd_total", "").await < 200.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second turn was never charged"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        metric(child.admin_addr, "patchbay_usage_implausible_total", "").await,
+        2.0
+    );
+    drop((ws, again));
+    child.sigterm();
+    assert_eq!(child.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    let rows: Vec<serde_json::Value> = child
+        .stdout_rows()
+        .into_iter()
+        .filter(|r| r["key_id"] == "huge")
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["usage_implausible"], true, "{r}");
+        assert_eq!(r["total_tokens"].as_u64(), Some(u64::MAX), "{r}");
+        assert_eq!(r["cost_usd"].as_f64(), Some(100.0), "{r}");
+    }
 }

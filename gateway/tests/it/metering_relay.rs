@@ -17,12 +17,12 @@ use patchbay_gateway::metering::{EndReason, Metering, SessionMeta};
 use patchbay_gateway::metrics::Metrics;
 use patchbay_gateway::relay::{self, Limits, Spliced, Tap};
 use patchbay_gateway::secret::Secret;
-use patchbay_gateway::sim::{
-    self, usage_for, SimConfig, SimFault, SimHandle, AUDIO_TOKENS_PER_DELTA,
-};
-use patchbay_gateway::store::MemoryStore;
+use patchbay_gateway::store::memory::MemoryStore;
 use patchbay_gateway::upstream::dial::Upstream;
-use patchbay_gateway::upstream::key::UpstreamKey;
+use patchbay_gateway::upstream_key::UpstreamKey;
+use patchbay_sim::{
+    self as sim, usage_for, SimConfig, SimFault, SimHandle, AUDIO_TOKENS_PER_DELTA,
+};
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -297,6 +297,53 @@ async fn simulator_turns_are_metered_as_the_simulator_reports_them() {
         assert!(ttft <= r.latency_ms);
         assert!(r.cost_usd > 0.0);
     }
+    rig.sim.stop();
+}
+
+#[tokio::test]
+async fn a_burst_of_unfinished_responses_cannot_push_out_the_billed_turn_behind_it() {
+    // 5,000 `response.created` written at once, then the billed
+    // `response.done`: the turn tracker evicts all but 16 as `never_done`,
+    // and those can fill the channel to the meter while the relay handles
+    // the burst in a few polls. The billed record then waits and the relay
+    // pauses instead of dropping it (the tracker's unit tests pin the
+    // channel full; here the meter may also keep up).
+    let mut rig = rig(
+        SimConfig {
+            fault: Some(SimFault::CreatedBurst { count: 5_000 }),
+            ..SimConfig::default()
+        },
+        "",
+        15,
+    )
+    .await;
+    let mut ws = connect(rig.addr).await;
+    one_turn(&mut ws).await;
+    ws.close(None).await.unwrap();
+    session_end(&mut rig).await;
+    let rows = rig.rows.rows();
+    let billed: Vec<_> = rows.iter().filter(|r| r.status == 200).collect();
+    assert_eq!(billed.len(), 1, "the billed turn has its row");
+    assert_eq!(
+        billed[0].total_tokens,
+        usage_for(1, 5)["total_tokens"].as_u64().unwrap()
+    );
+    assert!(billed[0].cost_usd > 0.0);
+    let never_done = rows.iter().filter(|r| r.end_reason == "never_done").count() as u64;
+    let dropped = rig
+        .metrics
+        .usage_records_dropped
+        .get_or_create(&patchbay_gateway::metrics::model("gpt-realtime"))
+        .get();
+    // 5,001 responses opened (the billed one first, so it was evicted before
+    // its `response.done` came, which is billed all the same); the last 16
+    // are cut short by the close, every other one is a `never_done` row or
+    // a counted drop. How many are dropped depends on how far the meter
+    // keeps up with the relay (none when it runs beside it on another
+    // core): the billed turn must survive either way.
+    let cut_short = rows.len() as u64 - 1 - never_done;
+    assert_eq!(cut_short, 16, "{} rows", rows.len());
+    assert_eq!(never_done + dropped, 5_001 - 16);
     rig.sim.stop();
 }
 
@@ -755,6 +802,47 @@ async fn the_client_gets_its_close_at_once_while_the_upstream_leg_waits_for_the_
         (rows[0].status, rows[0].usage_unknown),
         (403, true),
         "no response.done within the grace: usage unknown"
+    );
+    rig.sim.stop();
+}
+
+/// An upstream that sends every `response.done` twice: each response is
+/// charged once (one row per turn, the simulator's usage), and every
+/// repeat is counted as a duplicate.
+#[tokio::test]
+async fn a_response_done_sent_twice_is_charged_once_and_counted_as_a_duplicate() {
+    let mut rig = rig(
+        SimConfig {
+            fault: Some(SimFault::DoneTwice),
+            ..SimConfig::default()
+        },
+        "",
+        0,
+    )
+    .await;
+    let mut ws = connect(rig.addr).await;
+    for _ in 0..2 {
+        one_turn(&mut ws).await;
+        let again = next_text(&mut ws)
+            .await
+            .expect("the repeated response.done");
+        assert_eq!(kind(&again), "response.done");
+    }
+    ws.close(None).await.unwrap();
+    session_end(&mut rig).await;
+    let rows = rig.rows.rows();
+    let ids: Vec<&str> = rows.iter().map(|r| r.request_id.as_str()).collect();
+    assert_eq!(ids, ["up1:1", "up1:2"], "{rows:?}");
+    for (n, r) in (1..).zip(&rows) {
+        assert_eq!(
+            r.total_tokens,
+            usage_for(n, 5)["total_tokens"].as_u64().unwrap()
+        );
+    }
+    let text = rig.metrics.encode();
+    assert!(
+        text.contains("patchbay_usage_duplicates_total{model=\"gpt-realtime\"} 2"),
+        "{text}"
     );
     rig.sim.stop();
 }

@@ -19,8 +19,10 @@ use patchbay_gateway::metering::{
 use patchbay_gateway::metrics::Metrics;
 use patchbay_gateway::relay::{Kill, Tap};
 use patchbay_gateway::secret::Secret;
-use patchbay_gateway::sim::usage_for;
-use patchbay_gateway::store::{BudgetKey, KeyNames, MemoryStore, RedisStore, Scope, Store};
+use patchbay_gateway::store::memory::MemoryStore;
+use patchbay_gateway::store::redis::RedisStore;
+use patchbay_gateway::store::{BudgetKey, KeyNames, Scope, Store};
+use patchbay_sim::usage_for;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::*;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 
 #[tokio::test]
 async fn warm_socket_hands_over_its_buffered_session_created_byte_for_byte() {

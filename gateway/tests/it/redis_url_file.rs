@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use crate::redis_server::RedisServer;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 use redis::AsyncCommands;
 
 /// Request ids of the rows of `key_id` in `url`'s stream.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::common::*;
 use futures_util::SinkExt;
-use patchbay_gateway::gateway::Running;
-use patchbay_gateway::sim::{SimConfig, SimFault, SimHandle};
+use patchbay_gateway::bootstrap::Running;
+use patchbay_sim::{SimConfig, SimFault, SimHandle};
 use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -226,7 +226,7 @@ async fn a_refused_upstream_key_is_not_quoted_back_to_the_client() {
         other => test_env(other),
     };
     let config = patchbay_gateway::config::Config::from_toml_with_env(&toml, &env).unwrap();
-    let gw = patchbay_gateway::gateway::start(config).await.unwrap();
+    let gw = patchbay_gateway::bootstrap::start(config).await.unwrap();
     let mut ws = connect(gw.addr).await;
     let (texts, code, _) = until_close(&mut ws).await;
     assert_eq!(code, Some(1011));
@@ -234,7 +234,7 @@ async fn a_refused_upstream_key_is_not_quoted_back_to_the_client() {
     assert_eq!(e["error"]["code"], "upstream_auth_failed");
     let message = e["error"]["message"].as_str().unwrap();
     assert!(message.contains("HTTP 401"), "{message}");
-    let masked = patchbay_gateway::sim::mask_key(wrong);
+    let masked = patchbay_sim::mask_key(wrong);
     assert!(masked.ends_with("7f3a"), "{masked}");
     for leak in [masked.as_str(), "7f3a", "Incorrect API key"] {
         assert!(
@@ -262,7 +262,7 @@ async fn a_key_refused_by_an_error_event_is_not_quoted_back_to_the_client() {
     assert_eq!(texts.len(), 1, "{texts:?}");
     let e: serde_json::Value = serde_json::from_str(&texts[0]).unwrap();
     assert_eq!(e["error"]["code"], "upstream_auth_failed", "{e}");
-    let masked = patchbay_gateway::sim::mask_key(UPSTREAM_KEY);
+    let masked = patchbay_sim::mask_key(UPSTREAM_KEY);
     let tail = &UPSTREAM_KEY[UPSTREAM_KEY.len() - 4..];
     for leak in [masked.as_str(), tail, "Incorrect API key"] {
         assert!(!texts[0].contains(leak), "{leak:?} reached the client: {e}");

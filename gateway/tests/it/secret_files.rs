@@ -2,9 +2,9 @@
 //! dial (a session's or the pool's refill) sends the rotated key, with no restart and without
 //! cutting the sessions that are live.
 
+use patchbay_gateway::bootstrap;
 use patchbay_gateway::config::Config;
-use patchbay_gateway::gateway;
-use patchbay_gateway::sim::{self, SimConfig};
+use patchbay_sim::{self as sim, SimConfig};
 
 use crate::common::*;
 
@@ -44,7 +44,7 @@ async fn a_rotated_upstream_key_file_is_sent_by_the_next_dial_and_live_sessions_
     let config =
         Config::from_toml_with_env(&toml(&sim.url(false), &key_file.0, "size = 0"), &test_env)
             .expect("valid config");
-    let gw = gateway::start(config).await.expect("gateway starts");
+    let gw = bootstrap::start(config).await.expect("gateway starts");
 
     let mut live = open_with(gw.addr, CLIENT_KEY).await.expect("session");
     assert_eq!(last_key(&sim).as_deref(), Some(OLD_KEY));
@@ -79,7 +79,7 @@ async fn the_pool_refills_with_the_rotated_key() {
         &test_env,
     )
     .expect("valid config");
-    let gw = gateway::start(config).await.expect("gateway starts");
+    let gw = bootstrap::start(config).await.expect("gateway starts");
     assert!(
         eventually(|| last_key(&sim).as_deref() == Some(OLD_KEY)).await,
         "the pool warms with the old key"

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use patchbay_gateway::bootstrap;
 use patchbay_gateway::config::Config;
-use patchbay_gateway::gateway;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 use redis::AsyncCommands;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -99,7 +99,7 @@ impl FaultRelay {
     }
 }
 
-async fn gateway_with_env(toml: &str, env: Vec<(&'static str, String)>) -> gateway::Running {
+async fn gateway_with_env(toml: &str, env: Vec<(&'static str, String)>) -> bootstrap::Running {
     let lookup = move |k: &str| {
         env.iter()
             .find(|(name, _)| *name == k)
@@ -107,7 +107,7 @@ async fn gateway_with_env(toml: &str, env: Vec<(&'static str, String)>) -> gatew
             .or_else(|| test_env(k))
     };
     let config = Config::from_toml_with_env(toml, &lookup).expect("test config is valid");
-    gateway::start(config).await.expect("gateway starts")
+    bootstrap::start(config).await.expect("gateway starts")
 }
 
 /// A gateway on `redis_url` with one key `id` (secret `pb-<id>`), a
@@ -117,7 +117,7 @@ async fn metered_gateway(
     upstream: &str,
     id: &str,
     redis_url: &str,
-) -> gateway::Running {
+) -> bootstrap::Running {
     let keys = dir.file(
         "keys.toml",
         &key_entry(
@@ -141,12 +141,12 @@ async fn metered_gateway(
 /// without a `redis-server` binary.
 struct Rig {
     redis: RedisServer,
-    _sim: patchbay_gateway::sim::SimHandle,
+    _sim: patchbay_sim::SimHandle,
     _dir: TempDir,
     /// The key's id; its secret is `key`.
     id: String,
     key: String,
-    gw: gateway::Running,
+    gw: bootstrap::Running,
 }
 
 async fn rig(name: &str, redis_args: &[&str]) -> Option<Rig> {
@@ -610,4 +610,107 @@ async fn a_redis_that_refuses_writes_for_a_while_loses_no_row_and_no_spend() {
         0.0
     );
     assert_exactly_once(redis.addr(), &id, 3).await;
+}
+
+/// Runs `cmd` on the rig's Redis as its admin (the default user).
+async fn redis_admin(addr: SocketAddr, cmd: &[&str]) {
+    let mut conn = redis_conn(addr).await;
+    let mut c = redis::cmd(cmd[0]);
+    for a in &cmd[1..] {
+        c.arg(*a);
+    }
+    let _: redis::Value = c.query_async(&mut conn).await.unwrap();
+}
+
+/// The store refuses a write whole for a while (`breaks` it, `mends` it
+/// after three sessions): nothing of the refused writes is applied, they
+/// wait in the outbox counted by `reason`, and once the store takes them
+/// every row and every cent is there exactly once.
+async fn refused_for_a_while(name: &str, breaks: &[&[&str]], mends: &[&[&str]], reason: &str) {
+    let Some(Rig {
+        redis,
+        _sim,
+        _dir,
+        id,
+        key,
+        gw,
+    }) = rig(name, &[]).await
+    else {
+        return;
+    };
+    let breaks: Vec<Vec<String>> = breaks
+        .iter()
+        .map(|c| c.iter().map(|a| a.replace("{id}", &id)).collect())
+        .collect();
+    for c in &breaks {
+        redis_admin(
+            redis.addr(),
+            &c.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .await;
+    }
+    sessions(gw.addr, &key, 3).await;
+    let metering = gw.gateway.metering.clone();
+    let admin = gw.admin_addr;
+    let label = format!("reason=\"{reason}\"");
+    until("refusals counted", WAIT, || async {
+        metric(admin, "patchbay_store_refusals_total", &label).await >= 3.0
+    })
+    .await;
+    assert!(metering.outbox_len() > 0, "the refused writes wait");
+    assert!(
+        stream_rows(redis.addr(), &id).await.is_empty(),
+        "nothing of a refused write is applied"
+    );
+    for c in mends {
+        let c: Vec<String> = c.iter().map(|a| a.replace("{id}", &id)).collect();
+        redis_admin(
+            redis.addr(),
+            &c.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .await;
+    }
+    until("the outbox replayed", WAIT, || async {
+        metering.outbox_len() == 0
+    })
+    .await;
+    assert_eq!(
+        metric(admin, "patchbay_outbox_dropped_total", "").await,
+        0.0,
+        "nothing dropped"
+    );
+    assert_exactly_once(redis.addr(), &id, 3).await;
+}
+
+#[tokio::test]
+async fn a_user_denied_xadd_for_a_while_loses_no_row_and_no_spend() {
+    refused_for_a_while(
+        "acl-xadd",
+        &[&["ACL", "SETUSER", "default", "-xadd"]],
+        &[&["ACL", "SETUSER", "default", "+xadd"]],
+        "noperm",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_user_denied_incrbyfloat_for_a_while_loses_no_row_and_no_spend() {
+    refused_for_a_while(
+        "acl-incrbyfloat",
+        &[&["ACL", "SETUSER", "default", "-incrbyfloat"]],
+        &[&["ACL", "SETUSER", "default", "+incrbyfloat"]],
+        "noperm",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_budget_key_of_another_type_holds_the_writes_until_it_is_repaired() {
+    refused_for_a_while(
+        "wrongtype",
+        &[&["RPUSH", "patchbay:budget:key:{id}:total", "x"]],
+        &[&["DEL", "patchbay:budget:key:{id}:total"]],
+        "wrongtype",
+    )
+    .await;
 }

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
+use patchbay_gateway::bootstrap;
 use patchbay_gateway::config::Config;
-use patchbay_gateway::gateway;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 use redis::AsyncCommands;
 
 use crate::common::*;
@@ -39,7 +39,7 @@ async fn tls_conn(url: &str, ca_pem: &str) -> redis::aio::MultiplexedConnection 
     .expect("the test reaches the TLS Redis")
 }
 
-async fn gateway_with_env(toml: &str, env: Vec<(&'static str, String)>) -> gateway::Running {
+async fn gateway_with_env(toml: &str, env: Vec<(&'static str, String)>) -> bootstrap::Running {
     let lookup = move |k: &str| {
         env.iter()
             .find(|(name, _)| *name == k)
@@ -47,7 +47,7 @@ async fn gateway_with_env(toml: &str, env: Vec<(&'static str, String)>) -> gatew
             .or_else(|| test_env(k))
     };
     let config = Config::from_toml_with_env(toml, &lookup).expect("test config is valid");
-    gateway::start(config).await.expect("gateway starts")
+    bootstrap::start(config).await.expect("gateway starts")
 }
 
 async fn session_with_one_turn(addr: std::net::SocketAddr, key: &str) {

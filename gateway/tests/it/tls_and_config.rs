@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use crate::common::*;
-use patchbay_gateway::sim::SimConfig;
+use patchbay_sim::SimConfig;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use sha2::{Digest, Sha256};
 
-use super::{child_meta, gateway_name, pool_name};
+use super::meta::{child_meta, gateway_name, pool_name};
 use crate::crd::RealtimeRoute;
 use crate::gateway_config::{self, CONFIG_FILE_NAME, POOL_SIZE_KEY};
 use crate::pool;

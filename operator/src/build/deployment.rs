@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{child_meta, gateway_name, labels, pool_name, selector_labels};
+use super::meta::{child_meta, gateway_name, labels, pool_name, selector_labels};
 use crate::crd::{DrainMode, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
 use crate::gateway_config::{
     config_path, signing_keys_mount, upstream_secret_mounts, SecretMount, ADMIN_PORT, CONFIG_DIR,

@@ -11,7 +11,7 @@ use k8s_openapi::api::autoscaling::v2::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{child_meta, gateway_name};
+use super::meta::{child_meta, gateway_name};
 use crate::crd::{RealtimeRoute, DEFAULT_TARGET_CPU_UTILIZATION_PERCENT};
 
 /// The gateway's per-pod gauge of live sessions, served by a custom-metrics adapter.

@@ -10,10 +10,9 @@
 mod configmap;
 mod deployment;
 mod hpa;
+mod meta;
 mod pdb;
 mod service;
-
-use std::collections::BTreeMap;
 
 use k8s_openapi::api::{
     apps::v1::Deployment,
@@ -21,23 +20,18 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, Service},
     policy::v1::PodDisruptionBudget,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{Resource, ResourceExt};
 
 pub use configmap::{config_hash, gateway_config_map, pool_config_map};
 pub use deployment::{deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION};
 pub use hpa::{hpa, SESSIONS_ACTIVE_METRIC};
+pub use meta::{
+    child_meta, endpoint, gateway_name, labels, pool_name, selector_labels, service_name, APP_NAME,
+    MANAGED_BY_SELECTOR, MANAGER,
+};
 pub use pdb::pdb;
 pub use service::service;
 
 use crate::crd::RealtimeRoute;
-
-/// Field manager of every apply, and the value of `app.kubernetes.io/managed-by`.
-pub const MANAGER: &str = "patchbay-operator";
-/// `app.kubernetes.io/name` of the gateway pods and their objects.
-pub const APP_NAME: &str = "patchbay-gateway";
-/// `app.kubernetes.io/managed-by=patchbay-operator`: the label selector of the operator's watches.
-pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=patchbay-operator";
 
 /// What the builders need besides the route.
 #[derive(Clone, Debug)]
@@ -83,74 +77,11 @@ pub fn desired(input: &BuildInput<'_>) -> Desired {
     }
 }
 
-/// `<name>-gateway`: the gateway ConfigMap, Deployment, HPA and PDB.
-pub fn gateway_name(route: &RealtimeRoute) -> String {
-    format!("{}-gateway", route.name_any())
-}
-
-/// `<name>-pool`: the pool size ConfigMap.
-pub fn pool_name(route: &RealtimeRoute) -> String {
-    format!("{}-pool", route.name_any())
-}
-
-/// `<name>`: the Service.
-pub fn service_name(route: &RealtimeRoute) -> String {
-    route.name_any()
-}
-
-/// In-cluster WebSocket endpoint of a route.
-pub fn endpoint(route: &RealtimeRoute) -> String {
-    format!(
-        "ws://{}.{}.svc:{}/v1/realtime",
-        service_name(route),
-        route.namespace().unwrap_or_default(),
-        crate::gateway_config::HTTP_PORT
-    )
-}
-
-/// The labels that select a route's gateway pods.
-pub fn selector_labels(route: &RealtimeRoute) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("app.kubernetes.io/name".to_string(), APP_NAME.to_string()),
-        ("app.kubernetes.io/instance".to_string(), route.name_any()),
-    ])
-}
-
-/// The labels of every child object (and the gateway pods).
-pub fn labels(route: &RealtimeRoute) -> BTreeMap<String, String> {
-    let mut labels = selector_labels(route);
-    labels.extend([
-        (
-            "app.kubernetes.io/component".to_string(),
-            "gateway".to_string(),
-        ),
-        (
-            "app.kubernetes.io/part-of".to_string(),
-            "patchbay".to_string(),
-        ),
-        (
-            "app.kubernetes.io/managed-by".to_string(),
-            MANAGER.to_string(),
-        ),
-    ]);
-    labels
-}
-
-/// Metadata of a child: name, namespace, labels and the controller owner reference.
-pub fn child_meta(route: &RealtimeRoute, name: String) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name),
-        namespace: route.namespace(),
-        labels: Some(labels(route)),
-        owner_references: route.controller_owner_ref(&()).map(|o| vec![o]),
-        ..ObjectMeta::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fixtures;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn all_metas(d: &Desired) -> Vec<&ObjectMeta> {
         let mut metas = vec![

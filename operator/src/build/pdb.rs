@@ -4,7 +4,7 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{child_meta, gateway_name, selector_labels};
+use super::meta::{child_meta, gateway_name, selector_labels};
 use crate::crd::RealtimeRoute;
 
 pub fn pdb(route: &RealtimeRoute) -> PodDisruptionBudget {

@@ -3,7 +3,7 @@
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{child_meta, selector_labels, service_name};
+use super::meta::{child_meta, selector_labels, service_name};
 use crate::crd::RealtimeRoute;
 use crate::gateway_config::{ADMIN_PORT, HTTP_PORT};
 

@@ -1,465 +1,44 @@
-//! A simulated OpenAI Realtime upstream (GA protocol, beta names when the
-//! client sends `OpenAI-Beta: realtime=v1`), for the demo, the tests and the
-//! benchmarks. Event shapes follow openai-python's
-//! `src/openai/types/realtime/*.py`.
-//!
-//! Behaviour per connection: optional upgrade delay (before the 101), key
-//! check (`Authorization: Bearer` or `api-key`), `session.created` after the
-//! session delay (with `?intent=transcription`: beta
-//! `transcription_session.created`, GA a `session.created` whose session
-//! has `type: transcription`), then:
-//! - `session.update` → `session.updated` with the session's config, its
-//!   `instructions` kept for the rest of the session; an invalid one (no
-//!   `session` object, a `session.type` other than `realtime` on GA,
-//!   non-string `instructions`) → an `error` event (`invalid_request_error`,
-//!   `param` naming the field), the session unchanged;
-//! - `conversation.item.create` → `conversation.item.added` + `.done`
-//!   (beta: `conversation.item.created`);
-//! - `input_audio_buffer.commit` → `input_audio_buffer.committed`,
-//!   `conversation.item.added`, then
-//!   `conversation.item.input_audio_transcription.completed` with token usage;
-//! - `response.create` → `response.created`, after the inference delay N
-//!   `response.output_audio.delta` (base64 PCM16 silence of a set size) each
-//!   followed by a `response.output_audio_transcript.delta`, the `.done`
-//!   events and `response.done` with deterministic usage ([`usage_for`]);
-//! - `response.cancel` (with the response's `response_id`, or none) → the
-//!   response in flight ends at once with a `response.done` of status
-//!   `cancelled`, usage for what was sent; a cancel naming another response,
-//!   or sent with none in flight, gets an `error`
-//!   `response_cancel_not_active`.
-//!
-//! A response in flight keeps reading the client: a close ends it at once
-//! (the close is answered, nothing more is sent), a cancel as above, and
-//! other events wait until the response is done, in order.
-//!
-//! Calls (WebRTC and SIP, `POST /v1/realtime/calls…` and the `?call_id=`
-//! sideband) are in [`calls`].
-//!
-//! Faults ([`SimFault`]): refuse the upgrade with a status, send an `error`
-//! as the first event, drop the TCP connection mid-response, or close with a
-//! given code after a response. [`SimHandle`] exposes counters and commands
-//! (ping or close every open session) for tests.
+//! One simulated Realtime session (a WebSocket session or a call's
+//! sideband): the client events it answers and the responses it streams,
+//! with GA or beta event names. Event shapes follow openai-python's
+//! `types/realtime/*.py` (each cited beside the code that builds it).
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use http::StatusCode;
 use serde_json::{json, Value};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::broadcast;
-use tokio_tungstenite::tungstenite::handshake::server::{
-    Callback, ErrorResponse, Request, Response,
-};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 use tokio_tungstenite::WebSocketStream;
-use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
-use crate::event::event_type;
+use crate::config::{SimConfig, SimFault, AUDIO_TOKENS_PER_DELTA, TEXT_OUTPUT_TOKENS};
+use crate::handle::{Command, SimHandle};
+use crate::wire::{event_type, mask_key, short_id, SimIo};
 
-mod calls;
-pub use calls::{answer_for, CallAction, CallKind, CreatedCall, SimCalls};
-
-/// Tokens the simulator reports per audio delta it sent.
-pub const AUDIO_TOKENS_PER_DELTA: u64 = 10;
-/// Text (transcript) output tokens per response.
-pub const TEXT_OUTPUT_TOKENS: u64 = 12;
-
-#[derive(Debug, Clone)]
-pub enum SimFault {
-    /// Answer the upgrade with this HTTP status and an OpenAI-style body.
-    Refuse { status: u16 },
-    /// Send an `error` event instead of `session.created`, then close.
-    ErrorFirst,
-    /// Accept any key's upgrade, then refuse the key with an
-    /// `invalid_api_key` error event quoting it masked, then close (how
-    /// some deployments have answered a bad key, instead of a 401).
-    KeyErrorFirst,
-    /// Drop the TCP connection (no close frame) after this many audio deltas.
-    DropMidResponse { after_deltas: usize },
-    /// Close with this code and reason after each `response.done`.
-    CloseAfterResponse { code: u16, reason: String },
-    /// Read nothing while a response is in flight: a close is answered only
-    /// after its `response.done`, as when that event was already on its way
-    /// when the close arrived.
-    FinishResponseBeforeClose,
-    /// Refuse upgrades with 429 (`Retry-After: 2`, as OpenAI's rate limits
-    /// answer) while this many sessions are open: a key at its limit, whose
-    /// slots free up as sessions end.
-    SessionLimit { max: usize },
-}
-
-#[derive(Debug, Clone)]
-pub struct SimConfig {
-    /// Accepted upstream keys; empty accepts any non-empty key.
-    pub keys: Vec<String>,
-    pub upgrade_delay: Duration,
-    pub session_delay: Duration,
-    /// `response.create` → first audio delta.
-    pub inference_delay: Duration,
-    pub audio_deltas: usize,
-    /// Decoded bytes of audio per delta (PCM16 24 kHz: 2400 bytes = 50 ms).
-    pub audio_delta_bytes: usize,
-    pub delta_interval: Duration,
-    pub fault: Option<SimFault>,
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    pub max_message_bytes: usize,
-    /// Keep a copy of every text frame sent and received, in
-    /// [`SimStats::sent`] and [`SimStats::received`].
-    pub record: bool,
-    /// Response turns the simulated caller speaks per call, on the call's
-    /// sideband (none: turns only on the sideband's `response.create`).
-    pub caller_turns: usize,
-    /// Time before each of the caller's turns.
-    pub caller_turn_interval: Duration,
-    /// How long the calls API takes to answer an `accept` it has already
-    /// carried out (a slow upstream whose answer comes too late).
-    pub accept_answer_delay: Duration,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        Self {
-            keys: Vec::new(),
-            upgrade_delay: Duration::ZERO,
-            session_delay: Duration::ZERO,
-            inference_delay: Duration::ZERO,
-            audio_deltas: 5,
-            audio_delta_bytes: 2400,
-            delta_interval: Duration::ZERO,
-            fault: None,
-            tls: None,
-            max_message_bytes: 64 << 20,
-            record: false,
-            caller_turns: 0,
-            caller_turn_interval: Duration::from_millis(50),
-            accept_answer_delay: Duration::ZERO,
-        }
-    }
-}
-
-/// Counters a test can read.
-#[derive(Debug, Default)]
-pub struct SimStats {
-    pub tcp_accepted: AtomicU64,
-    pub upgrades: AtomicU64,
-    pub refused: AtomicU64,
-    pub sessions_active: AtomicUsize,
-    pub audio_bytes_sent: AtomicU64,
-    pub responses_done: AtomicU64,
-    /// Close codes received from clients (the gateway's upstream leg).
-    pub close_codes: Mutex<Vec<u16>>,
-    /// The query string of every upgrade request, as received.
-    pub queries: Mutex<Vec<String>>,
-    /// The credential headers of every upgrade request, as received.
-    pub auth_headers: Mutex<Vec<String>>,
-    /// Text frames sent, when [`SimConfig::record`] is set.
-    pub sent: Mutex<Vec<String>>,
-    /// Text frames received from clients, in arrival order, when
-    /// [`SimConfig::record`] is set.
-    pub received: Mutex<Vec<String>>,
-    pub pongs: AtomicU64,
-    /// The `response_id` of every `response.cancel` received (`None`: the
-    /// cancel named no response).
-    pub cancels: Mutex<Vec<Option<String>>>,
-    /// While set, every upgrade is refused with 401 (see [`SimHandle::set_refusing`]).
-    pub refusing: std::sync::atomic::AtomicBool,
-    /// Sessions holding a slot of [`SimFault::SessionLimit`] (taken by the
-    /// upgrade's check, given back when the session ends).
-    pub limited: AtomicUsize,
-    /// Calls and what was asked of them.
-    pub calls: SimCalls,
-}
-
-#[derive(Debug, Clone)]
-enum Command {
-    Ping,
-    Close(u16),
-    /// Drop the connection without a close frame (a lost connection).
-    Drop,
-}
-
-/// A running simulator.
-#[derive(Debug, Clone)]
-pub struct SimHandle {
-    pub addr: SocketAddr,
-    pub stats: Arc<SimStats>,
-    commands: broadcast::Sender<Command>,
-    shutdown: CancellationToken,
-}
-
-impl SimHandle {
-    /// `ws://addr/v1/realtime` (or `wss://` with TLS).
-    pub fn url(&self, tls: bool) -> String {
-        let scheme = if tls { "wss" } else { "ws" };
-        format!("{scheme}://{}/v1/realtime", self.addr)
-    }
-
-    /// Sends a Ping to every open session.
-    pub fn ping_all(&self) {
-        let _ = self.commands.send(Command::Ping);
-    }
-
-    /// Closes every open session with `code`.
-    pub fn close_all(&self, code: u16) {
-        let _ = self.commands.send(Command::Close(code));
-    }
-
-    /// Drops every open session's connection without a close frame, as a
-    /// lost connection (an idle timeout in a middlebox, a reset).
-    pub fn drop_all(&self) {
-        let _ = self.commands.send(Command::Drop);
-    }
-
-    /// Refuse (401) or accept new upgrades from now on.
-    pub fn set_refusing(&self, refusing: bool) {
-        self.stats.refusing.store(refusing, Ordering::Relaxed);
-    }
-
-    pub fn stop(&self) {
-        self.shutdown.cancel();
-    }
-}
-
-/// Binds and serves until [`SimHandle::stop`].
-pub async fn start(listen: SocketAddr, config: SimConfig) -> std::io::Result<SimHandle> {
-    let listener = crate::server::bind(listen)?;
-    let addr = listener.local_addr()?;
-    let (commands, _) = broadcast::channel(16);
-    let handle = SimHandle {
-        addr,
-        stats: Arc::default(),
-        commands,
-        shutdown: CancellationToken::new(),
-    };
-    tokio::spawn(accept_loop(listener, Arc::new(config), handle.clone()));
-    Ok(handle)
-}
-
-async fn accept_loop(listener: TcpListener, config: Arc<SimConfig>, handle: SimHandle) {
-    loop {
-        let accepted = tokio::select! {
-            _ = handle.shutdown.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let Ok((tcp, _)) = accepted else { continue };
-        let _ = tcp.set_nodelay(true);
-        handle.stats.tcp_accepted.fetch_add(1, Ordering::Relaxed);
-        let config = config.clone();
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            let shutdown = handle.shutdown.clone();
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = connection(tcp, config, handle) => {}
-            }
-        });
-    }
-}
-
-type SimIo = Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>;
-
-async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
-    if config.tls.is_none() {
-        // A WebSocket upgrade is a GET; the calls API is POST (or OPTIONS).
-        let mut first = [0u8; 4];
-        let peeked = tokio::time::timeout(Duration::from_secs(10), tcp.peek(&mut first)).await;
-        if matches!(peeked, Ok(Ok(4))) && (&first == b"POST" || &first == b"OPTI") {
-            calls::serve(tcp, config, handle).await;
-            return;
-        }
-    }
-    let io: SimIo = match &config.tls {
-        Some(tls) => match tokio_rustls::TlsAcceptor::from(tls.clone())
-            .accept(tcp)
-            .await
-        {
-            Ok(s) => Either::Right(s),
-            Err(_) => return,
+/// The `usage` of a `response.done` ([`SimFault::UsageMax`]): every count
+/// of openai-python's `types/realtime/realtime_response_usage.py` (and its
+/// `input_token_details`/`output_token_details`, cached details included)
+/// at 2^64-1.
+pub fn usage_max() -> Value {
+    let max = u64::MAX;
+    json!({
+        "total_tokens": max,
+        "input_tokens": max,
+        "output_tokens": max,
+        "input_token_details": {
+            "text_tokens": max,
+            "audio_tokens": max,
+            "image_tokens": max,
+            "cached_tokens": max,
+            "cached_tokens_details": {"text_tokens": max, "audio_tokens": max, "image_tokens": max}
         },
-        None => Either::Left(tcp),
-    };
-    if !config.upgrade_delay.is_zero() {
-        tokio::time::sleep(config.upgrade_delay).await;
-    }
-    let mut beta = false;
-    let mut transcription = false;
-    let mut call = None;
-    let mut slot = false;
-    let check = UpgradeCheck {
-        config: &config,
-        stats: &handle.stats,
-        beta: &mut beta,
-        transcription: &mut transcription,
-        call: &mut call,
-        slot: &mut slot,
-    };
-    let ws_config = WebSocketConfig::default()
-        .max_message_size(Some(config.max_message_bytes))
-        .max_frame_size(Some(config.max_message_bytes));
-    let accepted =
-        tokio_tungstenite::accept_hdr_async_with_config(io, check, Some(ws_config)).await;
-    match accepted {
-        Ok(ws) => {
-            handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
-            handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
-            let mut session = Session::new(config, handle.clone(), beta);
-            session.transcription = transcription;
-            if transcription {
-                session.input_transcription =
-                    json!({"model": TRANSCRIPTION_MODEL, "language": null, "prompt": ""});
-            }
-            session.call = call;
-            session.run(ws).await;
-            handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
-        }
-        Err(_) => {
-            handle.stats.refused.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    if slot {
-        handle.stats.limited.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// The upgrade's key check (a `Callback` rather than a closure: the return
-/// type is tungstenite's, fixed by the trait).
-struct UpgradeCheck<'a> {
-    config: &'a SimConfig,
-    stats: &'a SimStats,
-    beta: &'a mut bool,
-    transcription: &'a mut bool,
-    /// The call a sideband (`?call_id=`) attached to.
-    call: &'a mut Option<(String, CancellationToken)>,
-    /// Set when the upgrade took a [`SimFault::SessionLimit`] slot.
-    slot: &'a mut bool,
-}
-
-impl Callback for UpgradeCheck<'_> {
-    fn on_request(self, req: &Request, resp: Response) -> Result<Response, ErrorResponse> {
-        let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
-        let key = header("authorization")
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .or_else(|| header("api-key"))
-            .unwrap_or("");
-        if let Ok(mut seen) = self.stats.auth_headers.lock() {
-            seen.push(key.to_string());
-        }
-        *self.beta = header("openai-beta") == Some("realtime=v1");
-        let query = req.uri().query().unwrap_or("").to_string();
-        let params: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
-            .into_owned()
-            .collect();
-        *self.transcription = params
-            .iter()
-            .any(|(k, v)| k == "intent" && v == "transcription");
-        let call_id = params
-            .iter()
-            .find(|(k, _)| k == "call_id")
-            .map(|(_, v)| v.clone());
-        // What the session is for: a model (Azure: a deployment) or a call.
-        let names_what = params.iter().any(|(k, v)| {
-            matches!(k.as_str(), "model" | "deployment" | "call_id") && !v.is_empty()
-        });
-        if let Ok(mut seen) = self.stats.queries.lock() {
-            seen.push(query);
-        }
-        if let Some(SimFault::Refuse { status }) = &self.config.fault {
-            return Err(refusal(*status, "simulated refusal"));
-        }
-        // Where the SDKs connect: `…/realtime` (`/v1/realtime`, Azure's
-        // `/openai/realtime` and `/openai/v1/realtime`) naming the model
-        // (Azure: the deployment) or, for a call's sideband, the call.
-        if !req.uri().path().ends_with("/realtime") {
-            return Err(refusal_coded(
-                404,
-                "invalid_url",
-                "Invalid URL: no WebSocket endpoint here.",
-            ));
-        }
-        if !names_what {
-            return Err(refusal(400, "Missing required parameter: 'model'."));
-        }
-        if self.stats.refusing.load(Ordering::Relaxed) {
-            return Err(refusal(401, "Incorrect API key provided."));
-        }
-        let known = self.config.keys.is_empty() || self.config.keys.iter().any(|k| k == key);
-        if key.is_empty() || !known {
-            // OpenAI's wording, with the key masked the way it masks it.
-            let message = format!(
-                "Incorrect API key provided: {}. You can find your API key at https://platform.openai.com/account/api-keys.",
-                mask_key(key)
-            );
-            return Err(refusal(401, &message));
-        }
-        if let Some(SimFault::SessionLimit { max }) = &self.config.fault {
-            let took = self
-                .stats
-                .limited
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < *max).then_some(n + 1)
-                });
-            if took.is_err() {
-                return Err(refusal(429, "Too many concurrent sessions for this key."));
-            }
-            *self.slot = true;
-        }
-        if let Some(id) = call_id {
-            match self.stats.calls.attach(&id) {
-                Some(ended) => *self.call = Some((id, ended)),
-                None => return Err(refusal(404, "call not found")),
-            }
-        }
-        Ok(resp)
-    }
-}
-
-/// The transcription model a transcription session starts with.
-pub const TRANSCRIPTION_MODEL: &str = "gpt-4o-transcribe";
-
-/// A key as OpenAI quotes it back: a short prefix, stars, the last four.
-pub fn mask_key(key: &str) -> String {
-    let chars: Vec<char> = key.chars().collect();
-    if chars.len() <= 8 {
-        return "*".repeat(chars.len());
-    }
-    let head: String = chars[..4].iter().collect();
-    let tail: String = chars[chars.len() - 4..].iter().collect();
-    format!("{head}{}{tail}", "*".repeat(chars.len() - 8))
-}
-
-fn refusal(status: u16, message: &str) -> ErrorResponse {
-    let code = match status {
-        400 => "missing_required_parameter",
-        401 => "invalid_api_key",
-        404 => "call_not_found",
-        429 => "rate_limit_exceeded",
-        _ => "server_error",
-    };
-    refusal_coded(status, code, message)
-}
-
-fn refusal_coded(status: u16, code: &str, message: &str) -> ErrorResponse {
-    let body = json!({"error": {"message": message, "type": "invalid_request_error", "code": code, "param": null}});
-    let mut resp = http::Response::new(Some(body.to_string()));
-    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    if status == 429 {
-        resp.headers_mut().insert(
-            http::header::RETRY_AFTER,
-            http::HeaderValue::from_static("2"),
-        );
-    }
-    resp
+        "output_token_details": {"text_tokens": max, "audio_tokens": max}
+    })
 }
 
 /// Deterministic usage of the `n`-th response (1-based) of a session.
@@ -486,12 +65,12 @@ pub fn usage_for(n: u64, audio_deltas: usize) -> Value {
     })
 }
 
-struct Session {
+pub(crate) struct Session {
     config: Arc<SimConfig>,
     handle: SimHandle,
     beta: bool,
     /// Opened with `?intent=transcription`.
-    transcription: bool,
+    pub(crate) transcription: bool,
     id: String,
     seq: u64,
     responses: u64,
@@ -503,11 +82,11 @@ struct Session {
     /// session until a `session.update` sets it; a transcription session
     /// starts with [`TRANSCRIPTION_MODEL`]. A commit is transcribed only
     /// while it is set, as OpenAI's sessions do.
-    input_transcription: Value,
+    pub(crate) input_transcription: Value,
     /// Events that arrived while a response was in flight, to handle next.
     deferred: std::collections::VecDeque<String>,
     /// Set on a call's sideband: the call id and its end.
-    call: Option<(String, CancellationToken)>,
+    pub(crate) call: Option<(String, CancellationToken)>,
 }
 
 type Ws = WebSocketStream<SimIo>;
@@ -525,13 +104,13 @@ enum Interrupt {
 }
 
 impl Session {
-    fn new(config: Arc<SimConfig>, handle: SimHandle, beta: bool) -> Self {
+    pub(crate) fn new(config: Arc<SimConfig>, handle: SimHandle, beta: bool) -> Self {
         Self {
             config,
             handle,
             beta,
             transcription: false,
-            id: format!("sess_{}", crate::ids::short_id()),
+            id: format!("sess_{}", short_id()),
             seq: 0,
             responses: 0,
             items: 0,
@@ -723,7 +302,7 @@ impl Session {
         ws.send(Message::text(text)).await.is_ok()
     }
 
-    async fn run(&mut self, mut ws: Ws) {
+    pub(crate) async fn run(&mut self, mut ws: Ws) {
         let mut commands = self.handle.commands.subscribe();
         if !self.config.session_delay.is_zero() {
             tokio::time::sleep(self.config.session_delay).await;
@@ -869,7 +448,7 @@ impl Session {
     }
 
     async fn on_event(&mut self, ws: &mut Ws, text: &str) -> Flow {
-        let kind = event_type(text).map(|t| t.into_owned());
+        let kind = event_type(text);
         let ok = match kind.as_deref() {
             Some("session.update") => match self.update_session(text) {
                 Ok(()) => {
@@ -951,6 +530,34 @@ impl Session {
         }
     }
 
+    /// [`SimFault::CreatedBurst`]: `response.created` events (shaped as
+    /// openai-python's `ResponseCreatedEvent`) of responses that never
+    /// finish, fed and flushed at once.
+    async fn created_burst(&mut self, ws: &mut Ws) -> bool {
+        let Some(SimFault::CreatedBurst { count }) = self.config.fault else {
+            return true;
+        };
+        for i in 0..count {
+            let id = self.event_id();
+            let text = format!(
+                r#"{{"type":"response.created","event_id":"{id}","response":{{"object":"realtime.response","id":"resp_burst_{i}","status":"in_progress","output":[],"usage":null}}}}"#
+            );
+            if ws.feed(Message::text(text)).await.is_err() {
+                return false;
+            }
+        }
+        ws.flush().await.is_ok()
+    }
+
+    /// The usage the `n`-th response reports after `audio_deltas` deltas:
+    /// [`usage_for`], or [`usage_max`] under [`SimFault::UsageMax`].
+    fn usage(&self, n: u64, audio_deltas: usize) -> Value {
+        match self.config.fault {
+            Some(SimFault::UsageMax) => usage_max(),
+            _ => usage_for(n, audio_deltas),
+        }
+    }
+
     async fn respond(&mut self, ws: &mut Ws) -> Flow {
         self.responses += 1;
         let n = self.responses;
@@ -1015,7 +622,7 @@ impl Session {
         match interrupt {
             Some(Interrupt::Ended) => return Flow::Stop,
             Some(Interrupt::Cancel) => {
-                let usage = usage_for(n, sent);
+                let usage = self.usage(n, sent);
                 return if self
                     .send(
                         ws,
@@ -1035,6 +642,10 @@ impl Session {
             "response.output_audio_transcript.done",
             "response.audio_transcript.done",
         );
+        // openai-python's `types/realtime/response_done_event.py`.
+        let done = json!({"type": "response.done",
+            "response": response("completed", self.usage(n, self.config.audio_deltas))});
+        let twice = matches!(self.config.fault, Some(SimFault::DoneTwice));
         let ok = self
             .send(
                 ws,
@@ -1049,13 +660,9 @@ impl Session {
                     "output_index": 0, "content_index": 0, "transcript": "la la la"}),
                 )
                 .await
-            && self
-                .send(
-                    ws,
-                    json!({"type": "response.done",
-                    "response": response("completed", usage_for(n, self.config.audio_deltas))}),
-                )
-                .await;
+            && self.created_burst(ws).await
+            && self.send(ws, done.clone()).await
+            && (!twice || self.send(ws, done).await);
         if !ok {
             return Flow::Stop;
         }
@@ -1106,6 +713,8 @@ async fn close(ws: &mut Ws, code: u16, reason: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{start, TRANSCRIPTION_MODEL};
+    use tokio::net::TcpStream;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
     type Client = WebSocketStream<TcpStream>;
@@ -1148,7 +757,7 @@ mod tests {
                 .expect("in time")
             {
                 Some(Ok(Message::Text(t))) => {
-                    let kind = event_type(&t).map(|k| k.into_owned()).unwrap_or_default();
+                    let kind = event_type(&t).unwrap_or_default();
                     return Some((kind, t.to_string()));
                 }
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return None,

@@ -2,7 +2,7 @@
 //! the demo:
 //!
 //! - `POST /v1/realtime/calls` (multipart, JSON or raw `application/sdp`,
-//!   read by [`crate::calls::offer`]) → 201, an SDP answer built from the
+//!   read by [`crate::offer`]) → 201, an SDP answer built from the
 //!   offer ([`answer_for`]: the same m-lines and mids, `a=setup:active`, ICE
 //!   credentials, a fingerprint) and `Location: /v1/realtime/calls/rtc_…`;
 //! - `POST /v1/realtime/calls/{id}/{accept,hangup,reject,refer}` → 200,
@@ -17,14 +17,13 @@
 //!
 //! The sideband itself is a normal simulated session opened with
 //! `?call_id=` (a live call, else 404); the simulated caller speaks
-//! [`super::SimConfig::caller_turns`] response turns per call, one every
+//! [`crate::SimConfig::caller_turns`] response turns per call, one every
 //! `caller_turn_interval`, on whichever sideband is attached (a hand-over
 //! continues the count). Served on plain TCP only: a TLS simulator answers
 //! WebSocket upgrades alone.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -36,116 +35,14 @@ use sha2::Digest;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{mask_key, SimConfig, SimHandle, SimStats};
-
-/// WebRTC or SIP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallKind {
-    Webrtc,
-    Sip,
-}
-
-#[derive(Debug)]
-struct SimCall {
-    kind: CallKind,
-    accepted: bool,
-    ended: CancellationToken,
-    turns_done: usize,
-}
-
-/// One request against a call, as received.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CallAction {
-    pub call_id: String,
-    pub action: String,
-    pub body: Value,
-    /// The key the request carried.
-    pub key: String,
-}
-
-/// One created call, as received.
-#[derive(Debug, Clone)]
-pub struct CreatedCall {
-    pub call_id: String,
-    pub sdp: String,
-    pub session: Option<Value>,
-    pub key: String,
-}
-
-/// Calls known to the simulator and what was asked of them.
-#[derive(Debug, Default)]
-pub struct SimCalls {
-    calls: Mutex<HashMap<String, SimCall>>,
-    actions: Mutex<Vec<CallAction>>,
-    created: Mutex<Vec<CreatedCall>>,
-    /// While set, sideband upgrades are refused with 404 (tests).
-    pub refuse_sidebands: std::sync::atomic::AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl SimCalls {
-    /// Every accept/hangup/reject/refer received, in order.
-    pub fn actions(&self) -> Vec<CallAction> {
-        lock(&self.actions).clone()
-    }
-
-    /// Every call created over WebRTC, in order.
-    pub fn created(&self) -> Vec<CreatedCall> {
-        lock(&self.created).clone()
-    }
-
-    /// A phone call arrives: its id, to be accepted (as from the webhook).
-    pub fn incoming_sip_call(&self) -> String {
-        let id = format!("rtc_{}", crate::ids::short_id());
-        lock(&self.calls).insert(
-            id.clone(),
-            SimCall {
-                kind: CallKind::Sip,
-                accepted: false,
-                ended: CancellationToken::new(),
-                turns_done: 0,
-            },
-        );
-        id
-    }
-
-    /// Whether the call has been hung up or rejected.
-    pub fn ended(&self, call_id: &str) -> bool {
-        lock(&self.calls)
-            .get(call_id)
-            .is_some_and(|c| c.ended.is_cancelled())
-    }
-
-    /// The token a sideband for `call_id` watches, when the call is live
-    /// (created over WebRTC, or a SIP call that was accepted).
-    pub(super) fn attach(&self, call_id: &str) -> Option<CancellationToken> {
-        if self.refuse_sidebands.load(Ordering::Relaxed) {
-            return None;
-        }
-        let calls = lock(&self.calls);
-        let c = calls.get(call_id)?;
-        let live = !c.ended.is_cancelled() && (c.kind == CallKind::Webrtc || c.accepted);
-        live.then(|| c.ended.clone())
-    }
-
-    /// Takes one of the caller's turns, if any are left.
-    pub(super) fn take_turn(&self, call_id: &str, turns: usize) -> bool {
-        let mut calls = lock(&self.calls);
-        match calls.get_mut(call_id) {
-            Some(c) if c.turns_done < turns && !c.ended.is_cancelled() => {
-                c.turns_done += 1;
-                true
-            }
-            _ => false,
-        }
-    }
-}
+use crate::calls::{lock, CallAction, CallKind, CreatedCall, SimCall};
+use crate::config::{SimConfig, SimFault};
+use crate::handle::{SimHandle, SimStats};
+use crate::offer;
+use crate::wire::{mask_key, short_id};
 
 /// Serves one plain-HTTP connection of the calls API.
-pub(super) async fn serve(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
+pub(crate) async fn serve(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let config = config.clone();
         let handle = handle.clone();
@@ -188,7 +85,7 @@ async fn route(
     if let Ok(mut seen) = stats.auth_headers.lock() {
         seen.push(key.clone());
     }
-    if let Some(super::SimFault::Refuse { status }) = &config.fault {
+    if let Some(SimFault::Refuse { status }) = &config.fault {
         let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         // OpenAI quotes the (masked) key it was given.
         return error(
@@ -232,20 +129,19 @@ async fn route(
     let Some(rest) = rest.map(str::to_string) else {
         return error(StatusCode::NOT_FOUND, "not_found", "no such route");
     };
-    let body =
-        match http_body_util::Limited::new(req.into_body(), crate::calls::offer::MAX_BODY_BYTES)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(_) => {
-                return error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request_too_large",
-                    "body too large",
-                )
-            }
-        };
+    let body = match http_body_util::Limited::new(req.into_body(), offer::MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                "body too large",
+            )
+        }
+    };
     if rest.is_empty() || rest == "/" {
         return create(stats, content_type.as_deref(), &body, key);
     }
@@ -288,11 +184,11 @@ fn create(
     body: &[u8],
     key: String,
 ) -> Response<Full<Bytes>> {
-    let offer = match crate::calls::offer::parse(content_type, body) {
+    let offer = match offer::parse(content_type, body) {
         Ok(o) => o,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_offer", &e.to_string()),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_offer", &e),
     };
-    let id = format!("rtc_{}", crate::ids::short_id());
+    let id = format!("rtc_{}", short_id());
     lock(&stats.calls.calls).insert(
         id.clone(),
         SimCall {
@@ -410,6 +306,6 @@ mod tests {
             .find_map(|l| l.strip_prefix("a=fingerprint:sha-256 "))
             .unwrap();
         assert_eq!(fp.split(':').count(), 32);
-        assert!(crate::calls::offer::check_sdp(&a).is_ok());
+        assert!(offer::parse(Some("application/sdp"), a.as_bytes()).is_ok());
     }
 }

@@ -1,4 +1,7 @@
-//! `patchbay-gateway`: `serve` (default), `demo`, `sim`.
+//! `patchbay-gateway`: `serve` (default), `check`, `print-config`, `keys
+//! new`, `demo`, `sim`; each command but `serve` in a file of its own. The demo and the
+//! simulator (`patchbay-sim`) belong to this binary, not to the gateway's
+//! library.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,11 +10,16 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use patchbay_gateway::config::Config;
-use patchbay_gateway::sim::{SimConfig, SimFault};
-use patchbay_gateway::{demo, drain, gateway, sim};
+use patchbay_gateway::{bootstrap, drain};
+use patchbay_sim::cli::SimArgs;
+
+mod check;
+mod demo;
+mod keys;
+mod print_config;
 
 /// Exit code for configuration errors.
-const EXIT_CONFIG: u8 = 2;
+pub(crate) const EXIT_CONFIG: u8 = 2;
 /// How long the exit waits for blocking tasks once the drain is done.
 const EXIT_GRACE: Duration = Duration::from_millis(500);
 
@@ -30,6 +38,22 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Load everything `serve` would (config, keys, prices, CA and key
+    /// files) without listening or dialling, and print what would be served.
+    Check {
+        /// TOML config; default `patchbay.toml` if present, else built-in defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Print the config with its environment overrides as TOML, secrets redacted.
+    PrintConfig {
+        /// TOML config; default `patchbay.toml` if present, else built-in defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Client keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
     /// Start a simulator and a gateway on 127.0.0.1, run a few sessions, keep serving.
     Demo {
         /// Client listen address of the demo gateway (falls back to a free port).
@@ -42,62 +66,21 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
-    /// Run the simulated OpenAI Realtime upstream.
-    Sim {
-        #[arg(long, default_value = "127.0.0.1:9100")]
-        listen: SocketAddr,
-        /// Accepted upstream keys, comma-separated (empty: any key).
-        #[arg(long, value_delimiter = ',')]
-        keys: Vec<String>,
-        #[arg(long, default_value_t = 0)]
-        upgrade_delay_ms: u64,
-        #[arg(long, default_value_t = 0)]
-        session_delay_ms: u64,
-        #[arg(long, default_value_t = 0)]
-        inference_delay_ms: u64,
-        #[arg(long, default_value_t = 5)]
-        audio_deltas: usize,
-        /// Decoded bytes of audio per delta.
-        #[arg(long, default_value_t = 2400)]
-        audio_delta_bytes: usize,
-        #[arg(long, default_value_t = 0)]
-        delta_interval_ms: u64,
-        /// `refuse:STATUS`, `error-first`, `drop:N` (after N deltas) or `close:CODE`.
-        #[arg(long)]
-        fault: Option<String>,
-        /// Response turns the simulated caller speaks per call (WebRTC or
-        /// SIP), on the call's sideband.
-        #[arg(long, default_value_t = 0)]
-        caller_turns: usize,
-        /// Time before each of the caller's turns.
-        #[arg(long, default_value_t = 200)]
-        caller_turn_interval_ms: u64,
-    },
+    /// Run the simulated OpenAI Realtime upstream (as `patchbay-sim`).
+    Sim(SimArgs),
 }
 
-fn parse_fault(s: &str) -> Result<SimFault, String> {
-    let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
-    let num = |what: &str| -> Result<u64, String> {
-        arg.parse()
-            .map_err(|_| format!("--fault {kind}:{what} needs a number, got {arg:?}"))
-    };
-    match kind {
-        "refuse" => Ok(SimFault::Refuse {
-            status: num("STATUS")? as u16,
-        }),
-        "error-first" => Ok(SimFault::ErrorFirst),
-        "key-error-first" => Ok(SimFault::KeyErrorFirst),
-        "drop" => Ok(SimFault::DropMidResponse {
-            after_deltas: num("N")? as usize,
-        }),
-        "close" => Ok(SimFault::CloseAfterResponse {
-            code: num("CODE")? as u16,
-            reason: "simulated close".into(),
-        }),
-        _ => Err(format!(
-            "unknown --fault {s:?}: use refuse:STATUS, error-first, drop:N or close:CODE"
-        )),
-    }
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Generate a client key: printed once, with its `[[keys]]` block.
+    New {
+        /// The key's id (in logs, rows and metrics).
+        #[arg(long)]
+        id: String,
+        /// The team it belongs to.
+        #[arg(long)]
+        team: Option<String>,
+    },
 }
 
 fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
@@ -158,63 +141,15 @@ fn run(cli: Cli) -> ExitCode {
             },
             Err(code) => code,
         },
-        Command::Sim {
-            listen,
-            keys,
-            upgrade_delay_ms,
-            session_delay_ms,
-            inference_delay_ms,
-            audio_deltas,
-            audio_delta_bytes,
-            delta_interval_ms,
-            fault,
-            caller_turns,
-            caller_turn_interval_ms,
-        } => {
-            let fault = match fault.as_deref().map(parse_fault).transpose() {
-                Ok(f) => f,
-                Err(e) => {
-                    eprintln!("patchbay-gateway sim: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
-            };
-            let config = SimConfig {
-                keys,
-                upgrade_delay: Duration::from_millis(upgrade_delay_ms),
-                session_delay: Duration::from_millis(session_delay_ms),
-                inference_delay: Duration::from_millis(inference_delay_ms),
-                audio_deltas,
-                audio_delta_bytes,
-                delta_interval: Duration::from_millis(delta_interval_ms),
-                fault,
-                caller_turns,
-                caller_turn_interval: Duration::from_millis(caller_turn_interval_ms),
-                ..SimConfig::default()
-            };
-            match runtime(0) {
-                Ok(rt) => rt.block_on(run_sim(listen, config)),
-                Err(code) => code,
-            }
-        }
-    }
-}
-
-async fn run_sim(listen: SocketAddr, config: SimConfig) -> ExitCode {
-    match sim::start(listen, config).await {
-        Ok(handle) => {
-            println!("simulator listening on {}", handle.url(false));
-            let _ = drain::shutdown_signal().await;
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("patchbay-gateway sim: cannot listen on {listen}: {e}");
-            ExitCode::FAILURE
-        }
+        Command::Check { config } => check::run(config.as_deref()),
+        Command::PrintConfig { config } => print_config::run(config.as_deref()),
+        Command::Keys(KeysCommand::New { id, team }) => keys::new(&id, team.as_deref()),
+        Command::Sim(args) => patchbay_sim::cli::run("patchbay-gateway sim", &args),
     }
 }
 
 async fn serve(config: Config) -> ExitCode {
-    let running = match gateway::start(config).await {
+    let running = match bootstrap::start(config).await {
         Ok(r) => r,
         Err(e) => {
             eprintln!("patchbay-gateway: {e}");

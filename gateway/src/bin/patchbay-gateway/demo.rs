@@ -14,10 +14,10 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::config::Config;
-use crate::event::event_type;
-use crate::sim::{self, SimConfig};
-use crate::{drain, gateway};
+use patchbay_gateway::config::Config;
+use patchbay_gateway::event::event_type;
+use patchbay_gateway::{bootstrap, drain};
+use patchbay_sim::{self as sim, SimConfig};
 
 /// The demo's client key (printed; not a secret).
 pub const DEMO_CLIENT_KEY: &str = "pb-demo-key";
@@ -66,17 +66,17 @@ pub async fn run(listen: SocketAddr, sessions: usize, once: bool) -> Result<(), 
     );
     let env = |k: &str| match k {
         "DEMO_UPSTREAM_KEY" => Some(DEMO_UPSTREAM_KEY.to_string()),
-        crate::config::MASTER_KEY_ENV => Some(DEMO_CLIENT_KEY.to_string()),
+        patchbay_gateway::config::MASTER_KEY_ENV => Some(DEMO_CLIENT_KEY.to_string()),
         _ => None,
     };
     let mut config =
         Config::from_toml_with_env(&toml, &env).map_err(|e| DemoError::Setup(e.to_string()))?;
-    let running = match gateway::start(config.clone()).await {
+    let running = match bootstrap::start(config.clone()).await {
         Ok(r) => r,
-        Err(gateway::StartError::Bind { .. }) => {
+        Err(patchbay_gateway::gateway::StartError::Bind { .. }) => {
             // The default port is taken: any free port will do for a demo.
             config.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-            gateway::start(config)
+            bootstrap::start(config)
                 .await
                 .map_err(|e| DemoError::Setup(e.to_string()))?
         }

@@ -1,0 +1,100 @@
+//! What a simulator is asked to be: its timing, sizes, faults and keys
+//! ([`SimConfig`], [`SimFault`]) and the fixed figures its usage reports
+//! are built from.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Tokens the simulator reports per audio delta it sent.
+pub const AUDIO_TOKENS_PER_DELTA: u64 = 10;
+/// Text (transcript) output tokens per response.
+pub const TEXT_OUTPUT_TOKENS: u64 = 12;
+
+/// The transcription model a transcription session starts with.
+pub const TRANSCRIPTION_MODEL: &str = "gpt-4o-transcribe";
+
+#[derive(Debug, Clone)]
+pub enum SimFault {
+    /// Answer the upgrade with this HTTP status and an OpenAI-style body.
+    Refuse { status: u16 },
+    /// Send an `error` event instead of `session.created`, then close.
+    ErrorFirst,
+    /// Accept any key's upgrade, then refuse the key with an
+    /// `invalid_api_key` error event quoting it masked, then close (how
+    /// some deployments have answered a bad key, instead of a 401).
+    KeyErrorFirst,
+    /// Drop the TCP connection (no close frame) after this many audio deltas.
+    DropMidResponse { after_deltas: usize },
+    /// Close with this code and reason after each `response.done`.
+    CloseAfterResponse { code: u16, reason: String },
+    /// Read nothing while a response is in flight: a close is answered only
+    /// after its `response.done`, as when that event was already on its way
+    /// when the close arrived.
+    FinishResponseBeforeClose,
+    /// Refuse upgrades with 429 (`Retry-After: 2`, as OpenAI's rate limits
+    /// answer) while this many sessions are open: a key at its limit, whose
+    /// slots free up as sessions end.
+    SessionLimit { max: usize },
+    /// Before each `response.done`, a burst of this many `response.created`
+    /// events of responses that never finish, written in one flush: a
+    /// hostile or broken upstream flooding the gateway's turn tracking.
+    CreatedBurst { count: usize },
+    /// Report every count of each `response.done`'s usage as 2^64-1
+    /// (`u64::MAX`): a usage no turn can have, which the protocol does not
+    /// rule out (openai-python's `types/realtime/realtime_response_usage.py`
+    /// types each count as an unbounded `Optional[int]`).
+    UsageMax,
+    /// Send each completed response's `response.done` twice, the same event
+    /// with the same response id (openai-python's
+    /// `types/realtime/response_done_event.py`): a replayed event.
+    DoneTwice,
+}
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Accepted upstream keys; empty accepts any non-empty key.
+    pub keys: Vec<String>,
+    pub upgrade_delay: Duration,
+    pub session_delay: Duration,
+    /// `response.create` → first audio delta.
+    pub inference_delay: Duration,
+    pub audio_deltas: usize,
+    /// Decoded bytes of audio per delta (PCM16 24 kHz: 2400 bytes = 50 ms).
+    pub audio_delta_bytes: usize,
+    pub delta_interval: Duration,
+    pub fault: Option<SimFault>,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub max_message_bytes: usize,
+    /// Keep a copy of every text frame sent and received, in
+    /// [`SimStats::sent`] and [`SimStats::received`].
+    pub record: bool,
+    /// Response turns the simulated caller speaks per call, on the call's
+    /// sideband (none: turns only on the sideband's `response.create`).
+    pub caller_turns: usize,
+    /// Time before each of the caller's turns.
+    pub caller_turn_interval: Duration,
+    /// How long the calls API takes to answer an `accept` it has already
+    /// carried out (a slow upstream whose answer comes too late).
+    pub accept_answer_delay: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            upgrade_delay: Duration::ZERO,
+            session_delay: Duration::ZERO,
+            inference_delay: Duration::ZERO,
+            audio_deltas: 5,
+            audio_delta_bytes: 2400,
+            delta_interval: Duration::ZERO,
+            fault: None,
+            tls: None,
+            max_message_bytes: 64 << 20,
+            record: false,
+            caller_turns: 0,
+            caller_turn_interval: Duration::from_millis(50),
+            accept_answer_delay: Duration::ZERO,
+        }
+    }
+}

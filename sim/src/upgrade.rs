@@ -1,0 +1,136 @@
+//! The upgrade's checks, in the order OpenAI answers them: path, what the
+//! session is for, the key, a session limit, a call's sideband; refusals
+//! with OpenAI's status, code and wording.
+
+use std::sync::atomic::Ordering;
+
+use http::StatusCode;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::handshake::server::{
+    Callback, ErrorResponse, Request, Response,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{SimConfig, SimFault};
+use crate::handle::SimStats;
+use crate::wire::mask_key;
+
+/// The upgrade's key check (a `Callback` rather than a closure: the return
+/// type is tungstenite's, fixed by the trait).
+pub(crate) struct UpgradeCheck<'a> {
+    pub(crate) config: &'a SimConfig,
+    pub(crate) stats: &'a SimStats,
+    pub(crate) beta: &'a mut bool,
+    pub(crate) transcription: &'a mut bool,
+    /// The call a sideband (`?call_id=`) attached to.
+    pub(crate) call: &'a mut Option<(String, CancellationToken)>,
+    /// Set when the upgrade took a [`SimFault::SessionLimit`] slot.
+    pub(crate) slot: &'a mut bool,
+}
+
+impl Callback for UpgradeCheck<'_> {
+    fn on_request(self, req: &Request, resp: Response) -> Result<Response, ErrorResponse> {
+        let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+        let key = header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| header("api-key"))
+            .unwrap_or("");
+        if let Ok(mut seen) = self.stats.auth_headers.lock() {
+            seen.push(key.to_string());
+        }
+        *self.beta = header("openai-beta") == Some("realtime=v1");
+        let query = req.uri().query().unwrap_or("").to_string();
+        let params: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
+        *self.transcription = params
+            .iter()
+            .any(|(k, v)| k == "intent" && v == "transcription");
+        let call_id = params
+            .iter()
+            .find(|(k, _)| k == "call_id")
+            .map(|(_, v)| v.clone());
+        // What the session is for: a model (Azure: a deployment) or a call.
+        let names_what = params.iter().any(|(k, v)| {
+            matches!(k.as_str(), "model" | "deployment" | "call_id") && !v.is_empty()
+        });
+        if let Ok(mut seen) = self.stats.queries.lock() {
+            seen.push(query);
+        }
+        if let Some(SimFault::Refuse { status }) = &self.config.fault {
+            return Err(refusal(*status, "simulated refusal"));
+        }
+        // Where the SDKs connect: `…/realtime` (`/v1/realtime`, Azure's
+        // `/openai/realtime` and `/openai/v1/realtime`) naming the model
+        // (Azure: the deployment) or, for a call's sideband, the call.
+        if !req.uri().path().ends_with("/realtime") {
+            return Err(refusal_coded(
+                404,
+                "invalid_url",
+                "Invalid URL: no WebSocket endpoint here.",
+            ));
+        }
+        if !names_what {
+            return Err(refusal(400, "Missing required parameter: 'model'."));
+        }
+        if self.stats.refusing.load(Ordering::Relaxed) {
+            return Err(refusal(401, "Incorrect API key provided."));
+        }
+        let known = self.config.keys.is_empty() || self.config.keys.iter().any(|k| k == key);
+        if key.is_empty() || !known {
+            // OpenAI's wording, with the key masked the way it masks it.
+            let message = format!(
+                "Incorrect API key provided: {}. You can find your API key at https://platform.openai.com/account/api-keys.",
+                mask_key(key)
+            );
+            return Err(refusal(401, &message));
+        }
+        if let Some(SimFault::SessionLimit { max }) = &self.config.fault {
+            let took = self
+                .stats
+                .limited
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < *max).then_some(n + 1)
+                });
+            if took.is_err() {
+                return Err(refusal(429, "Too many concurrent sessions for this key."));
+            }
+            *self.slot = true;
+        }
+        if let Some(id) = call_id {
+            match self.stats.calls.attach(&id) {
+                Some(ended) => *self.call = Some((id, ended)),
+                None => return Err(refusal(404, "call not found")),
+            }
+        }
+        Ok(resp)
+    }
+}
+
+fn refusal(status: u16, message: &str) -> ErrorResponse {
+    let code = match status {
+        400 => "missing_required_parameter",
+        401 => "invalid_api_key",
+        404 => "call_not_found",
+        429 => "rate_limit_exceeded",
+        _ => "server_error",
+    };
+    refusal_coded(status, code, message)
+}
+
+fn refusal_coded(status: u16, code: &str, message: &str) -> ErrorResponse {
+    let body = json!({"error": {"message": message, "type": "invalid_request_error", "code": code, "param": null}});
+    let mut resp = http::Response::new(Some(body.to_string()));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    if status == 429 {
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("2"),
+        );
+    }
+    resp
+}
