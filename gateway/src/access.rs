@@ -1,6 +1,8 @@
 //! The access log: one line per refused or completed HTTP request on the
 //! client listener, and per WebSocket upgrade (when it is refused, or when
-//! its session ends), through `tracing` at INFO under the target
+//! its session ends: then the session's own `session ended` line, written
+//! by `session.rs` under this target with these fields, is its access line,
+//! one line per session), through `tracing` at INFO under the target
 //! [`TARGET`], so that `RUST_LOG` can keep or drop it on its own
 //! (`RUST_LOG=info,patchbay_gateway::access=off`); `[server] access_log =
 //! false` turns it off in the config.

@@ -106,6 +106,10 @@ async fn refusals_and_a_completed_session_each_write_one_access_line_without_sec
     assert_eq!(done["path"], path.as_str());
     assert_eq!(done["model"], MODEL);
     assert_eq!(done["outcome"], "client_closed", "{done}");
+    // The session's end line is its access line: one line per session.
+    assert_eq!(done["message"], "session ended", "{done}");
+    assert!(done["session_id"].is_string(), "{done}");
+    assert_eq!(logs.matches("session ended").count(), 1, "{logs}");
 
     let http = lines
         .iter()
