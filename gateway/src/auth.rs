@@ -162,7 +162,7 @@ impl KeySet {
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {
-        let file: KeysFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        let file = parse_keys_file(text)?;
         let mut entries = Vec::with_capacity(file.keys.len());
         for (i, k) in file.keys.into_iter().enumerate() {
             let digest = parse_digest(&k.sha256)
@@ -378,6 +378,27 @@ pub fn presented_key(headers: &HeaderMap) -> Presented {
     }
 }
 
+/// The keys file's TOML, its errors naming the entry (`keys[2].rpm:
+/// invalid type: string "60", expected u32`) or the line of a syntax error.
+fn parse_keys_file(text: &str) -> Result<KeysFile, String> {
+    let doc: toml::Table = toml::from_str(text).map_err(|e| match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {}", e.message())
+        }
+        None => e.message().to_string(),
+    })?;
+    serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
+        let path = e.path().to_string();
+        let message = e.inner().message().trim().to_string();
+        if path.is_empty() || path == "." {
+            message
+        } else {
+            format!("{path}: {message}")
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,6 +406,22 @@ mod tests {
 
     fn hex_of(key: &str) -> String {
         hex::encode(Secret::new(key).sha256())
+    }
+
+    #[test]
+    fn a_keys_file_error_names_the_entry_or_the_line() {
+        let text = format!(
+            "[[keys]]\nid = \"a\"\nsha256 = \"{}\"\n[[keys]]\nid = \"b\"\nsha256 = \"{}\"\nrpm = \"60\"\n",
+            hex_of("pb-a"),
+            hex_of("pb-b")
+        );
+        let e = KeySet::parse(&text).unwrap_err();
+        assert!(e.starts_with("keys[1].rpm: invalid type: string"), "{e}");
+        let e = KeySet::parse("[[keys]]\nid = \"a\"\nsha256 = = 1\n").unwrap_err();
+        assert!(e.starts_with("line 3: "), "{e}");
+        let e = KeySet::parse("[[keys]]\nid = \"a\"\nsha256 = \"x\"\nrmp = 5\n").unwrap_err();
+        assert!(e.starts_with("keys[0]"), "{e}");
+        assert!(e.contains("rmp"), "{e}");
     }
 
     fn keys() -> KeySet {

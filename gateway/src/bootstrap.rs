@@ -98,6 +98,12 @@ pub struct Running {
 /// Binds the client and admin listeners and starts serving.
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let limit = raise_descriptor_limit();
+    for var in &config.unread_env {
+        tracing::warn!(
+            var = %var,
+            "the environment sets {var}, which the gateway does not read (a typo? see docs/configuration.md)"
+        );
+    }
     let gateway = Arc::new(Gateway::new(config)?);
     if let Some(limit) = limit {
         check_session_room(&gateway, limit);

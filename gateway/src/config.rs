@@ -35,6 +35,7 @@ use patchbay_config::{
 use serde::Deserialize;
 use url::Url;
 
+use crate::config_env;
 use crate::secret::Secret;
 use crate::upstream_key::{key_from_file_text, UpstreamKey};
 
@@ -56,18 +57,6 @@ pub type StoreConfig = patchbay_config::StoreConfig<Secret>;
 pub const DEFAULT_CONFIG_FILE: &str = "patchbay.toml";
 /// Env var that holds a single client key (one-key setups).
 pub const MASTER_KEY_ENV: &str = "PATCHBAY_MASTER_KEY";
-const ENV_PREFIX: &str = "PATCHBAY_";
-const TABLE_SECTIONS: [&str; 9] = [
-    "server",
-    "pool",
-    "relay",
-    "limits",
-    "metering",
-    "store",
-    "keys",
-    "drain",
-    "client_secrets",
-];
 
 #[derive(Debug, thiserror::Error)]
 #[error("config key `{key}`: {message}")]
@@ -106,6 +95,14 @@ pub struct Config {
     /// The file this config came from, watched for price edits.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+    /// `PATCHBAY_*` variables of the environment the gateway does not read
+    /// (logged as warnings at start).
+    #[serde(skip)]
+    pub unread_env: Vec<String>,
+    /// The file as read at start (paths resolved, before env overrides), to
+    /// name the restart-only keys an edit changes ([`crate::config_diff`]).
+    #[serde(skip)]
+    pub file_doc: Option<toml::Table>,
 }
 
 impl Default for Config {
@@ -124,6 +121,8 @@ impl Default for Config {
             client_secrets: ClientSecretsConfig::default(),
             master_key: None,
             source: None,
+            unread_env: Vec::new(),
+            file_doc: None,
         }
     }
 }
@@ -186,12 +185,23 @@ impl Config {
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
         let default = Path::new(DEFAULT_CONFIG_FILE);
         let path = path.or(default.exists().then_some(default));
-        let env: BTreeMap<String, String> = std::env::vars().collect();
-        let env = |k: &str| env.get(k).cloned();
-        match path {
+        let vars: BTreeMap<String, String> = std::env::vars().collect();
+        let env = |k: &str| vars.get(k).cloned();
+        // The environment's names first: a misspelt override is the error to
+        // report even when the file is incomplete without it.
+        let referenced = path
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
+            .map(|doc| config_env::referenced_names(&doc))
+            .unwrap_or_default();
+        let referenced: Vec<&str> = referenced.iter().map(String::as_str).collect();
+        let unread = config_env::check_names(vars.keys().map(String::as_str), &referenced)?;
+        let mut config = match path {
             Some(p) => Self::from_file_with_env(p, &env),
             None => Self::from_toml_with_env("", &env),
-        }
+        }?;
+        config.unread_env = unread;
+        Ok(config)
     }
 
     /// Reads and validates `path`; the result remembers it as its source.
@@ -202,8 +212,11 @@ impl Config {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::new("--config", format!("cannot read {}: {e}", path.display()))
         })?;
-        let mut config = Self::from_toml_with_env(&text, env)?;
+        let mut doc: toml::Table = toml::from_str(&text).map_err(|e| toml_error(&e))?;
+        crate::config_paths::resolve(&mut doc, path.parent().unwrap_or(Path::new("")));
+        let mut config = Self::from_doc_with_env(doc.clone(), env)?;
         config.source = Some(path.to_path_buf());
+        config.file_doc = Some(doc);
         Ok(config)
     }
 
@@ -214,7 +227,14 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
+        let doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
+        Self::from_doc_with_env(doc, env)
+    }
+
+    fn from_doc_with_env(
+        mut doc: toml::Table,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         apply_env_overrides(&mut doc, env)?;
         let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(doc))
             .map_err(|e| {
@@ -698,94 +718,18 @@ pub fn balances_from_toml(text: &str) -> Result<Vec<Balance>, ConfigError> {
     Ok(out)
 }
 
-/// Applies `PATCHBAY_<SECTION>_<KEY>` and the well-known pool variables.
 /// Applies the `PATCHBAY_<SECTION>_<KEY>` overrides (and the pool's
-/// short names) from `env` to a parsed config file.
+/// short names) from `env` to a parsed config file ([`crate::config_env`]).
 pub fn apply_env_overrides(
     doc: &mut toml::Table,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
-    // The closure interface cannot enumerate, so probe the known keys of each
-    // section: unknown env names are simply not looked at.
-    for section in TABLE_SECTIONS {
-        for key in section_keys(section) {
-            let var = format!(
-                "{ENV_PREFIX}{}_{}",
-                section.to_uppercase(),
-                key.to_uppercase()
-            );
-            if let Some(raw) = env(&var) {
-                set_key(doc, section, key, &raw)?;
-            }
-        }
-    }
-    for (var, key) in [
-        ("REALTIME_POOL_SIZE", "size"),
-        ("REALTIME_POOL_MAX_IDLE_SECS", "max_idle_secs"),
-    ] {
-        if let Some(raw) = env(var) {
-            let n: i64 = raw
-                .trim()
-                .parse()
-                .map_err(|_| ConfigError::new(var, format!("not a whole number: {raw:?}")))?;
-            if n < 0 {
-                return Err(ConfigError::new(var, "must be >= 0"));
-            }
-            set_value(doc, "pool", key, toml::Value::Integer(n));
-        }
-    }
-    Ok(())
+    config_env::apply(doc, env).map_err(ConfigError::from)
 }
 
-fn section_keys(section: &str) -> &'static [&'static str] {
-    match section {
-        "server" => &[
-            "listen",
-            "admin_listen",
-            "upgrade_timeout_secs",
-            "worker_threads",
-            "max_failovers",
-            "breaker_failures",
-            "breaker_open_secs",
-            "breaker_max_open_secs",
-            "cors_origins",
-            "access_log",
-        ],
-        "pool" => &[
-            "size",
-            "max_idle_secs",
-            "max_size",
-            "size_file",
-            "warmup_timeout_secs",
-        ],
-        "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
-        "limits" => &["max_sessions"],
-        "metering" => &["flush_secs", "unpriced", "stream_maxlen", "max_turn_usd"],
-        "store" => &["redis_url_env", "redis_url_file", "ca_file"],
-        "keys" => &["file"],
-        "drain" => &["wait_secs", "mode", "linger_secs"],
-        "client_secrets" => &["signing_key_files", "max_ttl_secs"],
-        _ => &[],
-    }
-}
-
-fn set_key(doc: &mut toml::Table, section: &str, key: &str, raw: &str) -> Result<(), ConfigError> {
-    let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
-        Ok(mut t) => t
-            .remove("v")
-            .unwrap_or_else(|| toml::Value::String(raw.into())),
-        Err(_) => toml::Value::String(raw.into()),
-    };
-    set_value(doc, section, key, value);
-    Ok(())
-}
-
-fn set_value(doc: &mut toml::Table, section: &str, key: &str, value: toml::Value) {
-    let table = doc
-        .entry(section)
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    if let toml::Value::Table(t) = table {
-        t.insert(key.to_string(), value);
+impl From<config_env::EnvError> for ConfigError {
+    fn from(e: config_env::EnvError) -> Self {
+        ConfigError::new(e.var, e.message)
     }
 }
 
@@ -820,6 +764,7 @@ pub fn valid_origin(o: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config_env::{section_keys, TABLE_SECTIONS};
     use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

@@ -5,6 +5,7 @@
 //! until draining starts; an invalid edit is refused (logged and counted in
 //! `patchbay_config_reloads_total{file,result}`) and keeps what is loaded.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +67,7 @@ fn apply_live_config(gw: &Gateway, text: &str) -> Result<(), String> {
     let live =
         crate::config::live_from_toml(text, &|k| env.get(k).cloned()).map_err(|e| e.to_string())?;
     let balances = crate::config::balances_from_toml(text).map_err(|e| e.to_string())?;
+    warn_restart_only(gw, text);
     if live.prices != *gw.metering.prices() {
         tracing::info!(rows = live.prices.len(), "prices reloaded");
         gw.metering.set_prices(live.prices);
@@ -99,6 +101,25 @@ fn apply_live_config(gw: &Gateway, text: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Names, in a WARN, the keys of an edited config file that only a restart
+/// applies (the edit's live part is applied all the same).
+fn warn_restart_only(gw: &Gateway, text: &str) {
+    let (Some(started), Some(path)) = (&gw.config.file_doc, &gw.config.source) else {
+        return;
+    };
+    let Ok(mut edited) = toml::from_str::<toml::Table>(text) else {
+        return;
+    };
+    crate::config_paths::resolve(&mut edited, path.parent().unwrap_or(Path::new("")));
+    let keys = crate::config_diff::restart_only_changes(started, &edited);
+    if !keys.is_empty() {
+        tracing::warn!(
+            keys = %keys.join(", "),
+            "config file edited: these keys need a restart to apply; the running gateway keeps their values"
+        );
+    }
 }
 
 /// Polls `path` until draining starts and hands each changed content to

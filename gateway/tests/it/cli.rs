@@ -150,3 +150,135 @@ async fn keys_new_prints_a_key_its_digest_is_of_and_the_gateway_accepts_it() {
         "response.done"
     );
 }
+
+#[test]
+fn a_misspelt_env_override_stops_serve_and_check_with_exit_2_naming_it() {
+    let config = config_file("");
+    let path = config.0.to_str().unwrap();
+    let env = [
+        ("CLI_UPSTREAM_KEY", UPSTREAM_SECRET),
+        ("PATCHBAY_RELAY_IDLE_TIMEOUT_SEC", "60"),
+    ];
+    // `--config` without a command is `serve --config`.
+    for args in [&["--config", path][..], &["check", "--config", path]] {
+        let out = run(args, &env);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("PATCHBAY_RELAY_IDLE_TIMEOUT_SEC")
+                && stderr.contains("did you mean PATCHBAY_RELAY_IDLE_TIMEOUT_SECS?"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_patchbay_variable_outside_the_sections_is_a_warning() {
+    let config = config_file("");
+    let out = run(
+        &["check", "--config", config.0.to_str().unwrap()],
+        &[
+            ("CLI_UPSTREAM_KEY", UPSTREAM_SECRET),
+            ("PATCHBAY_WATCH_NAMESPACE", "voice"),
+            ("PATCHBAY_MASTER_KEY", MASTER_SECRET),
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains(
+            "warning: the environment sets PATCHBAY_WATCH_NAMESPACE, which the gateway does not read"
+        ),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn relative_paths_in_a_config_file_resolve_against_its_directory() {
+    let dir = std::env::temp_dir().join(format!(
+        "patchbay-test-{}-{}-rel",
+        std::process::id(),
+        patchbay_gateway::ids::short_id()
+    ));
+    std::fs::create_dir_all(dir.join("secrets")).unwrap();
+    std::fs::write(dir.join("keys.toml"), key_entry("svc", "pb-cli-rel", "")).unwrap();
+    std::fs::write(dir.join("secrets/upstream"), UPSTREAM_SECRET).unwrap();
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[routes]]\nmodel = \"{MODEL}\"\nupstream_url = \"wss://upstream.example/v1/realtime\"\n\
+             api_key_file = \"secrets/upstream\"\n[keys]\nfile = \"keys.toml\"\n"
+        ),
+    )
+    .unwrap();
+    // Run from elsewhere (the temp directory's parent of `dir`).
+    let out = run(&["check", "--config", config.to_str().unwrap()], &[]);
+    let stdout = text(&out.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("client keys: 1"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("(from {})", dir.join("keys.toml").display())),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_keys_file_type_error_names_the_entry() {
+    let keys = TempFile::new(
+        "keys.toml",
+        &format!("{}rpm = \"sixty\"\n", key_entry("svc", "pb-cli-rpm", "")),
+    );
+    let config = config_file(&format!("[keys]\nfile = \"{}\"\n", keys.0.display()));
+    let out = run(
+        &["check", "--config", config.0.to_str().unwrap()],
+        &[("CLI_UPSTREAM_KEY", UPSTREAM_SECRET)],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("keys[0].rpm"), "{stderr}");
+}
+
+#[test]
+fn the_demo_runs_its_sessions_and_says_where_it_listens_when_the_port_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = run(
+        &[
+            "demo",
+            "--once",
+            "--sessions",
+            "2",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let moved = stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!(
+                "127.0.0.1:{port} is taken: the demo gateway listens on "
+            ))
+        })
+        .and_then(|l| l.strip_suffix(" instead"))
+        .unwrap_or_else(|| panic!("the new address is printed:\n{stdout}"));
+    assert!(
+        stdout.contains(&format!("gateway:            ws://{moved}/v1/realtime")),
+        "{stdout}"
+    );
+    // One request-log row per session's turn, each billed.
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(
+        rows.iter().all(|r| r["cost_usd"].as_f64() > Some(0.0)),
+        "{stdout}"
+    );
+    assert!(stdout.contains("response.done"), "{stdout}");
+}

@@ -344,6 +344,13 @@ pub struct Child {
     _config: TempFile,
 }
 
+impl Child {
+    /// The config file the child was started with (to edit it live).
+    pub fn config_path(&self) -> &std::path::Path {
+        &self._config.0
+    }
+}
+
 impl Drop for Child {
     fn drop(&mut self) {
         let _ = self.process.kill();

@@ -35,3 +35,35 @@ async fn an_edited_unpriced_policy_and_flush_interval_apply_without_a_restart() 
     );
     assert_ne!(gw.addr.port(), 1);
 }
+
+#[tokio::test]
+async fn an_edit_of_a_restart_only_key_is_named_in_a_warning() {
+    let sim = sim(patchbay_sim::SimConfig::default()).await;
+    let child = Child::start(
+        &sim.url(false),
+        "[relay]\nidle_timeout_secs = 30\n[metering]\nflush_secs = 15\n",
+        &[],
+    )
+    .await;
+    let path = child.config_path().to_path_buf();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = text
+        .replace("idle_timeout_secs = 30", "idle_timeout_secs = 60")
+        .replace("flush_secs = 15", "flush_secs = 5");
+    assert_ne!(text, edited);
+    std::fs::write(&path, edited).unwrap();
+    assert!(
+        eventually(|| child.logs().contains("need a restart to apply")).await,
+        "{}",
+        child.logs()
+    );
+    let logs = child.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("need a restart to apply"))
+        .unwrap();
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("relay.idle_timeout_secs"), "{line}");
+    // The live key changed in the same edit is not named.
+    assert!(!line.contains("flush_secs"), "{line}");
+}

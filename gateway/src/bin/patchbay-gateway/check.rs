@@ -51,6 +51,9 @@ fn summary(gw: &Gateway) -> String {
         .as_ref()
         .map_or("built-in defaults".to_string(), |p| p.display().to_string());
     out += &format!("config: {source}\n");
+    for var in &c.unread_env {
+        out += &format!("warning: the environment sets {var}, which the gateway does not read\n");
+    }
     out += &format!(
         "listen: {} (admin {})\n",
         c.server.listen, c.server.admin_listen

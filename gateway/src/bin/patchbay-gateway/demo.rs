@@ -74,11 +74,17 @@ pub async fn run(listen: SocketAddr, sessions: usize, once: bool) -> Result<(), 
     let running = match bootstrap::start(config.clone()).await {
         Ok(r) => r,
         Err(patchbay_gateway::gateway::StartError::Bind { .. }) => {
-            // The default port is taken: any free port will do for a demo.
+            // The default port is taken: any free port will do for a demo,
+            // and the demo says which (the snippet below prints it too).
             config.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-            bootstrap::start(config)
+            let running = bootstrap::start(config)
                 .await
-                .map_err(|e| DemoError::Setup(e.to_string()))?
+                .map_err(|e| DemoError::Setup(e.to_string()))?;
+            println!(
+                "{listen} is taken: the demo gateway listens on {} instead",
+                running.addr
+            );
+            running
         }
         Err(e) => return Err(DemoError::Setup(e.to_string())),
     };
@@ -131,7 +137,8 @@ pub async fn run(listen: SocketAddr, sessions: usize, once: bool) -> Result<(), 
         return Ok(());
     }
     println!();
-    println!("The gateway keeps serving. Connect with the openai Python SDK:");
+    println!("The gateway keeps serving. Connect with the openai Python SDK");
+    println!("(pip install \"openai[realtime]\": the Realtime client needs the extra):");
     println!();
     println!("    from openai import OpenAI");
     println!(

@@ -26,6 +26,9 @@ const EXIT_GRACE: Duration = Duration::from_millis(500);
 #[derive(Parser)]
 #[command(name = "patchbay-gateway", version, about = "OpenAI Realtime gateway")]
 struct Cli {
+    /// TOML config for `serve` when no command is given (as `serve --config`).
+    #[arg(long)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -104,7 +107,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> ExitCode {
-    match cli.command.unwrap_or(Command::Serve { config: None }) {
+    let command = match (cli.command, cli.config) {
+        (None, config) | (Some(Command::Serve { config: None }), config) => {
+            Command::Serve { config }
+        }
+        (Some(command), None) => command,
+        (Some(_), Some(_)) => {
+            eprintln!(
+                "patchbay-gateway: give --config after the command (`patchbay-gateway serve --config F`)"
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match command {
         Command::Serve { config } => {
             // The config sizes the runtime, so it is read first.
             let config = match Config::load(config.as_deref()) {

@@ -42,6 +42,9 @@ fn effective(path: Option<&Path>) -> Result<String, String> {
     };
     let env: BTreeMap<String, String> = std::env::vars().collect();
     let mut doc: toml::Table = toml::from_str(&text).map_err(|e| e.to_string())?;
+    if let Some(dir) = config.source.as_deref().and_then(Path::parent) {
+        patchbay_gateway::config_paths::resolve(&mut doc, dir);
+    }
     apply_env_overrides(&mut doc, &|k: &str| env.get(k).cloned()).map_err(|e| e.to_string())?;
     redact_table(&mut doc);
     let source = config.source.as_ref().map_or(
