@@ -38,6 +38,8 @@ pub mod secret;
 pub mod server;
 pub mod session;
 pub mod store;
+#[cfg(test)]
+mod test_skip;
 pub mod upstream;
 pub mod upstream_key;
 pub mod watch;

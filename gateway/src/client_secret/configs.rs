@@ -248,8 +248,7 @@ mod tests {
 
     #[tokio::test]
     async fn redis_entries_are_shared_and_expire() {
-        let Ok(url) = std::env::var("PATCHBAY_TEST_REDIS_URL") else {
-            println!("skipping: PATCHBAY_TEST_REDIS_URL is not set");
+        let Some(url) = crate::test_skip::redis_url("redis_entries_are_shared_and_expire") else {
             return;
         };
         let prefix = format!("test-{}:", crate::ids::short_id());

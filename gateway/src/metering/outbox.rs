@@ -508,8 +508,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_in_the_replays_round_trip_is_decided_by_the_store_not_dropped_by_the_bound() {
-        let Ok(url) = std::env::var("PATCHBAY_TEST_REDIS_URL") else {
-            println!("skipping: PATCHBAY_TEST_REDIS_URL is not set");
+        let Some(url) = crate::test_skip::redis_url(
+            "a_write_in_the_replays_round_trip_is_decided_by_the_store_not_dropped_by_the_bound",
+        ) else {
             return;
         };
         let proxy = crate::store::held_replies::HeldReplies::start(&url).await;

@@ -669,13 +669,7 @@ mod tests {
     }
 
     fn redis_url() -> Option<String> {
-        match std::env::var("PATCHBAY_TEST_REDIS_URL") {
-            Ok(u) if !u.is_empty() => Some(u),
-            _ => {
-                println!("skipping: PATCHBAY_TEST_REDIS_URL is not set");
-                None
-            }
-        }
+        crate::test_skip::redis_url("store::leases (a Redis-backed test)")
     }
 
     fn leases(url: &str) -> Leases {

@@ -73,10 +73,21 @@ pub fn redis_url(test: &str) -> Option<String> {
     match std::env::var(REDIS_ENV) {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            println!("skipping {test}: {REDIS_ENV} is not set (it points Redis-backed tests at a server)");
+            skipped(
+                test,
+                &format!("{REDIS_ENV} is not set (it points Redis-backed tests at a server)"),
+            );
             None
         }
     }
+}
+
+/// Prints `SKIPPED <test>: <why>` on the process's stderr itself, seen at
+/// the default verbosity: libtest captures a passing test's `println!` and
+/// `eprintln!`, so a skip said that way showed only with `--nocapture`.
+pub fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
 }
 
 pub async fn redis(url: &str) -> redis::aio::MultiplexedConnection {

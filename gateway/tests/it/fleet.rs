@@ -253,7 +253,7 @@ async fn with_redis_unreachable_the_cap_falls_back_to_the_process_and_leases_ret
         .output()
         .is_ok();
     if !has_server {
-        println!("skipping fleet fallback: no redis-server binary to stop and start");
+        skipped("fleet fallback", "no redis-server binary to stop and start");
         return;
     }
     let sim = sim(SimConfig::default()).await;

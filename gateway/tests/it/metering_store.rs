@@ -67,7 +67,7 @@ fn backends(test: &str) -> Vec<Backend> {
                 patchbay_gateway::ids::short_id()
             ),
         }),
-        _ => eprintln!("{test}: {REDIS_ENV} is not set; skipping the Redis half"),
+        _ => crate::common::skipped(test, &format!("{REDIS_ENV} is not set: the Redis half")),
     }
     out
 }

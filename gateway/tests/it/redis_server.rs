@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
 
-use crate::common::{free_port, WAIT};
+use crate::common::{free_port, skipped, WAIT};
 
 /// The `redis-server` binary, or `None` after printing why the test skips.
 pub fn binary(test: &str) -> Option<PathBuf> {
@@ -20,7 +20,10 @@ pub fn binary(test: &str) -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     if found.is_none() {
-        println!("skipping {test}: redis-server is not installed (apt-get install redis-server)");
+        skipped(
+            test,
+            "redis-server is not installed (apt-get install redis-server)",
+        );
     }
     found
 }
