@@ -37,4 +37,5 @@ pub mod session;
 pub mod store;
 pub mod upstream;
 pub mod upstream_key;
+pub mod usage_api;
 pub mod watch;
