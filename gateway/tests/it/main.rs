@@ -29,3 +29,4 @@ mod secret_files;
 mod store_outbox;
 mod store_tls;
 mod tls_and_config;
+mod usage;
