@@ -1,5 +1,7 @@
 //! The client listener's plain HTTP routes, on an axum router:
-//! `POST /v1/realtime/client_secrets`, and the answers for everything that
+//! `POST /v1/realtime/client_secrets`, the calls routes
+//! ([`crate::calls::api`]) and `GET /v1/patchbay/usage`
+//! ([`crate::usage_api`]) merged in, and the answers for everything that
 //! is not a WebSocket upgrade of `/v1/realtime` (which stays on the
 //! hand-rolled hyper path in `crate::server`, since the relay forwards
 //! frames undecoded).
@@ -50,6 +52,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let cors = cors_layer(&gw.config.server.cors_origins);
     r.fallback(not_found)
         .with_state(gw.clone())
+        .merge(crate::usage_api::router(gw.clone()))
         .merge(crate::calls::api::router(gw))
         .layer(cors)
 }

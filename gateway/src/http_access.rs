@@ -1,5 +1,5 @@
 //! The access line of a request the client listener's axum router answers
-//! (client secrets, calls, the 400/404/405 answers): what the request was
+//! (client secrets, calls, usage, the 400/404/405 answers): what the request was
 //! is taken before the router runs, and the line is written when its
 //! answer is ready, with the refusal's code the answer carries
 //! ([`crate::access::RefusalCode`]). The key id is the presented key's,

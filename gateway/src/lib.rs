@@ -42,4 +42,5 @@ pub mod store;
 mod test_skip;
 pub mod upstream;
 pub mod upstream_key;
+pub mod usage_api;
 pub mod watch;

@@ -92,7 +92,7 @@ pub struct TokenLabels {
     pub modality: String,
 }
 
-/// Client-secret refusals: `stage` is `mint` or `connect`.
+/// Client-secret refusals: `stage` is `mint`, `connect` or `usage`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SecretRefusalLabels {
     pub stage: String,

@@ -292,13 +292,37 @@ impl ClientSecrets {
         Err(refusal)
     }
 
-    async fn open_inner(
+    /// The parent key of a presented client secret and the secret's id
+    /// (`cs_…`), or the refusal (counted under `stage`) to answer with: the
+    /// signature, the expiry and the parent (enabled, and still the key
+    /// that minted it) are checked; the secret's model and its minted
+    /// config are not, so this is for requests that open nothing (the
+    /// usage answer).
+    pub fn parent_of(
         &self,
         presented: &Secret,
         keys: &KeySet,
-        requested_model: Option<&str>,
         now: SystemTime,
-    ) -> Result<(KeyEntry, Grant), (&'static str, Refusal)> {
+        stage: &str,
+    ) -> Result<(KeyEntry, String), Refusal> {
+        match self.verify_parent(presented, keys, now) {
+            Ok((parent, claims)) => Ok((parent, claims.id)),
+            Err((reason, refusal)) => {
+                self.count_refusal(stage, reason);
+                Err(refusal)
+            }
+        }
+    }
+
+    /// The secret's claims, if it is signed by a current key and unexpired,
+    /// and its parent key, if that is enabled and still the key that minted
+    /// it (a rotation gives the id another secret).
+    fn verify_parent(
+        &self,
+        presented: &Secret,
+        keys: &KeySet,
+        now: SystemTime,
+    ) -> Result<(KeyEntry, Claims), (&'static str, Refusal)> {
         let signing = self.keys();
         let claims = signing
             .verify(presented.expose(), unix_secs(now))
@@ -309,19 +333,25 @@ impl ClientSecrets {
                 };
                 (e.reason(), Refusal::unauthorized(message))
             })?;
-        // The parent by id, and still the key that minted the secret (a
-        // rotation gives the id another secret).
-        let parent = match keys.by_id(&claims.parent_key_id) {
-            Some(k) if !k.disabled && signing.binds(&claims, &k.sha256) => k.clone(),
-            _ => {
-                return Err((
-                    "parent_key_invalid",
-                    Refusal::unauthorized(
-                        "the key that minted this client secret is disabled, replaced or no longer exists",
-                    ),
-                ))
-            }
-        };
+        match keys.by_id(&claims.parent_key_id) {
+            Some(k) if !k.disabled && signing.binds(&claims, &k.sha256) => Ok((k.clone(), claims)),
+            _ => Err((
+                "parent_key_invalid",
+                Refusal::unauthorized(
+                    "the key that minted this client secret is disabled, replaced or no longer exists",
+                ),
+            )),
+        }
+    }
+
+    async fn open_inner(
+        &self,
+        presented: &Secret,
+        keys: &KeySet,
+        requested_model: Option<&str>,
+        now: SystemTime,
+    ) -> Result<(KeyEntry, Grant), (&'static str, Refusal)> {
+        let (parent, claims) = self.verify_parent(presented, keys, now)?;
         if let Some(m) = requested_model {
             if m != claims.model {
                 return Err(("model_mismatch", model_not_allowed(&claims.model, m)));

@@ -65,7 +65,8 @@ use crate::relay::Kill;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::{
-    window_position, AdmitCounts, AdmitQuery, Store, WindowCounts, DEFAULT_PREFIX, WINDOW,
+    window_position, AdmitCounts, AdmitQuery, BudgetKey, RpmWindow, Store, StoreError,
+    WindowCounts, DEFAULT_PREFIX, WINDOW,
 };
 use outbox::Outbox;
 
@@ -239,7 +240,11 @@ impl Metering {
         let counts = if key.rpm.is_some() || key.tpm.is_some() || !budgets.is_empty() {
             let q = AdmitQuery {
                 key_id: key.id.clone(),
-                count_request: key.rpm.is_some(),
+                rpm: if key.rpm.is_some() {
+                    RpmWindow::Count
+                } else {
+                    RpmWindow::Skip
+                },
                 read_tpm: key.tpm.is_some(),
                 budgets: budgets.iter().map(|(b, _)| b.clone()).collect(),
                 now,
@@ -310,6 +315,40 @@ impl Metering {
             }
         }
         Err(refusal)
+    }
+
+    /// What admission reads for `key`, counting nothing: the rpm window
+    /// (when the key has an rpm), the tpm window (when it has a tpm) and the
+    /// spend of each of `budgets`, in one bounded store round trip (the
+    /// usage answer). A failed or slow store is counted in
+    /// `patchbay_store_errors_total` and returned: unlike admission, a
+    /// reader is not answered with figures the store did not give.
+    pub async fn read_counts(
+        &self,
+        key: &KeyEntry,
+        budgets: Vec<BudgetKey>,
+        now: SystemTime,
+    ) -> Result<AdmitCounts, StoreError> {
+        let s = &self.shared;
+        let q = AdmitQuery {
+            key_id: key.id.clone(),
+            rpm: if key.rpm.is_some() {
+                RpmWindow::Read
+            } else {
+                RpmWindow::Skip
+            },
+            read_tpm: key.tpm.is_some(),
+            budgets,
+            now,
+        };
+        if q.rpm == RpmWindow::Skip && !q.read_tpm && q.budgets.is_empty() {
+            return Ok(AdmitCounts::default());
+        }
+        bounded(s.store.admit(&q), "usage").await.inspect_err(|e| {
+            s.metrics.store_errors.inc();
+            tracing::warn!(store = %s.store.describe(), error = %error_chain(e), key_id = %key.id,
+                "store call failed; the usage request is answered 503");
+        })
     }
 
     /// Starts metering a session: the tracker for the relay, the meter task

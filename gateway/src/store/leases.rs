@@ -343,6 +343,25 @@ impl Leases {
         self.lock().live.get(key_id).map_or(0, HashMap::len)
     }
 
+    /// One round trip: `key_id`'s live leases across the fleet (those
+    /// still unexpired at `now`), counted as [`ACQUIRE_SCRIPT`] counts them;
+    /// a read, nothing is pruned or written.
+    pub async fn live(&self, key_id: &str, now: SystemTime) -> Result<u64, StoreError> {
+        const OP: &str = "lease count";
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZCOUNT")
+            .arg(self.set_name(key_id))
+            .arg(format!("({}", unix_ms(now)))
+            .arg("+inf");
+        match self.run(OP, &pipe).await?.first() {
+            Some(Value::Int(n)) => Ok((*n).max(0) as u64),
+            other => Err(StoreError::Reply {
+                op: OP,
+                message: format!("not a count: {other:?}"),
+            }),
+        }
+    }
+
     fn end(&self, key_id: &str, lease_id: &str, remove: bool) {
         let mut s = self.lock();
         if let Some(ids) = s.live.get_mut(key_id) {

@@ -20,8 +20,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Replayed, Store,
-    StoreFuture, WindowCounts, FLUSH_MARK_TTL, WINDOW_TTL,
+    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Replayed,
+    RpmWindow, Store, StoreFuture, WindowCounts, FLUSH_MARK_TTL, WINDOW_TTL,
 };
 
 /// Calls between sweeps of expired entries.
@@ -102,8 +102,13 @@ impl MemoryStore {
         let (minute, _) = window_position(q.now);
         let mut s = self.lock();
         s.tick(now);
-        let rpm = q.count_request.then(|| WindowCounts {
-            current: s.incr_window(self.names.rpm(&q.key_id, minute), 1, now),
+        let rpm = match q.rpm {
+            RpmWindow::Skip => None,
+            RpmWindow::Read => Some(s.window(&self.names.rpm(&q.key_id, minute), now)),
+            RpmWindow::Count => Some(s.incr_window(self.names.rpm(&q.key_id, minute), 1, now)),
+        }
+        .map(|current| WindowCounts {
+            current,
             previous: s.window(&self.names.rpm(&q.key_id, minute.wrapping_sub(1)), now),
         });
         let tpm = q.read_tpm.then(|| WindowCounts {
@@ -216,7 +221,7 @@ mod tests {
     fn query(budgets: Vec<BudgetKey>, now: SystemTime) -> AdmitQuery {
         AdmitQuery {
             key_id: "k".into(),
-            count_request: true,
+            rpm: RpmWindow::Count,
             read_tpm: true,
             budgets,
             now,
@@ -236,6 +241,33 @@ mod tests {
             session_id: "up1".into(),
             seq,
         }
+    }
+
+    #[tokio::test]
+    async fn reading_the_rpm_window_counts_no_request() {
+        let s = MemoryStore::new();
+        let now = SystemTime::now();
+        let read = AdmitQuery {
+            rpm: RpmWindow::Read,
+            ..query(vec![], now)
+        };
+        assert_eq!(s.admit(&read).await.unwrap().rpm.unwrap().current, 0);
+        assert_eq!(
+            s.admit(&query(vec![], now))
+                .await
+                .unwrap()
+                .rpm
+                .unwrap()
+                .current,
+            1
+        );
+        assert_eq!(s.admit(&read).await.unwrap().rpm.unwrap().current, 1);
+        assert_eq!(s.admit(&read).await.unwrap().rpm.unwrap().current, 1);
+        let skip = AdmitQuery {
+            rpm: RpmWindow::Skip,
+            ..query(vec![], now)
+        };
+        assert_eq!(s.admit(&skip).await.unwrap().rpm, None);
     }
 
     #[tokio::test]

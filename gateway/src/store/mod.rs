@@ -134,7 +134,8 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 /// process (memory) or of every process (Redis).
 pub trait Store: Send + Sync + fmt::Debug {
     /// One round trip: counts one request in the key's rpm window (when
-    /// `count_request`), and reads the rpm window, the tpm window (when
+    /// [`RpmWindow::Count`]), and reads the rpm window (unless
+    /// [`RpmWindow::Skip`]), the tpm window (when
     /// `read_tpm`) and the budget counters.
     fn admit<'a>(&'a self, q: &'a AdmitQuery) -> StoreFuture<'a, AdmitCounts>;
 
@@ -201,11 +202,21 @@ pub struct BudgetKey {
     pub period: BudgetPeriod,
 }
 
+/// What [`Store::admit`] does with the key's rpm window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RpmWindow {
+    /// Neither count nor read it (the key has no rpm).
+    Skip,
+    /// Read it without counting a request (the usage answer).
+    Read,
+    /// Count this session as one request, then read it (admission).
+    Count,
+}
+
 #[derive(Debug, Clone)]
 pub struct AdmitQuery {
     pub key_id: String,
-    /// Count this session as one request (the key has an rpm).
-    pub count_request: bool,
+    pub rpm: RpmWindow,
     /// Read the tpm window (the key has a tpm).
     pub read_tpm: bool,
     pub budgets: Vec<BudgetKey>,
@@ -221,7 +232,7 @@ pub struct WindowCounts {
 
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct AdmitCounts {
-    /// With this request counted in `current`.
+    /// With this request counted in `current` ([`RpmWindow::Count`]).
     pub rpm: Option<WindowCounts>,
     pub tpm: Option<WindowCounts>,
     /// Spend so far, in the order of the query's budgets.

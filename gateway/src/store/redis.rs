@@ -49,8 +49,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Pipeline, Script, Value};
 
 use super::{
-    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Replayed, Store,
-    StoreError, StoreFuture, WindowCounts, CALL_TIMEOUT, FLUSH_MARK_TTL, WINDOW_TTL,
+    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Replayed,
+    RpmWindow, Store, StoreError, StoreFuture, WindowCounts, CALL_TIMEOUT, FLUSH_MARK_TTL,
+    WINDOW_TTL,
 };
 use crate::logs::FIELDS;
 
@@ -347,12 +348,20 @@ impl RedisStore {
         const OP: &str = "admit";
         let (minute, _) = window_position(q.now);
         let mut pipe = redis::pipe();
-        if q.count_request {
-            let cur = self.names.rpm(&q.key_id, minute);
-            pipe.incr(&cur, 1)
-                .expire(&cur, WINDOW_TTL.as_secs() as i64)
-                .ignore()
-                .get(self.names.rpm(&q.key_id, minute.wrapping_sub(1)));
+        let cur = self.names.rpm(&q.key_id, minute);
+        match q.rpm {
+            RpmWindow::Skip => {}
+            RpmWindow::Read => {
+                pipe.get(&cur);
+            }
+            RpmWindow::Count => {
+                pipe.incr(&cur, 1)
+                    .expire(&cur, WINDOW_TTL.as_secs() as i64)
+                    .ignore();
+            }
+        }
+        if q.rpm != RpmWindow::Skip {
+            pipe.get(self.names.rpm(&q.key_id, minute.wrapping_sub(1)));
         }
         if q.read_tpm {
             pipe.get(self.names.tpm(&q.key_id, minute))
@@ -369,7 +378,7 @@ impl RedisStore {
                 message: "fewer replies than commands".into(),
             })
         };
-        let rpm = if q.count_request {
+        let rpm = if q.rpm != RpmWindow::Skip {
             let current = int(OP, next()?)?;
             let previous = int(OP, next()?)?;
             Some(WindowCounts { previous, current })

@@ -30,3 +30,4 @@ mod skips;
 mod store_outbox;
 mod store_tls;
 mod tls_and_config;
+mod usage;
