@@ -20,6 +20,9 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
+/// The most a price may be, USD per 1M tokens: the gateway's own ceiling, published as each price
+/// field's `maximum`.
+pub use patchbay_config::MAX_PRICE_USD_PER_MILLION_TOKENS;
 /// The enums are the gateway's own (`patchbay-config`), so the CRD accepts exactly the words
 /// `gateway.toml` does; and the upstream URL used when an OpenAI route does not name one.
 pub use patchbay_config::{DrainMode, Protocol, Provider, Unpriced, OPENAI_REALTIME_URL};
@@ -342,23 +345,24 @@ impl Default for Metering {
     }
 }
 
-/// Prices of one model, USD per 1M tokens.
+/// Prices of one model, USD per 1M tokens, each from 0 to 1000000: the gateway refuses a larger
+/// one at start.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Price {
     #[schemars(length(min = 1))]
     pub model: String,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub text_input: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub cached_text_input: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub audio_input: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub cached_audio_input: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub text_output: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub audio_output: f64,
 }
 
@@ -627,6 +631,28 @@ mod tests {
         assert!(required.contains(&"model"));
         assert!(!required.contains(&"upstream"), "upstream or upstreams");
         assert!(required.contains(&"clientKeysSecretRef"));
+    }
+
+    #[test]
+    fn crd_schema_bounds_every_price_by_the_gateways_ceiling() {
+        let crd = crd_json();
+        let price = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["metering"]["properties"]["prices"]["items"]["properties"];
+        for field in [
+            "textInput",
+            "cachedTextInput",
+            "audioInput",
+            "cachedAudioInput",
+            "textOutput",
+            "audioOutput",
+        ] {
+            assert_eq!(price[field]["minimum"].as_f64(), Some(0.0), "{field}");
+            assert_eq!(
+                price[field]["maximum"].as_f64(),
+                Some(patchbay_config::MAX_PRICE_USD_PER_MILLION_TOKENS),
+                "{field}"
+            );
+        }
     }
 
     #[test]

@@ -11,8 +11,8 @@ use kube::ResourceExt;
 
 use crate::crd::{
     Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef, MAX_CLIENT_SECRET_TTL_SECONDS,
-    MAX_SECONDS, MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS, MIN_DRAIN_WAIT_SECONDS,
-    MIN_POOL_MAX_IDLE_SECONDS,
+    MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_SECONDS, MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS,
+    MIN_DRAIN_WAIT_SECONDS, MIN_POOL_MAX_IDLE_SECONDS,
 };
 use crate::error::{Error, Result};
 
@@ -275,13 +275,38 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
             )));
         }
     }
-    let models = spec.metering.prices.iter().map(|p| p.model.as_str());
+    check_prices(spec)
+}
+
+/// `metering.prices`: no model twice, and every rate a number from 0 to the gateway's ceiling
+/// ([`MAX_PRICE_USD_PER_MILLION_TOKENS`]). The gateway refuses a larger (or non-finite) price at
+/// start, so such a route would crash-loop its pods; the schema publishes the same `maximum`, and
+/// this check covers objects stored under an older schema and API servers that skip it.
+fn check_prices(spec: &RealtimeRouteSpec) -> Result<()> {
     let mut seen = std::collections::BTreeSet::new();
-    for model in models {
-        if !seen.insert(model) {
+    for (i, p) in spec.metering.prices.iter().enumerate() {
+        if !seen.insert(p.model.as_str()) {
             return Err(Error::InvalidSpec(format!(
-                "metering.prices lists model {model:?} twice"
+                "metering.prices lists model {:?} twice",
+                p.model
             )));
+        }
+        let rates = [
+            ("textInput", p.text_input),
+            ("cachedTextInput", p.cached_text_input),
+            ("audioInput", p.audio_input),
+            ("cachedAudioInput", p.cached_audio_input),
+            ("textOutput", p.text_output),
+            ("audioOutput", p.audio_output),
+        ];
+        for (field, rate) in rates {
+            if !(rate.is_finite() && (0.0..=MAX_PRICE_USD_PER_MILLION_TOKENS).contains(&rate)) {
+                return Err(Error::InvalidSpec(format!(
+                    "metering.prices[{i}].{field} {rate} (model {:?}) must be a number from 0 to \
+                     {MAX_PRICE_USD_PER_MILLION_TOKENS} USD per 1M tokens, the gateway's ceiling",
+                    p.model
+                )));
+            }
         }
     }
     Ok(())
@@ -546,6 +571,37 @@ mod tests {
                 let mut s = spec();
                 edit(&mut s, ok);
                 check_spec(&s).unwrap_or_else(|e| panic!("{field} {ok:?}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_price_above_the_gateways_ceiling_is_refused_naming_the_field() {
+        type Rate = fn(&mut crate::crd::Price) -> &mut f64;
+        let rates: [(&str, Rate); 6] = [
+            ("textInput", |p| &mut p.text_input),
+            ("cachedTextInput", |p| &mut p.cached_text_input),
+            ("audioInput", |p| &mut p.audio_input),
+            ("cachedAudioInput", |p| &mut p.cached_audio_input),
+            ("textOutput", |p| &mut p.text_output),
+            ("audioOutput", |p| &mut p.audio_output),
+        ];
+        for (field, rate) in rates {
+            for ok in [0.0, 64.0, MAX_PRICE_USD_PER_MILLION_TOKENS] {
+                let mut spec = fixtures::full_spec();
+                *rate(&mut spec.metering.prices[0]) = ok;
+                check_spec(&spec).unwrap_or_else(|e| panic!("{field} {ok}: {e}"));
+            }
+            let past = MAX_PRICE_USD_PER_MILLION_TOKENS * (1.0 + f64::EPSILON);
+            for bad in [past, 2e6, -0.5, f64::INFINITY, f64::NAN] {
+                let mut spec = fixtures::full_spec();
+                *rate(&mut spec.metering.prices[0]) = bad;
+                let msg = invalid(&spec);
+                assert!(
+                    msg.contains(&format!("metering.prices[0].{field} {bad}")),
+                    "{msg}"
+                );
+                assert!(msg.contains("1000000 USD per 1M tokens"), "{msg}");
             }
         }
     }
