@@ -12,7 +12,8 @@ use kube::ResourceExt;
 use crate::crd::{
     Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef, MAX_CLIENT_SECRET_TTL_SECONDS,
     MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_SECONDS, MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS,
-    MIN_DRAIN_WAIT_SECONDS, MIN_POOL_MAX_IDLE_SECONDS,
+    MIN_DRAIN_WAIT_SECONDS, MIN_POOL_MAX_IDLE_SECONDS, OPERATOR_ANNOTATION_PREFIX,
+    OPERATOR_POD_LABELS, POD_DELETION_COST_ANNOTATION,
 };
 use crate::error::{Error, Result};
 
@@ -253,6 +254,7 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
     check_seconds(spec)?;
     check_client_secrets(spec)?;
     check_secret_keys(spec)?;
+    check_pod_metadata(spec)?;
     let gw = &spec.gateway;
     let overrides = [
         (
@@ -267,6 +269,12 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
             "gateway.affinity",
             gw.affinity.as_ref().map(|a| a.get().err()),
         ),
+        (
+            "gateway.topologySpreadConstraints",
+            gw.topology_spread_constraints
+                .as_ref()
+                .map(|t| t.get().err()),
+        ),
     ];
     for (field, problem) in overrides {
         if let Some(Some(e)) = problem {
@@ -276,6 +284,35 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
         }
     }
     check_prices(spec)
+}
+
+/// `gateway.podLabels` and `gateway.podAnnotations` leave the operator's own keys alone: its labels
+/// select the route's pods (Deployment, Service, PDB, the deletion-cost keeper and the chart's
+/// admission policy), so a pod relabelled by a route would leave its own Deployment's selector or
+/// be taken for another route's; its annotations carry the config hash and the deletion cost.
+/// The CEL rules on the two maps say the same, for API servers that evaluate them.
+fn check_pod_metadata(spec: &RealtimeRouteSpec) -> Result<()> {
+    let gw = &spec.gateway;
+    if let Some(key) = gw
+        .pod_labels
+        .keys()
+        .find(|k| OPERATOR_POD_LABELS.contains(&k.as_str()))
+    {
+        return Err(Error::InvalidSpec(format!(
+            "gateway.podLabels sets {key:?}, one of the operator's own labels ({}), which select \
+             the route's gateway pods: remove it",
+            OPERATOR_POD_LABELS.join(", ")
+        )));
+    }
+    if let Some(key) = gw.pod_annotations.keys().find(|k| {
+        k.starts_with(OPERATOR_ANNOTATION_PREFIX) || k.as_str() == POD_DELETION_COST_ANNOTATION
+    }) {
+        return Err(Error::InvalidSpec(format!(
+            "gateway.podAnnotations sets {key:?}, which the operator owns (keys under \
+             {OPERATOR_ANNOTATION_PREFIX} and {POD_DELETION_COST_ANNOTATION}): remove it"
+        )));
+    }
+    Ok(())
 }
 
 /// `metering.prices`: no model twice, and every rate a number from 0 to the gateway's ceiling
@@ -397,6 +434,57 @@ mod tests {
             .to_string()
             .contains("gateway.tolerations"));
         check_spec(&fixtures::full_spec()).expect("the well-formed overrides pass");
+    }
+
+    #[test]
+    fn pod_labels_that_would_move_the_pods_out_of_the_selector_are_refused() {
+        for key in OPERATOR_POD_LABELS {
+            let mut spec = fixtures::full_spec();
+            spec.gateway.pod_labels.insert(key.into(), "other".into());
+            let msg = invalid(&spec);
+            assert!(
+                msg.contains(&format!("gateway.podLabels sets {key:?}")),
+                "{msg}"
+            );
+        }
+        let mut spec = fixtures::full_spec();
+        spec.gateway
+            .pod_labels
+            .insert("team".into(), "voice".into());
+        spec.gateway
+            .pod_labels
+            .insert("app.kubernetes.io/version".into(), "1.2".into());
+        check_spec(&spec).expect("other labels, even app.kubernetes.io/version, are the user's");
+    }
+
+    #[test]
+    fn pod_annotations_the_operator_owns_are_refused() {
+        for key in [
+            "patchbay.dev/config-hash",
+            "patchbay.dev/anything",
+            "controller.kubernetes.io/pod-deletion-cost",
+        ] {
+            let mut spec = fixtures::full_spec();
+            spec.gateway.pod_annotations.insert(key.into(), "1".into());
+            let msg = invalid(&spec);
+            assert!(
+                msg.contains(&format!("gateway.podAnnotations sets {key:?}")),
+                "{msg}"
+            );
+        }
+        let mut spec = fixtures::full_spec();
+        spec.gateway
+            .pod_annotations
+            .insert("prometheus.io/scrape".into(), "true".into());
+        check_spec(&spec).expect("other annotations are the user's");
+    }
+
+    #[test]
+    fn a_malformed_topology_spread_constraint_is_refused_on_its_route() {
+        let mut spec = fixtures::full_spec();
+        spec.gateway.topology_spread_constraints =
+            Some(serde_json::from_value(serde_json::json!([{"maxSkew": "one"}])).unwrap());
+        assert!(invalid(&spec).contains("gateway.topologySpreadConstraints"));
     }
 
     #[test]

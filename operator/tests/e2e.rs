@@ -1107,3 +1107,167 @@ async fn the_api_server_enforces_the_upstream_rules_and_a_listed_route_renders_l
     controller.await.expect("controller stops");
     delete_namespace(&client, &namespace).await;
 }
+
+// --- pod overrides and the price ceiling, on a real API server -------------------------------
+
+fn prices(text_input: f64) -> serde_json::Value {
+    serde_json::json!([{
+        "model": "gpt-realtime", "textInput": text_input, "cachedTextInput": 0.0,
+        "audioInput": 0.0, "cachedAudioInput": 0.0, "textOutput": 0.0, "audioOutput": 0.0
+    }])
+}
+
+#[tokio::test]
+#[ignore = "needs PATCHBAY_E2E_KUBECONFIG (a throwaway cluster); see docs/operator.md"]
+async fn pod_overrides_reach_the_pods_and_the_api_server_refuses_operator_keys_and_prices_past_the_ceiling(
+) {
+    let client = client_from(&kubeconfig()).await;
+    install_crds(&client).await;
+    let namespace = fresh_namespace(&client, "patchbay-e2e-pod").await;
+    let routes: Api<RealtimeRoute> = Api::namespaced(client.clone(), &namespace);
+    // Untyped, so that a value the Rust types cannot hold (an unknown enum word) reaches the
+    // API server as written.
+    let resource = kube::api::ApiResource::erase::<RealtimeRoute>(&());
+    let untyped: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &resource);
+    let create = |name: &'static str, spec: serde_json::Value| {
+        let untyped = untyped.clone();
+        async move {
+            let r: kube::api::DynamicObject =
+                serde_json::from_value(route_json(name, spec)).unwrap();
+            untyped.create(&PostParams::default(), &r).await
+        }
+    };
+    let one = serde_json::json!({"apiKeySecretRef": {"name": "openai", "key": "api-key"}});
+
+    // Refused at admission: the CRD's schema and CEL rules, as the API server evaluates them.
+    for (name, spec, message) in [
+        (
+            "selector-label",
+            serde_json::json!({"upstream": one, "gateway": {"podLabels": {"app.kubernetes.io/instance": "other"}}}),
+            "gateway.podLabels cannot set the operator's",
+        ),
+        (
+            "hash-annotation",
+            serde_json::json!({"upstream": one, "gateway": {"podAnnotations": {"patchbay.dev/config-hash": "x"}}}),
+            "gateway.podAnnotations cannot set",
+        ),
+        (
+            "cost-annotation",
+            serde_json::json!({"upstream": one, "gateway": {"podAnnotations": {"controller.kubernetes.io/pod-deletion-cost": "9"}}}),
+            "gateway.podAnnotations cannot set",
+        ),
+        (
+            "price",
+            serde_json::json!({"upstream": one, "metering": {"prices": prices(1_000_001.0)}}),
+            "spec.metering.prices[0].textInput",
+        ),
+        (
+            "pull-policy",
+            serde_json::json!({"upstream": one, "gateway": {"imagePullPolicy": "Sometimes"}}),
+            "spec.gateway.imagePullPolicy",
+        ),
+    ] {
+        match create(name, spec).await {
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{name}: {e:?}");
+                assert!(e.message.contains(message), "{name}: {}", e.message);
+            }
+            other => panic!("{name}: the API server accepted it: {other:?}"),
+        }
+    }
+
+    // Admitted: the ceiling itself, and every pod override; the operator renders them into the
+    // Deployment, and the ReplicaSet controller's pods carry them (no kubelet needed: the pods
+    // exist, Pending).
+    let class: k8s_openapi::api::scheduling::v1::PriorityClass =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": "patchbay-e2e-realtime"}, "value": 1000
+        }))
+        .unwrap();
+    Api::<k8s_openapi::api::scheduling::v1::PriorityClass>::all(client.clone())
+        .patch(
+            "patchbay-e2e-realtime",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&class),
+        )
+        .await
+        .expect("a PriorityClass");
+    create(
+        "pods",
+        serde_json::json!({
+            "upstream": one,
+            "metering": {"prices": prices(1_000_000.0)},
+            "gateway": {
+                "imagePullPolicy": "Never",
+                "imagePullSecrets": [{"name": "regcred"}],
+                "priorityClassName": "patchbay-e2e-realtime",
+                "podLabels": {"team": "voice", "app.kubernetes.io/version": "e2e"},
+                "podAnnotations": {"example.com/owner": "voice-team"},
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                               "whenUnsatisfiable": "ScheduleAnyway"}]
+            }
+        }),
+    )
+    .await
+    .expect("a route at the price ceiling with pod overrides is admitted");
+    let (shutdown, controller) = run_controller(&client, &namespace);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    let pod = eventually("a gateway pod of the route", || async {
+        let list = pods
+            .list(&kube::api::ListParams::default().labels("app.kubernetes.io/instance=pods"))
+            .await
+            .ok()?;
+        list.items.into_iter().next()
+    })
+    .await;
+    let labels = pod.labels();
+    assert_eq!(labels["team"], "voice");
+    assert_eq!(labels["app.kubernetes.io/version"], "e2e");
+    assert_eq!(labels["app.kubernetes.io/name"], "patchbay-gateway");
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "patchbay-operator");
+    assert_eq!(pod.annotations()["example.com/owner"], "voice-team");
+    assert!(pod.annotations().contains_key("patchbay.dev/config-hash"));
+    let spec = pod.spec.expect("pod spec");
+    assert_eq!(
+        spec.priority_class_name.as_deref(),
+        Some("patchbay-e2e-realtime")
+    );
+    assert_eq!(
+        spec.priority,
+        Some(1000),
+        "the Priority admission resolved it"
+    );
+    assert_eq!(spec.image_pull_secrets.unwrap()[0].name, "regcred");
+    assert_eq!(
+        spec.containers[0].image_pull_policy.as_deref(),
+        Some("Never")
+    );
+    let spread = spec.topology_spread_constraints.expect("spread");
+    assert_eq!(
+        spread[0]
+            .label_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap()["app.kubernetes.io/instance"],
+        "pods",
+        "a constraint without a selector spreads the route's own pods"
+    );
+    let status = eventually("the route to be reconciled", || async {
+        let r = routes.get("pods").await.ok()?;
+        let status = r.status?;
+        (status.observed_generation == r.metadata.generation).then_some(status)
+    })
+    .await;
+    assert!(status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Degraded" && c.status == "False"));
+
+    shutdown.cancel();
+    controller.await.expect("controller stops");
+    delete_namespace(&client, &namespace).await;
+}
