@@ -11,6 +11,7 @@
 //! them when it applies). Documents of other kinds (the Secrets of `examples/secrets.yaml`, say)
 //! are skipped, so a file that creates a route's Secrets beside it renders too.
 
+use kube::Resource;
 use serde::Deserialize;
 
 use crate::build::{desired, BuildInput, Desired};
@@ -31,6 +32,8 @@ pub enum RenderError {
         #[source]
         source: serde_yaml::Error,
     },
+    #[error("document {doc}: RealtimeRoute of apiVersion {found:?}: this operator serves {GROUP}/v1alpha1")]
+    UnknownVersion { doc: usize, found: String },
     #[error("document {doc}: a RealtimeRoute needs metadata.name")]
     Unnamed { doc: usize },
     #[error("document {doc}: RealtimeRoute {name}: {source}")]
@@ -65,6 +68,13 @@ pub fn render(text: &str, input: &RenderInput<'_>) -> Result<String, RenderError
         if value.is_null() || !is_route(&value) {
             continue;
         }
+        let version = value["apiVersion"].as_str().unwrap_or_default();
+        if version != RealtimeRoute::api_version(&()) {
+            return Err(RenderError::UnknownVersion {
+                doc,
+                found: version.to_string(),
+            });
+        }
         let mut route: RealtimeRoute = serde_yaml::from_value(value)
             .map_err(|source| RenderError::NotARoute { doc, source })?;
         let Some(name) = route.metadata.name.clone() else {
@@ -98,8 +108,8 @@ pub fn render(text: &str, input: &RenderInput<'_>) -> Result<String, RenderError
     Ok(out)
 }
 
-/// `kind: RealtimeRoute` of this API group (any version: a wrong version fails to decode with a
-/// message, rather than being skipped in silence).
+/// `kind: RealtimeRoute` of this API group, in any version: one this operator does not serve is
+/// refused by name rather than skipped in silence.
 fn is_route(doc: &serde_yaml::Value) -> bool {
     let group_matches = doc["apiVersion"]
         .as_str()
@@ -243,6 +253,10 @@ spec:
             (
                 &ROUTE.replace("peakConcurrency: 10", "metering: {prices: [{model: m, textInput: 2e6, cachedTextInput: 0, audioInput: 0, cachedAudioInput: 0, textOutput: 0, audioOutput: 0}]}"),
                 "document 1: RealtimeRoute voice: invalid spec: metering.prices[0].textInput",
+            ),
+            (
+                &ROUTE.replace("patchbay.dev/v1alpha1", "patchbay.dev/v2"),
+                "document 1: RealtimeRoute of apiVersion \"patchbay.dev/v2\": this operator serves patchbay.dev/v1alpha1",
             ),
             (
                 &format!("---\n{}", ROUTE.replace("name: voice}", "name: Voice}")),
