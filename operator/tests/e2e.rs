@@ -197,12 +197,43 @@ async fn a_route_on_a_real_cluster_gets_its_children_status_pool_resizes_and_cle
     })
     .await;
     assert!(owned_by(gateway_cm.owner_references(), &route));
-    assert!(gateway_cm.data.unwrap()["gateway.toml"].contains("[drain]"));
+    assert!(gateway_cm.data.as_ref().unwrap()["gateway.toml"].contains("[drain]"));
     let deployment = eventually("the Deployment", || async {
         deployments.get_opt(&gateway).await.ok().flatten()
     })
     .await;
     assert!(owned_by(deployment.owner_references(), &route));
+
+    // `patchbay-operator render` of the same file printed what the controller applied: the same
+    // gateway.toml and pool size, and the same config hash on the pod template.
+    let example = std::fs::read_to_string(repo("examples/realtimeroute.yaml")).unwrap();
+    let rendered = patchbay_operator::render::render(
+        &example,
+        &patchbay_operator::render::RenderInput {
+            namespace: &namespace,
+            default_image: "patchbay/gateway:0.1.0",
+        },
+    )
+    .expect("the example renders");
+    let rendered: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&rendered)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .filter(|d| !d.is_null())
+        .collect();
+    let rendered_cm: ConfigMap = serde_yaml::from_value(rendered[0].clone()).unwrap();
+    assert_eq!(rendered_cm.metadata.name.as_deref(), Some(gateway.as_str()));
+    assert_eq!(
+        rendered_cm.data, gateway_cm.data,
+        "render prints the applied gateway.toml"
+    );
+    let applied_pool = config_maps.get(&pool).await.unwrap();
+    let rendered_pool: ConfigMap = serde_yaml::from_value(rendered[1].clone()).unwrap();
+    assert_eq!(rendered_pool.data, applied_pool.data);
+    let rendered_deployment: Deployment = serde_yaml::from_value(rendered[2].clone()).unwrap();
+    assert_eq!(
+        template_hash(&rendered_deployment),
+        template_hash(&deployment)
+    );
+    assert!(template_hash(&deployment).is_some());
     let service = eventually("the Service", || async {
         services.get_opt(&name).await.ok().flatten()
     })
