@@ -41,6 +41,13 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/patchbay-gateway /usr/local/bin/patchbay-gateway
 USER 65532:65532
 # 8080: clients (WebSocket). 9090: admin (/metrics, /healthz, /readyz).
+# The gateway's own defaults listen on 127.0.0.1, which a container's published
+# port (`docker run -p 8080:8080`) cannot reach; in the image both listeners
+# take every interface. These are the gateway's env overrides, so they beat a
+# mounted config file's [server] listen and admin_listen: set the variables to
+# move them. The operator's pods render the same addresses in gateway.toml.
+ENV PATCHBAY_SERVER_LISTEN=0.0.0.0:8080 \
+    PATCHBAY_SERVER_ADMIN_LISTEN=0.0.0.0:9090
 EXPOSE 8080 9090
 ENTRYPOINT ["/usr/local/bin/patchbay-gateway"]
 CMD ["serve"]

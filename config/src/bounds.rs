@@ -26,6 +26,7 @@ pub const MAX_CLIENT_SECRET_TTL_SECS: u64 = 7200;
 /// rate is under 100 USD per 1M tokens, so this never refuses a real price; a larger value is a
 /// typo (or a unit mistake), and the ceiling keeps every cost finite: the largest usage a turn can
 /// report (`u64::MAX` tokens, about 1.8e19) at this rate is about 1.8e19 USD per price column,
-/// far below `f64::MAX`. Enforced by the gateway's loader (and its cost arithmetic); the
-/// operator's CRD schema and validation do not publish it yet.
+/// far below `f64::MAX`. Enforced by the gateway's loader (and its cost arithmetic), published as
+/// the `maximum` of every price field of the operator's CRD, and checked by the operator's
+/// validation, so a route the gateway would refuse at start is refused before any pod runs.
 pub const MAX_PRICE_USD_PER_MILLION_TOKENS: f64 = 1_000_000.0;

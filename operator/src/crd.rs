@@ -15,11 +15,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
+/// The most a price may be, USD per 1M tokens: the gateway's own ceiling, published as each price
+/// field's `maximum`.
+pub use patchbay_config::MAX_PRICE_USD_PER_MILLION_TOKENS;
 /// The enums are the gateway's own (`patchbay-config`), so the CRD accepts exactly the words
 /// `gateway.toml` does; and the upstream URL used when an OpenAI route does not name one.
 pub use patchbay_config::{DrainMode, Protocol, Provider, Unpriced, OPENAI_REALTIME_URL};
@@ -342,23 +347,24 @@ impl Default for Metering {
     }
 }
 
-/// Prices of one model, USD per 1M tokens.
+/// Prices of one model, USD per 1M tokens, each from 0 to 1000000: the gateway refuses a larger
+/// one at start.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Price {
     #[schemars(length(min = 1))]
     pub model: String,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub text_input: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub cached_text_input: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub audio_input: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub cached_audio_input: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub text_output: f64,
-    #[schemars(range(min = 0.0))]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub audio_output: f64,
 }
 
@@ -394,15 +400,39 @@ impl Default for Drain {
 }
 
 /// Pod-level overrides of the gateway Deployment.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayPod {
     /// Gateway image; defaults to the operator's `--gateway-image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// `Always`, `IfNotPresent` or `Never`; unset, Kubernetes decides from the image's tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Secrets (`kubernetes.io/dockerconfigjson`) in the route's namespace that the kubelet uses
+    /// to pull the gateway image; the operator never reads them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<PullSecretRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "open_object")]
     pub resources: Option<Open<ResourceRequirements>>,
+    /// PriorityClass of the gateway pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+    /// Extra labels on the gateway pods. The operator's own labels (`app.kubernetes.io/name`,
+    /// `instance`, `component`, `part-of`, `managed-by`) select the route's pods and cannot be
+    /// set here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_POD_METADATA_ENTRIES))]
+    #[x_kube(validation = Rule::new(POD_LABELS_RULE).message("gateway.podLabels cannot set the operator's app.kubernetes.io/name, instance, component, part-of or managed-by labels"))]
+    pub pod_labels: BTreeMap<String, String>,
+    /// Extra annotations on the gateway pods. Keys under `patchbay.dev/` and
+    /// `controller.kubernetes.io/pod-deletion-cost` are the operator's and cannot be set here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_POD_METADATA_ENTRIES))]
+    #[x_kube(validation = Rule::new(POD_ANNOTATIONS_RULE).message("gateway.podAnnotations cannot set patchbay.dev/ annotations or controller.kubernetes.io/pod-deletion-cost"))]
+    pub pod_annotations: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -411,7 +441,63 @@ pub struct GatewayPod {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "open_object")]
     pub affinity: Option<Open<Affinity>>,
+    /// How the gateway pods spread across zones or nodes. A constraint without a
+    /// `labelSelector` gets the route's pod selector (this route's gateway pods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "open_object_list")]
+    pub topology_spread_constraints: Option<Open<Vec<TopologySpreadConstraint>>>,
 }
+
+/// The gateway container's `imagePullPolicy`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ImagePullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    /// The word Kubernetes spells it with.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "Always",
+            Self::IfNotPresent => "IfNotPresent",
+            Self::Never => "Never",
+        }
+    }
+}
+
+/// A Secret in the route's namespace, by name (a pod's `imagePullSecrets[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct PullSecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// The labels the operator puts on every gateway pod: the Deployment's selector
+/// (`name`, `instance`), the Service's, the PDB's and the deletion-cost keeper's (`managed-by`).
+/// `gateway.podLabels` cannot set them (CEL and `validate`).
+pub const OPERATOR_POD_LABELS: [&str; 5] = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+];
+/// CEL: no key of `gateway.podLabels` is one of [`OPERATOR_POD_LABELS`].
+pub const POD_LABELS_RULE: &str = "self.all(k, !(k in ['app.kubernetes.io/name', \
+     'app.kubernetes.io/instance', 'app.kubernetes.io/component', 'app.kubernetes.io/part-of', \
+     'app.kubernetes.io/managed-by']))";
+/// Annotation keys under this prefix are the operator's (the config hash).
+pub const OPERATOR_ANNOTATION_PREFIX: &str = "patchbay.dev/";
+/// The annotation the deletion-cost keeper sets on each gateway pod.
+pub const POD_DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// CEL: no key of `gateway.podAnnotations` is the operator's.
+pub const POD_ANNOTATIONS_RULE: &str = "self.all(k, !k.startsWith('patchbay.dev/') && \
+     k != 'controller.kubernetes.io/pod-deletion-cost')";
+/// The most entries of `gateway.podLabels` or `gateway.podAnnotations` (`maxProperties`): it also
+/// bounds the CEL rules' cost.
+pub const MAX_POD_METADATA_ENTRIES: u32 = 64;
 
 /// A Kubernetes type the CRD publishes as an open object
 /// (`x-kubernetes-preserve-unknown-fields`): kept as the JSON the API server
@@ -627,6 +713,28 @@ mod tests {
         assert!(required.contains(&"model"));
         assert!(!required.contains(&"upstream"), "upstream or upstreams");
         assert!(required.contains(&"clientKeysSecretRef"));
+    }
+
+    #[test]
+    fn crd_schema_bounds_every_price_by_the_gateways_ceiling() {
+        let crd = crd_json();
+        let price = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["metering"]["properties"]["prices"]["items"]["properties"];
+        for field in [
+            "textInput",
+            "cachedTextInput",
+            "audioInput",
+            "cachedAudioInput",
+            "textOutput",
+            "audioOutput",
+        ] {
+            assert_eq!(price[field]["minimum"].as_f64(), Some(0.0), "{field}");
+            assert_eq!(
+                price[field]["maximum"].as_f64(),
+                Some(patchbay_config::MAX_PRICE_USD_PER_MILLION_TOKENS),
+                "{field}"
+            );
+        }
     }
 
     #[test]

@@ -129,6 +129,24 @@ pub fn full_spec() -> RealtimeRouteSpec {
                 }]}
             }))
             .expect("affinity"))),
+            image_pull_policy: Some(crate::crd::ImagePullPolicy::IfNotPresent),
+            image_pull_secrets: vec![crate::crd::PullSecretRef {
+                name: "regcred".into(),
+            }],
+            priority_class_name: Some("realtime-critical".into()),
+            pod_labels: BTreeMap::from([("team".into(), "voice".into())]),
+            pod_annotations: BTreeMap::from([(
+                "prometheus.io/scrape".into(),
+                "true".into(),
+            )]),
+            topology_spread_constraints: Some(Open::new(&vec![serde_json::from_value::<
+                k8s_openapi::api::core::v1::TopologySpreadConstraint,
+            >(json!({
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway"
+            }))
+            .expect("topology spread constraint")])),
         },
         client_secrets: Some(ClientSecrets {
             signing_keys_secret_ref: SigningKeysRef {

@@ -3,7 +3,7 @@
 //!
 //! Layout, in reconcile order: [`crd`] (the resource), [`validate`], [`build`] (pure builders,
 //! with [`gateway_config`] and [`pool`]), [`apply`] (server-side apply), [`status`], [`events`];
-//! [`controller`] wires them to the watches. [`leader`] is the Lease-based leader election,
+//! [`controller`] wires them to the watches; [`render`] runs the same stages on a file, offline. [`leader`] is the Lease-based leader election,
 //! [`metrics`] and [`http`] the operator's own `/metrics` and `/healthz`. [`deletion_cost`] keeps
 //! each gateway pod's deletion cost at its live sessions, so scale-down spares busy pods.
 
@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod ownership;
 pub mod pods;
 pub mod pool;
+pub mod render;
 pub mod status;
 pub mod validate;
 

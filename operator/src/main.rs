@@ -1,6 +1,8 @@
-//! `patchbay-operator`: `run` the controller, or print the `crd`.
+//! `patchbay-operator`: `run` the controller, print the `crd`, or `render` a route's children
+//! offline.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -9,6 +11,7 @@ use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use kube::Client;
 use patchbay_operator::leader::{self, LeaderElector};
 use patchbay_operator::metrics::Metrics;
+use patchbay_operator::render::RenderInput;
 use patchbay_operator::{controller, deletion_cost};
 use patchbay_operator::{crd, http, Context};
 use prometheus_client::registry::Registry;
@@ -32,7 +35,32 @@ enum Command {
     Run(RunArgs),
     /// Print the RealtimeRoute CustomResourceDefinition as YAML.
     Crd,
+    /// Print the objects the operator would apply for the routes in a file, as YAML, without
+    /// an API server (exit 2 on a file it cannot render).
+    Render(RenderArgs),
 }
+
+#[derive(clap::Args, Debug)]
+struct RenderArgs {
+    /// File with one or more RealtimeRoutes (other kinds are skipped); `-` reads stdin.
+    #[arg(short = 'f', long = "filename")]
+    file: PathBuf,
+    /// Namespace of a route that names none.
+    #[arg(short = 'n', long, default_value = "default")]
+    namespace: String,
+    /// Gateway image for routes that do not set spec.gateway.image.
+    #[arg(
+        long,
+        env = "PATCHBAY_GATEWAY_IMAGE",
+        default_value = DEFAULT_GATEWAY_IMAGE
+    )]
+    gateway_image: String,
+}
+
+/// The gateway image of a route that names none, unless `--gateway-image` says otherwise.
+const DEFAULT_GATEWAY_IMAGE: &str = "patchbay/gateway:0.1.0";
+/// Exit code of `render` for a file it cannot read or render.
+const EXIT_BAD_INPUT: u8 = 2;
 
 #[derive(clap::Args, Debug)]
 struct RunArgs {
@@ -40,7 +68,7 @@ struct RunArgs {
     #[arg(
         long,
         env = "PATCHBAY_GATEWAY_IMAGE",
-        default_value = "patchbay/gateway:0.1.0"
+        default_value = DEFAULT_GATEWAY_IMAGE
     )]
     gateway_image: String,
     /// Watch only this namespace (default: all namespaces).
@@ -88,6 +116,7 @@ fn main() -> ExitCode {
             print!("{}", crd::crd_yaml());
             ExitCode::SUCCESS
         }
+        Command::Render(args) => render(&args),
         Command::Run(args) => {
             init_tracing(args.log_format);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -107,6 +136,37 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// `render`: the file's routes' children on stdout, or why not on stderr with exit 2.
+fn render(args: &RenderArgs) -> ExitCode {
+    let shown = args.file.display();
+    let text = if args.file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(&args.file)
+    };
+    let text = match text {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("patchbay-operator render: cannot read {shown}: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    let input = RenderInput {
+        namespace: &args.namespace,
+        default_image: &args.gateway_image,
+    };
+    match patchbay_operator::render::render(&text, &input) {
+        Ok(yaml) => {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("patchbay-operator render: {shown}: {e}");
+            ExitCode::from(EXIT_BAD_INPUT)
         }
     }
 }
@@ -253,7 +313,7 @@ mod tests {
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).unwrap().command {
             Command::Run(args) => args,
-            Command::Crd => unreachable!(),
+            other => unreachable!("{other:?}"),
         }
     }
 
@@ -273,6 +333,18 @@ mod tests {
         assert!(parse(&["--leader-election"]).leader_election);
         assert!(parse(&["--leader-election=true"]).leader_election);
         assert!(!parse(&["--leader-election=false"]).leader_election);
+    }
+
+    #[test]
+    fn render_takes_a_file_a_namespace_and_the_run_default_image() {
+        let cli = Cli::try_parse_from(["patchbay-operator", "render", "-f", "route.yaml"]).unwrap();
+        let Command::Render(args) = cli.command else {
+            panic!("render is a subcommand");
+        };
+        assert_eq!(args.file, PathBuf::from("route.yaml"));
+        assert_eq!(args.namespace, "default");
+        assert_eq!(args.gateway_image, parse(&[]).gateway_image);
+        assert!(Cli::try_parse_from(["patchbay-operator", "render"]).is_err());
     }
 
     #[test]

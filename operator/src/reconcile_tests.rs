@@ -1127,3 +1127,73 @@ async fn a_failed_look_into_the_pods_keeps_the_last_diagnosis_and_the_reconcile_
     assert_eq!(action, Action::requeue(NOT_READY_RESYNC_INTERVAL));
     server.expect_silence().await;
 }
+
+/// Reconcile a new route whose spec the operator refuses: `Degraded=True/InvalidSpec` with a
+/// message containing `why`, a `Warning` event, and nothing applied.
+async fn an_unservable_spec_applies_nothing(spec: RealtimeRouteSpec, why: &str) {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = Arc::new(fixtures::route(spec));
+    let task = tokio::spawn(reconcile(route.clone(), ctx));
+
+    let (_, reply) = server.expect(Method::GET, &apps(&gw())).await;
+    reply.not_found("deployment");
+    assert_eq!(
+        server.expect_event().await,
+        ("Warning".into(), "InvalidSpec".into())
+    );
+    let degraded = expect_degraded(&mut server, &route, &status_path(), "InvalidSpec").await;
+    let message = degraded["message"].as_str().unwrap();
+    assert!(message.contains(why), "{message}");
+    let error = task.await.unwrap().expect_err("an unservable spec fails");
+    assert_eq!(error.reason(), "InvalidSpec");
+    server.expect_silence().await;
+}
+
+#[tokio::test]
+async fn a_pod_label_that_would_move_the_pods_out_of_the_selector_is_invalid_and_applies_nothing() {
+    let mut spec = fixtures::autoscaled_spec();
+    spec.gateway
+        .pod_labels
+        .insert("app.kubernetes.io/instance".into(), "other".into());
+    an_unservable_spec_applies_nothing(
+        spec,
+        "gateway.podLabels sets \"app.kubernetes.io/instance\"",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_price_the_gateway_would_refuse_at_start_is_invalid_and_applies_nothing() {
+    let mut spec = fixtures::full_spec();
+    spec.metering.prices[0].audio_output = 2e6;
+    an_unservable_spec_applies_nothing(spec, "metering.prices[0].audioOutput 2000000").await;
+}
+
+#[tokio::test]
+async fn pod_overrides_are_applied_on_the_deployments_pod_template() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let route = fixtures::route(fixtures::full_spec());
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+
+    observe(&mut server, None, &route.spec).await;
+    let Applied { deployment, .. } = expect_applied_through_deployment(&mut server, 2, 0).await;
+    let template = &deployment["spec"]["template"];
+    assert_eq!(template["metadata"]["labels"]["team"], "voice");
+    assert_eq!(
+        template["metadata"]["labels"]["app.kubernetes.io/instance"],
+        ROUTE_NAME
+    );
+    assert_eq!(
+        template["metadata"]["annotations"]["prometheus.io/scrape"],
+        "true"
+    );
+    let pod = &template["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+    assert_eq!(pod["priorityClassName"], "realtime-critical");
+    assert_eq!(pod["containers"][0]["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(
+        pod["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"],
+        json!({"app.kubernetes.io/instance": ROUTE_NAME, "app.kubernetes.io/name": "patchbay-gateway"})
+    );
+    task.abort();
+}

@@ -11,8 +11,9 @@ use kube::ResourceExt;
 
 use crate::crd::{
     Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef, MAX_CLIENT_SECRET_TTL_SECONDS,
-    MAX_SECONDS, MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS, MIN_DRAIN_WAIT_SECONDS,
-    MIN_POOL_MAX_IDLE_SECONDS,
+    MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_SECONDS, MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS,
+    MIN_DRAIN_WAIT_SECONDS, MIN_POOL_MAX_IDLE_SECONDS, OPERATOR_ANNOTATION_PREFIX,
+    OPERATOR_POD_LABELS, POD_DELETION_COST_ANNOTATION,
 };
 use crate::error::{Error, Result};
 
@@ -253,6 +254,7 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
     check_seconds(spec)?;
     check_client_secrets(spec)?;
     check_secret_keys(spec)?;
+    check_pod_metadata(spec)?;
     let gw = &spec.gateway;
     let overrides = [
         (
@@ -267,6 +269,12 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
             "gateway.affinity",
             gw.affinity.as_ref().map(|a| a.get().err()),
         ),
+        (
+            "gateway.topologySpreadConstraints",
+            gw.topology_spread_constraints
+                .as_ref()
+                .map(|t| t.get().err()),
+        ),
     ];
     for (field, problem) in overrides {
         if let Some(Some(e)) = problem {
@@ -275,13 +283,67 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
             )));
         }
     }
-    let models = spec.metering.prices.iter().map(|p| p.model.as_str());
+    check_prices(spec)
+}
+
+/// `gateway.podLabels` and `gateway.podAnnotations` leave the operator's own keys alone: its labels
+/// select the route's pods (Deployment, Service, PDB, the deletion-cost keeper and the chart's
+/// admission policy), so a pod relabelled by a route would leave its own Deployment's selector or
+/// be taken for another route's; its annotations carry the config hash and the deletion cost.
+/// The CEL rules on the two maps say the same, for API servers that evaluate them.
+fn check_pod_metadata(spec: &RealtimeRouteSpec) -> Result<()> {
+    let gw = &spec.gateway;
+    if let Some(key) = gw
+        .pod_labels
+        .keys()
+        .find(|k| OPERATOR_POD_LABELS.contains(&k.as_str()))
+    {
+        return Err(Error::InvalidSpec(format!(
+            "gateway.podLabels sets {key:?}, one of the operator's own labels ({}), which select \
+             the route's gateway pods: remove it",
+            OPERATOR_POD_LABELS.join(", ")
+        )));
+    }
+    if let Some(key) = gw.pod_annotations.keys().find(|k| {
+        k.starts_with(OPERATOR_ANNOTATION_PREFIX) || k.as_str() == POD_DELETION_COST_ANNOTATION
+    }) {
+        return Err(Error::InvalidSpec(format!(
+            "gateway.podAnnotations sets {key:?}, which the operator owns (keys under \
+             {OPERATOR_ANNOTATION_PREFIX} and {POD_DELETION_COST_ANNOTATION}): remove it"
+        )));
+    }
+    Ok(())
+}
+
+/// `metering.prices`: no model twice, and every rate a number from 0 to the gateway's ceiling
+/// ([`MAX_PRICE_USD_PER_MILLION_TOKENS`]). The gateway refuses a larger (or non-finite) price at
+/// start, so such a route would crash-loop its pods; the schema publishes the same `maximum`, and
+/// this check covers objects stored under an older schema and API servers that skip it.
+fn check_prices(spec: &RealtimeRouteSpec) -> Result<()> {
     let mut seen = std::collections::BTreeSet::new();
-    for model in models {
-        if !seen.insert(model) {
+    for (i, p) in spec.metering.prices.iter().enumerate() {
+        if !seen.insert(p.model.as_str()) {
             return Err(Error::InvalidSpec(format!(
-                "metering.prices lists model {model:?} twice"
+                "metering.prices lists model {:?} twice",
+                p.model
             )));
+        }
+        let rates = [
+            ("textInput", p.text_input),
+            ("cachedTextInput", p.cached_text_input),
+            ("audioInput", p.audio_input),
+            ("cachedAudioInput", p.cached_audio_input),
+            ("textOutput", p.text_output),
+            ("audioOutput", p.audio_output),
+        ];
+        for (field, rate) in rates {
+            if !(rate.is_finite() && (0.0..=MAX_PRICE_USD_PER_MILLION_TOKENS).contains(&rate)) {
+                return Err(Error::InvalidSpec(format!(
+                    "metering.prices[{i}].{field} {rate} (model {:?}) must be a number from 0 to \
+                     {MAX_PRICE_USD_PER_MILLION_TOKENS} USD per 1M tokens, the gateway's ceiling",
+                    p.model
+                )));
+            }
         }
     }
     Ok(())
@@ -372,6 +434,57 @@ mod tests {
             .to_string()
             .contains("gateway.tolerations"));
         check_spec(&fixtures::full_spec()).expect("the well-formed overrides pass");
+    }
+
+    #[test]
+    fn pod_labels_that_would_move_the_pods_out_of_the_selector_are_refused() {
+        for key in OPERATOR_POD_LABELS {
+            let mut spec = fixtures::full_spec();
+            spec.gateway.pod_labels.insert(key.into(), "other".into());
+            let msg = invalid(&spec);
+            assert!(
+                msg.contains(&format!("gateway.podLabels sets {key:?}")),
+                "{msg}"
+            );
+        }
+        let mut spec = fixtures::full_spec();
+        spec.gateway
+            .pod_labels
+            .insert("team".into(), "voice".into());
+        spec.gateway
+            .pod_labels
+            .insert("app.kubernetes.io/version".into(), "1.2".into());
+        check_spec(&spec).expect("other labels, even app.kubernetes.io/version, are the user's");
+    }
+
+    #[test]
+    fn pod_annotations_the_operator_owns_are_refused() {
+        for key in [
+            "patchbay.dev/config-hash",
+            "patchbay.dev/anything",
+            "controller.kubernetes.io/pod-deletion-cost",
+        ] {
+            let mut spec = fixtures::full_spec();
+            spec.gateway.pod_annotations.insert(key.into(), "1".into());
+            let msg = invalid(&spec);
+            assert!(
+                msg.contains(&format!("gateway.podAnnotations sets {key:?}")),
+                "{msg}"
+            );
+        }
+        let mut spec = fixtures::full_spec();
+        spec.gateway
+            .pod_annotations
+            .insert("prometheus.io/scrape".into(), "true".into());
+        check_spec(&spec).expect("other annotations are the user's");
+    }
+
+    #[test]
+    fn a_malformed_topology_spread_constraint_is_refused_on_its_route() {
+        let mut spec = fixtures::full_spec();
+        spec.gateway.topology_spread_constraints =
+            Some(serde_json::from_value(serde_json::json!([{"maxSkew": "one"}])).unwrap());
+        assert!(invalid(&spec).contains("gateway.topologySpreadConstraints"));
     }
 
     #[test]
@@ -546,6 +659,37 @@ mod tests {
                 let mut s = spec();
                 edit(&mut s, ok);
                 check_spec(&s).unwrap_or_else(|e| panic!("{field} {ok:?}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_price_above_the_gateways_ceiling_is_refused_naming_the_field() {
+        type Rate = fn(&mut crate::crd::Price) -> &mut f64;
+        let rates: [(&str, Rate); 6] = [
+            ("textInput", |p| &mut p.text_input),
+            ("cachedTextInput", |p| &mut p.cached_text_input),
+            ("audioInput", |p| &mut p.audio_input),
+            ("cachedAudioInput", |p| &mut p.cached_audio_input),
+            ("textOutput", |p| &mut p.text_output),
+            ("audioOutput", |p| &mut p.audio_output),
+        ];
+        for (field, rate) in rates {
+            for ok in [0.0, 64.0, MAX_PRICE_USD_PER_MILLION_TOKENS] {
+                let mut spec = fixtures::full_spec();
+                *rate(&mut spec.metering.prices[0]) = ok;
+                check_spec(&spec).unwrap_or_else(|e| panic!("{field} {ok}: {e}"));
+            }
+            let past = MAX_PRICE_USD_PER_MILLION_TOKENS * (1.0 + f64::EPSILON);
+            for bad in [past, 2e6, -0.5, f64::INFINITY, f64::NAN] {
+                let mut spec = fixtures::full_spec();
+                *rate(&mut spec.metering.prices[0]) = bad;
+                let msg = invalid(&spec);
+                assert!(
+                    msg.contains(&format!("metering.prices[0].{field} {bad}")),
+                    "{msg}"
+                );
+                assert!(msg.contains("1000000 USD per 1M tokens"), "{msg}");
             }
         }
     }

@@ -492,6 +492,52 @@ fn each_seconds_bound_is_the_crds_the_operators_and_the_gateways() {
 }
 
 #[test]
+fn the_price_ceiling_is_the_crds_the_operators_and_the_gateways() {
+    let keys = example_keys_file();
+    let route = example_route("realtimeroute-full.yaml");
+    let schema = spec_schema();
+    let published = &schema["metering"]["properties"]["prices"]["items"]["properties"];
+    // (CRD field, gateway key)
+    for (field, gw_key) in [
+        ("textInput", "text_input"),
+        ("cachedTextInput", "cached_text_input"),
+        ("audioInput", "audio_input"),
+        ("cachedAudioInput", "cached_audio_input"),
+        ("textOutput", "text_output"),
+        ("audioOutput", "audio_output"),
+    ] {
+        let max = published[field]["maximum"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("prices[].{field} has a maximum"));
+        assert_eq!(
+            max,
+            patchbay_operator::crd::MAX_PRICE_USD_PER_MILLION_TOKENS
+        );
+        let pointer = format!("/spec/metering/prices/0/{field}");
+        let at_max = with_field(&route, &pointer, max.into());
+        patchbay_operator::validate::check_spec(&at_max.spec)
+            .unwrap_or_else(|e| panic!("the operator refuses {field} = {max}: {e}"));
+        assert_loads(&format!("price-{gw_key}-max"), &at_max, &keys);
+        let past = max * 2.0;
+        let beyond = with_field(&route, &pointer, past.into());
+        let Err(err) = patchbay_operator::validate::check_spec(&beyond.spec) else {
+            panic!("the operator accepts {field} = {past}");
+        };
+        assert!(
+            err.to_string()
+                .contains(&format!("metering.prices[0].{field}")),
+            "{err}"
+        );
+        // The gateway, given that price in its file, refuses to start, naming the key.
+        let text = gateway_config::render(&beyond.spec);
+        let Err(err) = load_rendered(&format!("price-{gw_key}-past"), &text, &keys) else {
+            panic!("the gateway accepts prices[0].{gw_key} = {past}");
+        };
+        assert_eq!(err.key, format!("prices[0].{gw_key}"), "{err}");
+    }
+}
+
+#[test]
 fn upstream_urls_are_judged_alike_by_the_operator_and_the_gateway() {
     let keys = example_keys_file();
     let route = example_route("realtimeroute-full.yaml");

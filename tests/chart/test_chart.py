@@ -520,6 +520,24 @@ def test_gateway_service_monitor_selects_operator_made_gateway_services_where_ro
     assert scoped["spec"]["namespaceSelector"] == {"matchNames": ["voice"]}
 
 
+def test_each_service_monitor_is_labelled_with_the_component_it_scrapes(chart):
+    objects = render(chart, {"serviceMonitor": {"enabled": True, "gateways": True,
+                                                "labels": {"release": "prom"}}})
+    operator = only(objects, "ServiceMonitor", OPERATOR)["metadata"]["labels"]
+    gateways = only(objects, "ServiceMonitor", "patchbay-gateways")["metadata"]["labels"]
+    assert operator["app.kubernetes.io/component"] == "operator"
+    assert gateways["app.kubernetes.io/component"] == "gateway"
+    for labels in (operator, gateways):
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/part-of"] == "patchbay"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["release"] == "prom"
+    # Nothing else the chart renders changed component: the operator's objects are the operator's.
+    for o in objects:
+        if o["kind"] != "ServiceMonitor" and o["kind"] != "CustomResourceDefinition":
+            assert o["metadata"]["labels"]["app.kubernetes.io/component"] == "operator", o["kind"]
+
+
 # --- values.schema.json, enforced by Helm itself -----------------------------------
 
 BAD_VALUES = [

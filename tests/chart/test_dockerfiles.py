@@ -61,6 +61,26 @@ def test_runtime_stage_is_distroless_non_root_with_the_binary_as_entrypoint(name
     assert set(final["EXPOSE"].split()) == ports
 
 
+def image_env(name: str) -> dict[str, str]:
+    """The runtime stage's ENV, as `KEY=value` pairs (one or several per instruction)."""
+    steps = instructions(REPO / "docker" / f"{name}.Dockerfile")
+    last_from = max(i for i, (op, _) in enumerate(steps) if op == "FROM")
+    env = {}
+    for op, args in steps[last_from:]:
+        if op == "ENV":
+            env.update(pair.split("=", 1) for pair in args.split())
+    return env
+
+
+def test_gateway_image_listens_on_every_interface_at_its_exposed_ports():
+    # The gateway's defaults are 127.0.0.1:8080 and 127.0.0.1:9090 (its config tests say so);
+    # in a container a published port reaches only a listener on the container's interfaces.
+    env = image_env("gateway")
+    _, ports = IMAGES["gateway"]
+    listeners = {env["PATCHBAY_SERVER_LISTEN"], env["PATCHBAY_SERVER_ADMIN_LISTEN"]}
+    assert listeners == {f"0.0.0.0:{port}" for port in ports}
+
+
 def test_build_context_leaves_out_target_and_git():
     ignored = {
         line.strip()

@@ -48,11 +48,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{/* The labels of the operator's objects. */}}
 {{- define "patchbay.labels" -}}
-helm.sh/chart: {{ include "patchbay.chart" . }}
-{{ include "patchbay.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{ include "patchbay.componentLabels" (dict "context" . "component" "operator") }}
+{{- end }}
+
+{{/*
+The chart's labels for an object of one component: `operator` (the operator's
+Deployment, Service, RBAC, …) or `gateway` (what the chart makes for the
+gateways, such as their ServiceMonitor). Call with
+(dict "context" $ "component" "gateway").
+*/}}
+{{- define "patchbay.componentLabels" -}}
+helm.sh/chart: {{ include "patchbay.chart" .context }}
+app.kubernetes.io/name: {{ include "patchbay.name" .context }}
+app.kubernetes.io/instance: {{ .context.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/version: {{ .context.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .context.Release.Service }}
 app.kubernetes.io/part-of: patchbay
 {{- end }}
 

@@ -25,9 +25,10 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
-    SecurityContext, SleepAction, Volume, VolumeMount,
+    HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, LocalObjectReference,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+    SecretVolumeSource, SecurityContext, SleepAction, TopologySpreadConstraint, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -74,8 +75,13 @@ pub fn termination_grace_period_seconds(spec: &RealtimeRouteSpec) -> i64 {
 
 pub fn deployment(route: &RealtimeRoute, default_image: &str, config_hash: &str) -> Deployment {
     let spec = &route.spec;
-    let annotations =
-        BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string())]);
+    // The route's own pod labels and annotations first, the operator's over them: validation
+    // refuses a route that names one of the operator's keys, and this order keeps the selector
+    // intact even so.
+    let mut pod_labels = spec.gateway.pod_labels.clone();
+    pod_labels.extend(labels(route));
+    let mut annotations = spec.gateway.pod_annotations.clone();
+    annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
     Deployment {
         metadata: child_meta(route, gateway_name(route)),
         spec: Some(DeploymentSpec {
@@ -93,7 +99,7 @@ pub fn deployment(route: &RealtimeRoute, default_image: &str, config_hash: &str)
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels(route)),
+                    labels: Some(pod_labels),
                     annotations: Some(annotations),
                     ..ObjectMeta::default()
                 }),
@@ -145,8 +151,39 @@ fn pod_spec(route: &RealtimeRoute, default_image: &str) -> PodSpec {
         // Checked by `validate::check_spec` before anything is built.
         tolerations: spec.gateway.tolerations.as_ref().and_then(|t| t.get().ok()),
         affinity: spec.gateway.affinity.as_ref().and_then(|a| a.get().ok()),
+        topology_spread_constraints: topology_spread_constraints(route),
+        priority_class_name: spec.gateway.priority_class_name.clone(),
+        image_pull_secrets: (!spec.gateway.image_pull_secrets.is_empty()).then(|| {
+            spec.gateway
+                .image_pull_secrets
+                .iter()
+                .map(|s| LocalObjectReference {
+                    name: s.name.clone(),
+                })
+                .collect()
+        }),
         ..PodSpec::default()
     }
+}
+
+/// `gateway.topologySpreadConstraints`, each without a `labelSelector` given the route's pod
+/// selector: a constraint that selects no pods would spread nothing.
+fn topology_spread_constraints(route: &RealtimeRoute) -> Option<Vec<TopologySpreadConstraint>> {
+    // Checked by `validate::check_spec` before anything is built.
+    let mut constraints = route
+        .spec
+        .gateway
+        .topology_spread_constraints
+        .as_ref()?
+        .get()
+        .ok()?;
+    for c in &mut constraints {
+        c.label_selector.get_or_insert_with(|| LabelSelector {
+            match_labels: Some(selector_labels(route)),
+            ..LabelSelector::default()
+        });
+    }
+    Some(constraints)
 }
 
 fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
@@ -179,6 +216,10 @@ fn container(spec: &RealtimeRouteSpec, default_image: &str) -> Container {
                 .clone()
                 .unwrap_or_else(|| default_image.to_string()),
         ),
+        image_pull_policy: spec
+            .gateway
+            .image_pull_policy
+            .map(|p| p.as_str().to_string()),
         args: Some(vec!["serve".into(), "--config".into(), config_path()]),
         ports: Some(vec![
             container_port("http", HTTP_PORT),
@@ -487,7 +528,8 @@ mod tests {
                 .unwrap()
                 .keys()
                 .collect::<Vec<_>>(),
-            [CONFIG_HASH_ANNOTATION],
+            // The route's own pod annotation, and the config hash.
+            ["patchbay.dev/config-hash", "prometheus.io/scrape"],
             "nothing about Secrets on the template: rotating one rolls nothing"
         );
     }
@@ -658,6 +700,116 @@ mod tests {
         let keys = volumes[2].secret.as_ref().unwrap();
         assert_eq!(keys.secret_name.as_deref(), Some("voice-keys"));
         assert_eq!(keys.items.as_ref().unwrap()[0].path, "keys.toml");
+    }
+
+    #[test]
+    fn pod_overrides_reach_the_pod_template() {
+        let d = build(fixtures::full_spec());
+        let pod = pod(&d);
+        assert_eq!(
+            pod.image_pull_secrets,
+            Some(vec![LocalObjectReference {
+                name: "regcred".into()
+            }])
+        );
+        assert_eq!(
+            pod.priority_class_name.as_deref(),
+            Some("realtime-critical")
+        );
+        assert_eq!(
+            gateway(&d).image_pull_policy.as_deref(),
+            Some("IfNotPresent")
+        );
+        let meta = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
+        assert_eq!(meta.labels.as_ref().unwrap()["team"], "voice");
+        let annotations = meta.annotations.as_ref().unwrap();
+        assert_eq!(annotations["prometheus.io/scrape"], "true");
+        assert_eq!(annotations[CONFIG_HASH_ANNOTATION], "abc");
+        let spread = pod.topology_spread_constraints.as_ref().unwrap();
+        assert_eq!(spread[0].topology_key, "topology.kubernetes.io/zone");
+        assert_eq!(spread[0].max_skew, 1);
+        assert_eq!(
+            spread[0].label_selector.as_ref().unwrap().match_labels,
+            Some(selector_labels(&fixtures::route(fixtures::full_spec()))),
+            "a constraint without a selector spreads this route's pods"
+        );
+    }
+
+    #[test]
+    fn a_topology_spread_constraint_keeps_its_own_label_selector() {
+        let mut spec = fixtures::full_spec();
+        spec.gateway.topology_spread_constraints = Some(
+            serde_json::from_value(serde_json::json!([{
+                "maxSkew": 2, "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"tier": "realtime"}}
+            }]))
+            .unwrap(),
+        );
+        let d = build(spec);
+        let spread = pod(&d).topology_spread_constraints.clone().unwrap();
+        assert_eq!(
+            spread[0].label_selector.as_ref().unwrap().match_labels,
+            Some(BTreeMap::from([(
+                "tier".to_string(),
+                "realtime".to_string()
+            )]))
+        );
+    }
+
+    #[test]
+    fn pod_labels_never_replace_the_selector_labels() {
+        // Validation refuses such a route; the builder keeps the selector even so.
+        let mut spec = fixtures::full_spec();
+        for key in crate::crd::OPERATOR_POD_LABELS {
+            spec.gateway.pod_labels.insert(key.into(), "hijack".into());
+        }
+        spec.gateway
+            .pod_annotations
+            .insert(CONFIG_HASH_ANNOTATION.into(), "stale".into());
+        let route = fixtures::route(spec);
+        let d = deployment(&route, "img", "abc");
+        let template = &d.spec.as_ref().unwrap().template;
+        let labels = template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        for (k, v) in super::labels(&route) {
+            assert_eq!(labels[&k], v, "{k}");
+        }
+        let selector = d
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .match_labels
+            .clone()
+            .unwrap();
+        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        let annotations = template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap();
+        assert_eq!(annotations[CONFIG_HASH_ANNOTATION], "abc");
+    }
+
+    #[test]
+    fn a_route_without_pod_overrides_renders_none_of_them() {
+        let d = build(fixtures::minimal_spec());
+        let pod = pod(&d);
+        assert_eq!(pod.image_pull_secrets, None);
+        assert_eq!(pod.priority_class_name, None);
+        assert_eq!(pod.topology_spread_constraints, None);
+        assert_eq!(gateway(&d).image_pull_policy, None);
+        let meta = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
+        assert_eq!(
+            meta.annotations
+                .as_ref()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            [CONFIG_HASH_ANNOTATION]
+        );
     }
 
     #[test]

@@ -125,6 +125,19 @@ mod tests {
     }
 
     #[test]
+    fn the_keys_a_route_may_not_set_on_its_pods_are_exactly_the_operators() {
+        use crate::crd::{OPERATOR_ANNOTATION_PREFIX, OPERATOR_POD_LABELS, POD_LABELS_RULE};
+        let route = fixtures::route(fixtures::minimal_spec());
+        let mut reserved = OPERATOR_POD_LABELS.map(String::from).to_vec();
+        reserved.sort();
+        assert_eq!(labels(&route).into_keys().collect::<Vec<_>>(), reserved);
+        for key in OPERATOR_POD_LABELS {
+            assert!(POD_LABELS_RULE.contains(&format!("'{key}'")), "{key}");
+        }
+        assert!(CONFIG_HASH_ANNOTATION.starts_with(OPERATOR_ANNOTATION_PREFIX));
+    }
+
+    #[test]
     fn children_are_named_after_the_route() {
         let route = fixtures::route(fixtures::autoscaled_spec());
         let d = build(&route, None);

@@ -20,8 +20,9 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-/// The annotation the ReplicaSet controller orders scale-down victims by.
-pub const COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// The annotation the ReplicaSet controller orders scale-down victims by (a route's
+/// `gateway.podAnnotations` cannot set it).
+pub const COST_ANNOTATION: &str = crate::crd::POD_DELETION_COST_ANNOTATION;
 /// A cost is rewritten when the live count moved by more than this many sessions.
 pub const HYSTERESIS_SESSIONS: i64 = 2;
 
