@@ -282,3 +282,25 @@ fn the_demo_runs_its_sessions_and_says_where_it_listens_when_the_port_is_taken()
     );
     assert!(stdout.contains("response.done"), "{stdout}");
 }
+
+#[test]
+fn the_example_config_for_the_simulator_checks_as_documented() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/gateway-sim.toml");
+    let out = run(
+        &["check", "--config", example],
+        &[
+            ("SIM_UPSTREAM_KEY", "sk-sim"),
+            ("PATCHBAY_MASTER_KEY", "pb-local-key"),
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("listen: 127.0.0.1:8080 (admin 127.0.0.1:9090)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("upstream gpt-realtime: 127.0.0.1"),
+        "{stdout}"
+    );
+}
