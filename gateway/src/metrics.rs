@@ -99,6 +99,14 @@ pub struct SecretRefusalLabels {
     pub reason: String,
 }
 
+/// A refused call action (`patchbay_call_action_refusals_total`):
+/// `action` is `accept`, `hangup`, `refer`, `reject` or `unknown`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionRefusalLabels {
+    pub action: String,
+    pub reason: String,
+}
+
 /// Why the store refused a write (`patchbay_store_refusals_total`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabel {
@@ -152,6 +160,7 @@ pub struct Metrics {
     pub config_reloads: Family<ReloadLabels, Counter>,
     pub client_secrets_minted: Family<ModelLabel, Counter>,
     pub client_secrets_refused: Family<SecretRefusalLabels, Counter>,
+    pub call_action_refusals: Family<ActionRefusalLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -203,6 +212,7 @@ impl Metrics {
             config_reloads: Family::default(),
             client_secrets_minted: Family::default(),
             client_secrets_refused: Family::default(),
+            call_action_refusals: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -362,6 +372,12 @@ impl Metrics {
             "client_secrets_refused",
             "Client-secret mints and connects refused, by stage and reason",
             Declared(m.client_secrets_refused.clone()),
+        );
+        r.register(
+            "call_action_refusals",
+            "Call actions (accept, hangup, refer, reject) the gateway refused before forwarding, \
+             by action and reason; not admissions",
+            Declared(m.call_action_refusals.clone()),
         );
         Self { registry, ..m }
     }

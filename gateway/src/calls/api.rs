@@ -44,6 +44,7 @@ use crate::body::{body_timeout, BodyError};
 use crate::client_secret::{is_client_secret, Grant};
 use crate::gateway::{Gateway, Route};
 use crate::http_error::{count_refusal, ApiError};
+use crate::metrics::ActionRefusalLabels;
 
 use super::claim::{self, Lost};
 use super::fleet::{unix_ms, CallFleet, CallRecord, ADOPT_POLL, CLAIM_GRACE};
@@ -111,6 +112,28 @@ async fn method_not_allowed(State(st): State<CallsState>, method: http::Method) 
 
 fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
     count_refusal(gw, model, &r);
+    ApiError(r).into_response()
+}
+
+/// The call actions of the calls API.
+const ACTIONS: [&str; 4] = ["accept", "hangup", "refer", "reject"];
+
+/// A refused call action, counted in `patchbay_call_action_refusals_total`
+/// by action and reason, not as an admission: a hangup of an unknown call
+/// admits nothing. (An accept's own admission checks count as admissions.)
+fn refuse_action(gw: &Gateway, action: &str, r: Refusal) -> Response {
+    let action = if ACTIONS.contains(&action) {
+        action
+    } else {
+        "unknown"
+    };
+    gw.metrics
+        .call_action_refusals
+        .get_or_create(&ActionRefusalLabels {
+            action: action.into(),
+            reason: r.code.into(),
+        })
+        .inc();
     ApiError(r).into_response()
 }
 
@@ -390,32 +413,32 @@ async fn act(
 ) -> Response {
     let gw = &st.gw;
     let Ok(Path((call_id, action))) = path else {
-        return refuse(
+        return refuse_action(
             gw,
-            "",
+            "unknown",
             bad_request("invalid_call_id", "the call id is not valid UTF-8"),
         );
     };
     let started = Instant::now();
     let key = match control_key(gw, &headers) {
         Ok(k) => k,
-        Err(r) => return refuse(gw, "", r),
+        Err(r) => return refuse_action(gw, &action, r),
     };
-    if !["accept", "hangup", "reject", "refer"].contains(&action.as_str()) {
+    if !ACTIONS.contains(&action.as_str()) {
         let r = Refusal::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "not_found",
             format!("unknown call action '{action}'; use accept, hangup, refer or reject"),
         );
-        return refuse(gw, "", r);
+        return refuse_action(gw, &action, r);
     }
     if call_id_from_location(&call_id).as_deref() != Some(call_id.as_str()) {
-        return refuse(gw, "", call_not_found(&call_id));
+        return refuse_action(gw, &action, call_not_found(&call_id));
     }
     let body = match read_body(gw, body).await {
         Ok(b) => b,
-        Err(r) => return refuse(gw, "", r),
+        Err(r) => return refuse_action(gw, &action, r),
     };
     let owner = match (st.owners.get(&call_id), &st.fleet) {
         (Some(o), _) => Some(o),
@@ -423,7 +446,7 @@ async fn act(
             Ok(rec) => rec.map(|r| r.owner()),
             // Whose call it is cannot be told: refused, not taken as
             // nobody's (which would let any key act on it).
-            Err(_) => return refuse(gw, "", calls_store_unavailable()),
+            Err(_) => return refuse_action(gw, &action, calls_store_unavailable()),
         },
         (None, None) => None,
     };
@@ -437,14 +460,14 @@ async fn act(
                 .iter()
                 .find(|r| upstream::calls_url(&r.config).is_ok())
             else {
-                return refuse(gw, "", call_not_found(&call_id));
+                return refuse_action(gw, &action, call_not_found(&call_id));
             };
             forward(gw, &route.clone(), &call_id, &action, &headers, body).await
         }
         Decision::Forward(o) => {
             let route = match find_route(gw, &o.model) {
                 Ok(r) => r,
-                Err(r) => return refuse(gw, "", r),
+                Err(r) => return refuse_action(gw, &action, r),
             };
             let answer = forward(gw, &route, &call_id, &action, &headers, body).await;
             if answer.status().is_success() && ["hangup", "reject"].contains(&action.as_str()) {
@@ -453,7 +476,7 @@ async fn act(
             }
             answer
         }
-        held => refuse(gw, "", held_refusal(&held, &call_id)),
+        held => refuse_action(gw, &action, held_refusal(&held, &call_id)),
     }
 }
 
@@ -470,7 +493,7 @@ async fn forward(
     let model = route.config.model.clone();
     let url = match upstream::action_url(&route.config, call_id, action) {
         Ok(u) => u,
-        Err(e) => return refuse(gw, &model, route_refusal(&model, &e)),
+        Err(e) => return refuse_action(gw, action, route_refusal(&model, &e)),
     };
     let ct = headers
         .get(header::CONTENT_TYPE)
@@ -482,8 +505,8 @@ async fn forward(
             tracing::info!(call_id, action, model = %model, "call action forwarded");
             relay_answer(a, None)
         }
-        Ok(a) => refuse(gw, &model, upstream_refusal(a.status)),
-        Err(e) => refuse(gw, &model, unreachable_refusal(&e)),
+        Ok(a) => refuse_action(gw, action, upstream_refusal(a.status)),
+        Err(e) => refuse_action(gw, action, unreachable_refusal(&e)),
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use patchbay_gateway::calls::offer::encode_multipart;
-use patchbay_gateway::metrics::StatusLabels;
+use patchbay_gateway::metrics::{ActionRefusalLabels, ReasonLabels, StatusLabels};
 use patchbay_sim::{SimConfig, SimFault};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -643,6 +643,28 @@ async fn bad_offers_are_refused_with_openai_errors_before_anything_goes_upstream
         0,
         "nothing reached the upstream"
     );
+    // A refused call action is counted as one, not as an admission refusal.
+    let m = &gw.gateway.metrics;
+    let action_refusals = |action: &str, reason: &str| {
+        m.call_action_refusals
+            .get_or_create(&ActionRefusalLabels {
+                action: action.into(),
+                reason: reason.into(),
+            })
+            .get()
+    };
+    assert_eq!(action_refusals("hangup", "call_not_found"), 1);
+    assert_eq!(action_refusals("unknown", "invalid_call_id"), 1);
+    for reason in ["call_not_found", "invalid_call_id"] {
+        let admissions = m
+            .refusals
+            .get_or_create(&ReasonLabels {
+                model: String::new(),
+                reason: reason.into(),
+            })
+            .get();
+        assert_eq!(admissions, 0, "{reason} is not an admission refusal");
+    }
 }
 
 #[tokio::test]

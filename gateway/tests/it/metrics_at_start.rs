@@ -86,6 +86,7 @@ async fn a_fresh_gateway_exports_every_family_and_its_known_series_at_zero() {
         "patchbay_store_refusals counter",
         "patchbay_config_reloads counter",
         "patchbay_client_secrets_refused counter",
+        "patchbay_call_action_refusals counter",
         "patchbay_outbox_dropped counter",
     ] {
         assert!(
