@@ -100,7 +100,8 @@ pub struct SecretRefusalLabels {
 }
 
 /// A refused call action (`patchbay_call_action_refusals_total`):
-/// `action` is `accept`, `hangup`, `refer`, `reject` or `unknown`.
+/// `action` is `hangup`, `refer`, `reject` or `unknown` (an accept's
+/// refusals are admission refusals).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionRefusalLabels {
     pub action: String,
@@ -375,8 +376,8 @@ impl Metrics {
         );
         r.register(
             "call_action_refusals",
-            "Call actions (accept, hangup, refer, reject) the gateway refused before forwarding, \
-             by action and reason; not admissions",
+            "Call actions (hangup, refer, reject) the gateway refused before forwarding, \
+             by action and reason; an accept's refusals are admission refusals",
             Declared(m.call_action_refusals.clone()),
         );
         Self { registry, ..m }

@@ -118,10 +118,14 @@ fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
 /// The call actions of the calls API.
 const ACTIONS: [&str; 4] = ["accept", "hangup", "refer", "reject"];
 
-/// A refused call action, counted in `patchbay_call_action_refusals_total`
-/// by action and reason, not as an admission: a hangup of an unknown call
-/// admits nothing. (An accept's own admission checks count as admissions.)
+/// A refused call action. An accept admits a call, so its refusals are
+/// admission refusals; a hangup, refer or reject admits nothing (a hangup
+/// of an unknown call is not a refused admission), so theirs count in
+/// `patchbay_call_action_refusals_total` by action and reason.
 fn refuse_action(gw: &Gateway, action: &str, r: Refusal) -> Response {
+    if action == "accept" {
+        return refuse(gw, "", r);
+    }
     let action = if ACTIONS.contains(&action) {
         action
     } else {
