@@ -454,8 +454,11 @@ if stage calls; then
     ab=(--target "pool-on-b=ws://127.0.0.1:$GW_ON_B_PORT/v1/realtime" --cpu-pid "pool-on-b=$PID_gw_on_b")
     echo "== calls: A = $GATEWAY_BIN, B = $AB_BIN"
   fi
-  # calls_bench NAME N SECS: the calls mode against every target.
+  # calls_bench NAME N SECS: the calls mode against every target, and the
+  # simulator's CPU meanwhile.
   calls_bench() {
+    local sim_before
+    sim_before=$(cpu_ticks "$PID_sim")
     PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
       --target "direct=ws://127.0.0.1:$SIM_PORT/v1/realtime@$UPSTREAM_KEY" \
       --target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY" \
@@ -465,6 +468,8 @@ if stage calls; then
       --calls "$2" --call-secs "$3" --speech-ms "$CALLS_SPEECH_MS" \
       --silence-ms "$CALLS_SILENCE_MS" \
       --threads "$BENCH_THREADS" --out "$OUT_DIR/$1.json" | tee "$OUT_DIR/$1.txt"
+    awk -v t=$(($(cpu_ticks "$PID_sim") - sim_before)) -v hz="$(getconf CLK_TCK)" \
+      'BEGIN { printf "simulator CPU during this bench: %.1f s\n", t / hz }' | tee -a "$OUT_DIR/$1.txt"
   }
   echo "== calls: $CALLS_N calls per target × ${#targets[@]} targets, ${CALLS_SECS} s each"
   calls_bench calls "$CALLS_N" "$CALLS_SECS"
