@@ -10,7 +10,9 @@
 //! 2. model speech: whatever the upstream streams until `response.done`
 //!    (the simulator's `--audio-deltas`, `--audio-delta-bytes`,
 //!    `--delta-interval-ms` set its length and pace);
-//! 3. silence: nothing on the wire for the silence time.
+//! 3. silence: nothing on the wire for the silence time (or until the
+//!    call's length is up: a long silence makes calls that idle after one
+//!    turn, for memory per idle call).
 //!
 //! Appends go only while the user speaks (a push-to-talk client, or one
 //! whose own voice detection sends speech only); a client that streams its
@@ -157,10 +159,9 @@ async fn turns(
         })
         .await?;
         rec.turns += 1;
-        if Instant::now() + shape.silence >= end {
-            break;
-        }
-        tokio::time::sleep(shape.silence).await;
+        // The silence, up to the call's end (the call stays open, idle).
+        let rest = end.saturating_duration_since(Instant::now());
+        tokio::time::sleep(shape.silence.min(rest)).await;
     }
     Ok(())
 }

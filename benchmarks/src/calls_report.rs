@@ -271,7 +271,7 @@ mod tests {
             24_000,
             Duration::from_secs(30),
         );
-        let target = |name: &str, up, down, cpu_ms| TargetCalls {
+        let target = |name: &str, up, down, cpu_ms: Option<u64>| TargetCalls {
             name: name.into(),
             calls: 10,
             completed: 10,
@@ -337,11 +337,7 @@ mod tests {
     #[test]
     fn cpu_per_call_minute_is_compared_with_the_relay() {
         let text = result().render();
-        let gw = text
-            .lines()
-            .filter(|l| l.starts_with("gw "))
-            .last()
-            .unwrap();
+        let gw = text.lines().rfind(|l| l.starts_with("gw ")).unwrap();
         // 1.2 CPU-s over 10 call-minutes, 1.2 × tcp-relay's, 12 KiB a call.
         assert!(gw.contains("0.1200"), "{gw}");
         assert!(gw.contains("1.200"), "{gw}");

@@ -46,15 +46,17 @@ impl Transit {
             return None;
         }
         ns.sort_unstable();
-        let at = |p: f64| {
-            let rank = (p / 100.0 * ns.len() as f64).ceil() as usize;
+        // Rank ceil(‰ × n / 1000) in integers: 99.9 / 100 as a float is
+        // 0.9990000000000001, which would round p99.9 of 1000 up to the max.
+        let at = |per_mille: usize| {
+            let rank = (per_mille * ns.len()).div_ceil(1000);
             ns[rank.clamp(1, ns.len()) - 1]
         };
         Some(Self {
             frames: ns.len(),
-            p50_ns: at(50.0),
-            p99_ns: at(99.0),
-            p999_ns: at(99.9),
+            p50_ns: at(500),
+            p99_ns: at(990),
+            p999_ns: at(999),
             max_ns: *ns.last()?,
         })
     }
