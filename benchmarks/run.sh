@@ -451,7 +451,8 @@ if stage calls; then
     GATEWAY_BIN=$AB_BIN gateway gw-on-b "$GW_ON_B_PORT" "$ADMIN_ON_B_PORT" "$POOL_SIZE" \
       "ws://127.0.0.1:$SIM_PORT/v1/realtime"
     wait_http "http://127.0.0.1:$ADMIN_ON_B_PORT/readyz"
-    ab=(--target "pool-on-b=ws://127.0.0.1:$GW_ON_B_PORT/v1/realtime" --cpu-pid "pool-on-b=$PID_gw_on_b")
+    ab=(--target "pool-on-b=ws://127.0.0.1:$GW_ON_B_PORT/v1/realtime" --cpu-pid "pool-on-b=$PID_gw_on_b"
+      --against pool-on)
     echo "== calls: A = $GATEWAY_BIN, B = $AB_BIN"
   fi
   # calls_bench NAME N SECS: the calls mode against every target, and the
