@@ -47,14 +47,33 @@
 #    (= per 1000 turns). The gateway holds two sockets per session and its
 #    pool's, so MANY_N is capped at what the hard `nofile` limit allows
 #    (said so when it is).
+# 7. Calls run (stage "calls", only when named): voice calls instead of
+#    one-turn sessions. CALLS_N calls at once per target, each for
+#    CALLS_SECS, against direct, tcp-relay, the pool-on gateway (and, with
+#    AB_BIN, the same from a second binary), interleaved in one run. A
+#    call's turn: CALLS_SPEECH_MS of 20 ms appends at real time, commit +
+#    response.create, the simulator's answer (CALLS_MODEL_MS of audio in
+#    deltas of CALLS_DELTA_MS, at real time, after CALLS_INFERENCE_MS), then
+#    CALLS_SILENCE_MS of silence. The simulator stamps frames
+#    (--stamp-frames) so each frame's transit is timed both ways. Its report:
+#    added per-frame latency against direct and tcp-relay, CPU-s per
+#    call-minute (and × tcp-relay), RSS per call. Then the capacity steps:
+#    the same run for CALLS_STEP_SECS at each N of CALLS_STEPS (per target),
+#    and per target the largest N at which every call completed and its
+#    added p99 (both directions, against direct) stayed under
+#    CALLS_LIMIT_MS (calls_capacity.py); the steps stop at the first N
+#    where no relay target passes.
 # Every bench reports the CPU of tcp-relay and both gateways over its
 # window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
 # tcp-relay); the simulator's is printed after each report.
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
-# all; "cpu-runtime", "cpu-ab" and "many" only when named) AB_BIN (cpu-ab's
-# second gateway binary)
+# all; "cpu-runtime", "cpu-ab", "many" and "calls" only when named) AB_BIN
+# (cpu-ab's second gateway binary, and calls' optional one)
+# CALLS_N CALLS_SECS CALLS_SPEECH_MS CALLS_MODEL_MS CALLS_SILENCE_MS
+# CALLS_DELTA_MS CALLS_INFERENCE_MS CALLS_POOL_SIZE CALLS_STEPS
+# CALLS_STEP_SECS CALLS_LIMIT_MS
 # N C SMALL_N SMALL_C SMALL_DELTAS SMALL_DELTA_BYTES POOL_SIZE CPU_N_PER_TARGET
 # CPU_C CPU_POOL_SIZE CPU_DELTAS CPU_DELTA_BYTES CPU_DELTA_INTERVAL_MS
 # CPU_INFERENCE_MS MANY_N MANY_MODEL_MS MANY_POOL_SIZE BASE_PORT OUT_DIR
@@ -85,6 +104,18 @@ CPU_INFERENCE_MS=${CPU_INFERENCE_MS:-200}
 MANY_N=${MANY_N:-10000}
 MANY_MODEL_MS=${MANY_MODEL_MS:-30000}
 MANY_POOL_SIZE=${MANY_POOL_SIZE:-500}
+CALLS_N=${CALLS_N:-500}
+CALLS_SECS=${CALLS_SECS:-60}
+CALLS_SPEECH_MS=${CALLS_SPEECH_MS:-3000}
+CALLS_MODEL_MS=${CALLS_MODEL_MS:-4000}
+CALLS_SILENCE_MS=${CALLS_SILENCE_MS:-1000}
+# 50 ms of 24 kHz PCM16 per model delta: 2400 bytes, a ~3.3 kB frame.
+CALLS_DELTA_MS=${CALLS_DELTA_MS:-50}
+CALLS_INFERENCE_MS=${CALLS_INFERENCE_MS:-200}
+CALLS_POOL_SIZE=${CALLS_POOL_SIZE:-100}
+CALLS_STEPS=${CALLS_STEPS:-250 500 1000}
+CALLS_STEP_SECS=${CALLS_STEP_SECS:-20}
+CALLS_LIMIT_MS=${CALLS_LIMIT_MS:-5}
 # Descriptors a process needs besides its sessions' sockets.
 FD_SPARE=256
 BASE_PORT=${BASE_PORT:-18000}
@@ -393,6 +424,69 @@ if stage many; then
     tee "$OUT_DIR/many.txt"
   awk -v t=$(($(cpu_ticks "$PID_sim") - sim_before)) -v hz="$(getconf CLK_TCK)" \
     'BEGIN { printf "simulator CPU during this bench: %.1f s\n", t / hz }' | tee -a "$OUT_DIR/many.txt"
+  stop_pids
+  echo
+fi
+
+if stage calls; then
+  max_n=$CALLS_N
+  for n in $CALLS_STEPS; do [ "$n" -gt "$max_n" ] && max_n=$n; done
+  POOL_SIZE=$CALLS_POOL_SIZE C=$max_n
+  ab=()
+  targets=(direct tcp-relay pool-on)
+  if [ -n "${AB_BIN:-}" ]; then
+    [ -x "$AB_BIN" ] || { echo "AB_BIN=$AB_BIN is not an executable" >&2; exit 1; }
+    targets+=(pool-on-b)
+  fi
+  hard=$(ulimit -Hn)
+  # The bench and the simulator hold a socket per call of every target.
+  if [ "$hard" != unlimited ] && [ $((${#targets[@]} * max_n + FD_SPARE)) -gt "$hard" ]; then
+    echo "warning: the hard nofile limit $hard is below ${#targets[@]} targets × $max_n calls" >&2
+  fi
+  start_stack "calls" --stamp-frames --inference-delay-ms "$CALLS_INFERENCE_MS" \
+    --audio-deltas $((CALLS_MODEL_MS / CALLS_DELTA_MS)) \
+    --audio-delta-bytes $((24000 * 2 * CALLS_DELTA_MS / 1000)) \
+    --delta-interval-ms "$CALLS_DELTA_MS"
+  if [ -n "${AB_BIN:-}" ]; then
+    GATEWAY_BIN=$AB_BIN gateway gw-on-b "$GW_ON_B_PORT" "$ADMIN_ON_B_PORT" "$POOL_SIZE" \
+      "ws://127.0.0.1:$SIM_PORT/v1/realtime"
+    wait_http "http://127.0.0.1:$ADMIN_ON_B_PORT/readyz"
+    ab=(--target "pool-on-b=ws://127.0.0.1:$GW_ON_B_PORT/v1/realtime" --cpu-pid "pool-on-b=$PID_gw_on_b"
+      --against pool-on)
+    echo "== calls: A = $GATEWAY_BIN, B = $AB_BIN"
+  fi
+  # calls_bench NAME N SECS: the calls mode against every target, and the
+  # simulator's CPU meanwhile.
+  calls_bench() {
+    local sim_before
+    sim_before=$(cpu_ticks "$PID_sim")
+    PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
+      --target "direct=ws://127.0.0.1:$SIM_PORT/v1/realtime@$UPSTREAM_KEY" \
+      --target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY" \
+      --target "pool-on=ws://127.0.0.1:$GW_ON_PORT/v1/realtime" \
+      "${ab[@]}" --against tcp-relay \
+      --cpu-pid "tcp-relay=$PID_relay" --cpu-pid "pool-on=$PID_gw_on" \
+      --calls "$2" --call-secs "$3" --speech-ms "$CALLS_SPEECH_MS" \
+      --silence-ms "$CALLS_SILENCE_MS" \
+      --threads "$BENCH_THREADS" --out "$OUT_DIR/$1.json" | tee "$OUT_DIR/$1.txt"
+    awk -v t=$(($(cpu_ticks "$PID_sim") - sim_before)) -v hz="$(getconf CLK_TCK)" \
+      'BEGIN { printf "simulator CPU during this bench: %.1f s\n", t / hz }' | tee -a "$OUT_DIR/$1.txt"
+  }
+  echo "== calls: $CALLS_N calls per target × ${#targets[@]} targets, ${CALLS_SECS} s each"
+  calls_bench calls "$CALLS_N" "$CALLS_SECS"
+  steps=()
+  for n in $CALLS_STEPS; do
+    echo
+    echo "== calls capacity step: $n calls per target, ${CALLS_STEP_SECS} s each"
+    calls_bench "calls-step-$n" "$n" "$CALLS_STEP_SECS" >/dev/null
+    steps+=("$OUT_DIR/calls-step-$n.json")
+    python3 benchmarks/calls_capacity.py --limit-ms "$CALLS_LIMIT_MS" --quiet "$OUT_DIR/calls-step-$n.json" ||
+      break
+  done
+  if [ ${#steps[@]} -gt 0 ]; then
+    python3 benchmarks/calls_capacity.py --limit-ms "$CALLS_LIMIT_MS" "${steps[@]}" |
+      tee "$OUT_DIR/calls-capacity.txt"
+  fi
   stop_pids
   echo
 fi

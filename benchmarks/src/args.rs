@@ -60,6 +60,30 @@ pub struct Cli {
     /// its CPU over the run is reported per 1000 sessions; repeat.
     #[arg(long = "cpu-pid", value_name = "NAME=PID", value_parser = parse_cpu_pid)]
     pub cpu_pids: Vec<CpuPidSpec>,
+    /// Calls mode: this many voice calls at once per target, each for
+    /// `--call-secs`, instead of `-n` sessions of one turn
+    /// (benchmarks/README.md, "calls").
+    #[arg(long, value_name = "N")]
+    pub calls: Option<usize>,
+    /// Calls mode: how long each call lasts (no turn starts after it).
+    #[arg(long, default_value_t = 60)]
+    pub call_secs: u64,
+    /// Calls mode: the user's speech per turn, as appends at real time.
+    #[arg(long, default_value_t = 3000)]
+    pub speech_ms: u64,
+    /// Calls mode: the silence after each model answer.
+    #[arg(long, default_value_t = 1000)]
+    pub silence_ms: u64,
+    /// Calls mode: the audio in one `input_audio_buffer.append`.
+    #[arg(long, default_value_t = 20)]
+    pub chunk_ms: u64,
+    /// Calls mode: PCM16 sample rate of the appended audio (Hz).
+    #[arg(long, default_value_t = 24_000)]
+    pub sample_rate: u32,
+    /// Calls mode: call starts are spread evenly over this time (a real
+    /// set of calls is not in step).
+    #[arg(long, default_value_t = 8)]
+    pub ramp_secs: u64,
 }
 
 /// A process to account CPU for, as given on the command line.
@@ -170,6 +194,19 @@ impl Cli {
             ("--sessions", self.sessions),
             ("--concurrency", self.concurrency),
             ("--threads", self.threads),
+        ] {
+            if v == 0 {
+                return Err(format!("{flag} must be at least 1"));
+            }
+        }
+        if self.calls == Some(0) {
+            return Err("--calls must be at least 1".into());
+        }
+        for (flag, v) in [
+            ("--call-secs", self.call_secs),
+            ("--speech-ms", self.speech_ms),
+            ("--chunk-ms", self.chunk_ms),
+            ("--sample-rate", u64::from(self.sample_rate)),
         ] {
             if v == 0 {
                 return Err(format!("{flag} must be at least 1"));
@@ -332,6 +369,27 @@ mod tests {
         assert_eq!(c.timeout(), Duration::from_secs(30));
         assert!(!c.beta);
         assert_eq!(c.baselines(), vec![0]);
+    }
+
+    #[test]
+    fn calls_mode_defaults_are_a_real_call() {
+        let c = cli(&[
+            "--target",
+            "a=ws://127.0.0.1:1/v1/realtime",
+            "--calls",
+            "500",
+        ])
+        .unwrap();
+        assert_eq!(c.calls, Some(500));
+        assert_eq!(c.call_secs, 60);
+        assert_eq!((c.speech_ms, c.silence_ms, c.chunk_ms), (3000, 1000, 20));
+        assert_eq!(c.sample_rate, 24_000);
+        assert_eq!(c.ramp_secs, 8);
+        for bad in [&["--calls", "0"][..], &["--calls", "1", "--chunk-ms", "0"]] {
+            let mut args = vec!["--target", "a=ws://127.0.0.1:1/v1/realtime"];
+            args.extend_from_slice(bad);
+            assert!(cli(&args).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

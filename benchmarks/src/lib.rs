@@ -10,12 +10,20 @@
 //! serving a target named with its PID for its CPU per 1000 sessions
 //! and memory ([`process`]).
 //!
+//! With `--calls N` it runs voice calls instead ([`calls`], [`calls_run`],
+//! [`calls_report`]): N calls at once per target, each streaming small
+//! appends and receiving the model's audio at real time, and reports each
+//! frame's transit time per direction.
+//!
 //! The bench must not be what it measures: it reads event types from the
 //! leading bytes of each frame and never parses audio, holds no copy of a
 //! frame, resolves each target once, and runs on one thread by default (at
 //! 500 concurrent sessions it needs well under one core; see the README).
 
 pub mod args;
+pub mod calls;
+pub mod calls_report;
+pub mod calls_run;
 pub mod metered;
 pub mod process;
 pub mod relay_main;

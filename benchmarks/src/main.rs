@@ -34,6 +34,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if cli.calls.is_some() {
+        return calls(&cli, &runtime);
+    }
     let outcome = match runtime.block_on(patchbay_bench::execute(&cli, true)) {
         Ok(o) => o,
         Err(e) => {
@@ -49,6 +52,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
         println!("\nsamples written to {}", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
+/// The calls mode: runs, prints and writes the calls report.
+fn calls(cli: &Cli, runtime: &tokio::runtime::Runtime) -> ExitCode {
+    let result = match runtime.block_on(patchbay_bench::calls_run::execute(cli, true)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("patchbay-bench: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    print!("{}", result.render());
+    if let Some(path) = &cli.out {
+        if let Err(e) = std::fs::write(path, result.to_json()) {
+            eprintln!("patchbay-bench: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("\nfigures written to {}", path.display());
     }
     ExitCode::SUCCESS
 }

@@ -126,11 +126,11 @@ fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default().read_buffer_size(READ_BUFFER_BYTES)
 }
 
-fn is_audio_delta(kind: &str) -> bool {
+pub fn is_audio_delta(kind: &str) -> bool {
     kind == "response.output_audio.delta" || kind == "response.audio.delta"
 }
 
-type Ws = WebSocketStream<TcpStream>;
+pub type Ws = WebSocketStream<TcpStream>;
 
 /// Runs one session against `endpoint`, filling `t` as phases complete.
 /// The whole session is bounded by `deadline`.
@@ -139,8 +139,30 @@ pub async fn run(
     deadline: Instant,
     t: &mut Timings,
 ) -> Result<(), SessionError> {
-    let within = |phase| move |_| SessionError::Timeout(phase);
     let t0 = Instant::now();
+    let mut ws = connect(endpoint, deadline).await?;
+    let t_upgraded = Instant::now();
+    t.dial = Some(t_upgraded - t0);
+
+    let result = turn(&mut ws, deadline, t0, t_upgraded, t).await;
+    close(&mut ws).await;
+    result
+}
+
+/// Closes politely but never waits longer than [`CLOSE_WAIT`].
+pub async fn close(ws: &mut Ws) {
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        if ws.close(None).await.is_ok() {
+            while let Some(Ok(_)) = ws.next().await {}
+        }
+    })
+    .await;
+}
+
+/// TCP connect (`TCP_NODELAY`) and WebSocket upgrade to `endpoint`, by
+/// `deadline`.
+pub async fn connect(endpoint: &Endpoint, deadline: Instant) -> Result<Ws, SessionError> {
+    let within = |phase| move |_| SessionError::Timeout(phase);
     let tcp = tokio::time::timeout_at(deadline, TcpStream::connect(endpoint.addr))
         .await
         .map_err(within(Phase::Dial))?
@@ -155,25 +177,14 @@ pub async fn run(
         request.headers_mut().insert(k.clone(), v.clone());
     }
     let upgrade = tokio_tungstenite::client_async_with_config(request, tcp, Some(ws_config()));
-    let (mut ws, _) = tokio::time::timeout_at(deadline, upgrade)
+    let (ws, _) = tokio::time::timeout_at(deadline, upgrade)
         .await
         .map_err(within(Phase::Dial))?
         .map_err(|e| match e {
             WsError::Http(resp) => SessionError::Refused(resp.status().as_u16()),
             _ => SessionError::Upgrade,
         })?;
-    let t_upgraded = Instant::now();
-    t.dial = Some(t_upgraded - t0);
-
-    let result = turn(&mut ws, deadline, t0, t_upgraded, t).await;
-    // Close politely but never wait long: the turn is already measured.
-    let _ = tokio::time::timeout(CLOSE_WAIT, async {
-        if ws.close(None).await.is_ok() {
-            while let Some(Ok(_)) = ws.next().await {}
-        }
-    })
-    .await;
-    result
+    Ok(ws)
 }
 
 async fn turn(
@@ -229,7 +240,7 @@ impl SessionError {
 
 /// Reads text frames until `done(type, len)` says so; an `error` event ends
 /// the session.
-async fn wait_for(
+pub async fn wait_for(
     ws: &mut Ws,
     deadline: Instant,
     phase: Phase,
@@ -266,7 +277,7 @@ async fn wait_for(
 
 /// `error.code` (or `error.type`) of an error event; parsed in full, as it
 /// only happens once per failed session.
-fn error_code(text: &str) -> String {
+pub fn error_code(text: &str) -> String {
     let v: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
     let e = &v["error"];
     e["code"]

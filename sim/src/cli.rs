@@ -44,6 +44,11 @@ pub struct SimArgs {
     /// Time before each of the caller's turns.
     #[arg(long, default_value_t = 200)]
     pub caller_turn_interval_ms: u64,
+    /// Timestamp frames for the calls benchmark: audio deltas carry their
+    /// send time in `event_id`, `input_audio_buffer.committed` the transit
+    /// times of the stamped appends it commits (see the `stamp` module).
+    #[arg(long)]
+    pub stamp_frames: bool,
 }
 
 impl SimArgs {
@@ -61,6 +66,7 @@ impl SimArgs {
             fault,
             caller_turns: self.caller_turns,
             caller_turn_interval: Duration::from_millis(self.caller_turn_interval_ms),
+            stamp_frames: self.stamp_frames,
             ..SimConfig::default()
         })
     }

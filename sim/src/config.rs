@@ -76,6 +76,11 @@ pub struct SimConfig {
     /// How long the calls API takes to answer an `accept` it has already
     /// carried out (a slow upstream whose answer comes too late).
     pub accept_answer_delay: Duration,
+    /// Timestamp frames for the calls benchmark ([`crate::stamp`]): each
+    /// audio delta's `event_id` carries its send time, and each
+    /// `input_audio_buffer.committed` the transit times of the stamped
+    /// appends it commits.
+    pub stamp_frames: bool,
 }
 
 impl Default for SimConfig {
@@ -95,6 +100,7 @@ impl Default for SimConfig {
             caller_turns: 0,
             caller_turn_interval: Duration::from_millis(50),
             accept_answer_delay: Duration::ZERO,
+            stamp_frames: false,
         }
     }
 }

@@ -38,7 +38,10 @@
 //! Faults ([`SimFault`]): refuse the upgrade with a status, send an `error`
 //! as the first event, drop the TCP connection mid-response, close with a
 //! given code after a response, report impossible usage (every count
-//! 2^64-1), or send each `response.done` twice. [`SimHandle`] exposes counters and commands
+//! 2^64-1), or send each `response.done` twice.
+//!
+//! With [`SimConfig::stamp_frames`], frames carry timestamps for the calls
+//! benchmark ([`stamp`]). [`SimHandle`] exposes counters and commands
 //! (ping or close every open session) for tests.
 
 mod calls;
@@ -49,6 +52,7 @@ mod handle;
 mod offer;
 mod realtime;
 mod server;
+pub mod stamp;
 mod upgrade;
 mod wire;
 

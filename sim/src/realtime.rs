@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{SimConfig, SimFault, AUDIO_TOKENS_PER_DELTA, TEXT_OUTPUT_TOKENS};
 use crate::handle::{Command, SimHandle};
+use crate::stamp;
 use crate::wire::{event_type, mask_key, short_id, SimIo};
 
 /// The `usage` of a `response.done` ([`SimFault::UsageMax`]): every count
@@ -87,6 +88,9 @@ pub(crate) struct Session {
     deferred: std::collections::VecDeque<String>,
     /// Set on a call's sideband: the call id and its end.
     pub(crate) call: Option<(String, CancellationToken)>,
+    /// Transit times (ns) of the stamped appends since the last commit
+    /// ([`SimConfig::stamp_frames`]).
+    append_transits: Vec<u64>,
 }
 
 type Ws = WebSocketStream<SimIo>;
@@ -118,6 +122,7 @@ impl Session {
             input_transcription: Value::Null,
             deferred: std::collections::VecDeque::new(),
             call: None,
+            append_transits: Vec::new(),
         }
     }
 
@@ -187,11 +192,29 @@ impl Session {
         }
     }
 
-    fn record_received(&self, text: &str) {
+    fn record_received(&mut self, text: &str) {
+        if self.config.stamp_frames {
+            self.note_transit(text);
+        }
         if self.config.record {
             if let Ok(mut received) = self.handle.stats.received.lock() {
                 received.push(text.to_string());
             }
+        }
+    }
+
+    /// Keeps the transit time of a stamped `input_audio_buffer.append`,
+    /// read as it is received (before it waits behind a response).
+    fn note_transit(&mut self, text: &str) {
+        let Some(sent) = stamp::stamp_of(text) else {
+            return;
+        };
+        let head = &text[..text.len().min(64)];
+        if head.contains("\"input_audio_buffer.append\"")
+            && self.append_transits.len() < stamp::MAX_TRANSITS_PER_COMMIT
+        {
+            self.append_transits
+                .push(stamp::now_ns().saturating_sub(sent));
         }
     }
 
@@ -285,7 +308,6 @@ impl Session {
     async fn send(&mut self, ws: &mut Ws, mut event: Value) -> bool {
         // OpenAI writes `type` first, then `event_id`; serde_json's map is
         // sorted, so put those two in front by hand.
-        let id = self.event_id();
         let kind = match event.as_object_mut().and_then(|o| o.remove("type")) {
             Some(Value::String(k)) => k,
             _ => String::new(),
@@ -293,6 +315,13 @@ impl Session {
         let rest = event.to_string();
         let rest = rest.strip_prefix('{').unwrap_or("}");
         let sep = if rest == "}" { "" } else { "," };
+        let mut id = self.event_id();
+        // The stamp is read last, after serialising, just before the write.
+        if self.config.stamp_frames
+            && (kind == "response.output_audio.delta" || kind == "response.audio.delta")
+        {
+            id = stamp::stamped_id(&id, stamp::now_ns());
+        }
         let text = format!(r#"{{"type":"{kind}","event_id":"{id}"{sep}{rest}"#);
         if self.config.record {
             if let Ok(mut sent) = self.handle.stats.sent.lock() {
@@ -495,7 +524,12 @@ impl Session {
                     "content": [{"type": "input_audio", "transcript": null}]});
                 let added = self.name("conversation.item.added", "conversation.item.created");
                 let transcribed = !self.input_transcription.is_null();
-                self.send(ws, json!({"type": "input_audio_buffer.committed", "previous_item_id": null, "item_id": item_id}))
+                let mut committed = json!({"type": "input_audio_buffer.committed", "previous_item_id": null, "item_id": item_id});
+                if self.config.stamp_frames {
+                    committed[stamp::APPEND_TRANSITS_FIELD] =
+                        Value::from(std::mem::take(&mut self.append_transits));
+                }
+                self.send(ws, committed)
                     .await
                     && self.send(ws, json!({"type": added, "previous_item_id": null, "item": item})).await
                     && (!transcribed || self

@@ -1,0 +1,96 @@
+//! The calls mode against a real simulator, directly and through
+//! tcp-relay, on 127.0.0.1.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use patchbay_bench::args::Cli;
+use patchbay_sim::{self as sim, SimConfig};
+
+const UPSTREAM_KEY: &str = "sk-sim-bench";
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_short_calls_stream_frames_both_ways_and_time_each_one() {
+    // The model answers each turn with 5 deltas of 20 ms, 20 ms apart.
+    let sim = sim::start(
+        loopback(),
+        SimConfig {
+            keys: vec![UPSTREAM_KEY.into()],
+            audio_deltas: 5,
+            audio_delta_bytes: 960,
+            delta_interval: Duration::from_millis(20),
+            stamp_frames: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let relay = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    tokio::spawn(patchbay_bench::tcp_relay::serve(relay, sim.addr));
+
+    let args: Vec<String> = [
+        "--target".into(),
+        format!("direct={}@{UPSTREAM_KEY}", sim.url(false)),
+        "--target".into(),
+        format!("relay=ws://{relay_addr}/v1/realtime@{UPSTREAM_KEY}"),
+        "--calls".into(),
+        "1".into(),
+        "--call-secs".into(),
+        "2".into(),
+        "--speech-ms".into(),
+        "300".into(),
+        "--silence-ms".into(),
+        "100".into(),
+        "--ramp-secs".into(),
+        "0".into(),
+        "--timeout-secs".into(),
+        "10".into(),
+        "--cpu-pid".into(),
+        format!("relay={}", std::process::id()),
+    ]
+    .into();
+    let cli =
+        Cli::try_parse_from(std::iter::once("patchbay-bench".to_string()).chain(args)).unwrap();
+    cli.validate().unwrap();
+    let result = patchbay_bench::calls_run::execute(&cli, false)
+        .await
+        .unwrap();
+
+    assert_eq!(result.targets.len(), 2);
+    for t in &result.targets {
+        assert_eq!((t.calls, t.completed), (1, 1), "{t:?}");
+        assert!(t.turns >= 2, "2 s of turns of ~0.5 s: {t:?}");
+        // 300 ms of speech in 20 ms chunks: 15 appends a turn, each timed.
+        assert_eq!(t.appends_sent, 15 * t.turns, "{t:?}");
+        let up = t.up.expect("client→upstream transits");
+        assert_eq!(up.frames as u64, t.appends_sent, "every append was timed");
+        let down = t.down.expect("upstream→client transits");
+        assert_eq!(down.frames as u64, 5 * t.turns, "every delta was timed");
+        for d in [up, down] {
+            assert!(d.p50_ns > 0 && d.p50_ns <= d.p99_ns && d.p99_ns <= d.p999_ns);
+            assert!(
+                d.p999_ns < 1_000_000_000,
+                "loopback transits are short: {d:?}"
+            );
+        }
+        assert!(t.call_time >= Duration::from_secs(2), "{t:?}");
+    }
+    assert!(result.targets[1].cpu_per_call_minute().is_some());
+    let text = result.render();
+    for needle in [
+        "added per-frame latency against direct",
+        "CPU-s per call-minute",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&result.to_json()).unwrap();
+    assert_eq!(json["targets"][1]["name"], "relay");
+    assert!(json["targets"][1]["down"]["p99_ns"].as_u64().unwrap() > 0);
+    sim.stop();
+}
