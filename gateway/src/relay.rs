@@ -90,7 +90,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use frame::{FrameError, FrameRole};
-use leg::{Control, Leg};
+use leg::{Control, Leg, Side};
 use on_wake::{OnWake, ReadWake};
 use reader::ReadError;
 
@@ -829,7 +829,19 @@ async fn close_leg<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     let frame = match how {
         LegClose::Gone => return,
-        // The leg queued its reply when the close arrived.
+        // The peer's close came first and the leg queued its reply when it
+        // arrived: once the reply is written the handshake is complete. On
+        // the client leg the gateway is the server, which closes the TCP
+        // connection first (RFC 6455 §7.1.1); reading on for the client's
+        // EOF, while the client waited for ours, held every client-closed
+        // session (its socket and task) for the whole CLOSE_GRACE (2 s,
+        // found by the calls benchmark). On the upstream leg the gateway
+        // is the client, and reads on until the upstream closes, as the
+        // RFC has clients do.
+        LegClose::Reply if leg.side() == Side::Server => {
+            let _ = tokio::time::timeout(CLOSE_GRACE, leg.flush()).await;
+            return;
+        }
         LegClose::Reply => None,
         LegClose::Send(frame) => frame,
     };

@@ -302,6 +302,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
     /// Sends `close` (unless a close was queued already: then only what is
     /// queued) and reads until the peer's close or EOF, passing each text
     /// message to `on_text`. Unbounded: callers bound it.
+    /// What the gateway is on this leg.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
     pub async fn close(&mut self, close: Option<CloseFrame>, mut on_text: impl FnMut(&[u8])) {
         self.queue_close(close);
         if self.flush().await.is_err() {

@@ -649,3 +649,27 @@ async fn the_admin_listener_answers_health_readiness_and_metrics_and_nothing_els
     assert_eq!(http_get(gw.admin_addr, "/readyz").await.0, 503);
     assert_eq!(http_get(gw.admin_addr, "/healthz").await.0, 200);
 }
+
+/// The gateway, the server of the client's connection, closes the TCP
+/// connection once it has answered the client's close (RFC 6455 §7.1.1):
+/// it used to read on for the client's EOF while the client waited for
+/// the gateway's, both until the 2 s close grace ran out.
+#[tokio::test]
+async fn a_client_close_is_answered_and_the_connection_closed_at_once() {
+    use futures_util::StreamExt;
+    let (_sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    let mut ws = connect(gw.addr).await;
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+    let started = std::time::Instant::now();
+    ws.close(None).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(ended.is_ok(), "the connection never closed");
+    assert!(
+        took < Duration::from_millis(1500),
+        "the gateway closed the connection {took:?} after the client's close"
+    );
+}
