@@ -30,3 +30,10 @@ pub const MAX_CLIENT_SECRET_TTL_SECS: u64 = 7200;
 /// the `maximum` of every price field of the operator's CRD, and checked by the operator's
 /// validation, so a route the gateway would refuse at start is refused before any pod runs.
 pub const MAX_PRICE_USD_PER_MILLION_TOKENS: f64 = 1_000_000.0;
+
+/// Most a `[[prices]]` row's `usd_per_minute` may be. The published per-minute rates are cents
+/// (`gpt-realtime-whisper` and `gpt-live-transcribe`: 0.017 USD per minute of audio), so this
+/// never refuses a real price and catches a rate typed per hour or in cents. Enforced like
+/// [`MAX_PRICE_USD_PER_MILLION_TOKENS`]: the gateway's loader, the CRD's `maximum`, the operator's
+/// validation.
+pub const MAX_PRICE_USD_PER_MINUTE: f64 = 1_000.0;

@@ -338,7 +338,13 @@ impl Default for MeteringConfig {
     }
 }
 
-/// USD per 1M tokens for one model.
+/// The prices of one model: USD per 1M tokens for token usage, and USD per minute of audio for
+/// duration usage (`usd_per_minute`). Which rate a usage takes is decided by the usage's shape,
+/// never by the row: duration usage (`{"type": "duration", "seconds": S}`) is charged
+/// `S / 60 × usd_per_minute`, token usage by the token rates. A row without `usd_per_minute` does
+/// not price duration usage; a row with `usd_per_minute` and no token rate (all of them 0) does
+/// not price token usage ([`PriceRow::prices_tokens`]); either is then unpriced (the `unpriced`
+/// policy applies).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PriceRow {
@@ -359,6 +365,36 @@ pub struct PriceRow {
     pub text_output: f64,
     #[serde(default)]
     pub audio_output: f64,
+    /// USD per minute of audio, for duration usage (input transcription reported as
+    /// `{"type": "duration", "seconds": S}`); unset, the row prices no duration usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_per_minute: Option<f64>,
+}
+
+impl PriceRow {
+    /// The token rates, with their keys, in the file's order.
+    pub fn token_rates(&self) -> [(&'static str, f64); 6] {
+        [
+            ("text_input", self.text_input),
+            ("cached_text_input", self.cached_text_input),
+            ("audio_input", self.audio_input),
+            ("cached_audio_input", self.cached_audio_input),
+            ("text_output", self.text_output),
+            ("audio_output", self.audio_output),
+        ]
+    }
+
+    /// Whether the row prices token usage: every row does, except one that sets
+    /// `usd_per_minute` and no token rate (a per-minute model: its token usage, if any came, would
+    /// otherwise be charged 0 without the `unpriced` policy seeing it).
+    pub fn prices_tokens(&self) -> bool {
+        self.usd_per_minute.is_none() || self.token_rates().iter().any(|(_, r)| *r != 0.0)
+    }
+
+    /// Whether the row prices duration usage (it sets `usd_per_minute`).
+    pub fn prices_duration(&self) -> bool {
+        self.usd_per_minute.is_some()
+    }
 }
 
 /// `[store]`. `U` is the Redis URL the gateway resolves while loading.
@@ -618,6 +654,26 @@ mod tests {
     }
 
     #[test]
+    fn a_price_row_prices_the_usage_shapes_it_has_a_rate_for() {
+        let tokens: PriceRow = toml::from_str("model = \"m\"\ntext_input = 1.0\n").unwrap();
+        assert!(tokens.prices_tokens() && !tokens.prices_duration());
+        // A free model (every token rate 0, no per-minute rate) still prices tokens.
+        let free: PriceRow = toml::from_str("model = \"m\"\n").unwrap();
+        assert!(free.prices_tokens() && !free.prices_duration());
+        let minute: PriceRow =
+            toml::from_str("model = \"gpt-live-transcribe\"\nusd_per_minute = 0.017\n").unwrap();
+        assert_eq!(minute.usd_per_minute, Some(0.017));
+        assert!(minute.prices_duration() && !minute.prices_tokens());
+        let both: PriceRow =
+            toml::from_str("model = \"m\"\naudio_input = 6.0\nusd_per_minute = 0.006\n").unwrap();
+        assert!(both.prices_duration() && both.prices_tokens());
+        // Written back only when set.
+        assert!(!toml::to_string(&tokens).unwrap().contains("usd_per_minute"));
+        let back: PriceRow = toml::from_str(&toml::to_string(&minute).unwrap()).unwrap();
+        assert_eq!(back, minute);
+    }
+
+    #[test]
     fn unknown_keys_are_refused_by_every_section() {
         let e = toml::from_str::<RouteConfig>("model = \"m\"\nupstream = \"x\"\n").unwrap_err();
         assert!(e.message().starts_with("unknown field `upstream`"), "{e}");
@@ -628,6 +684,7 @@ mod tests {
         assert!(toml::from_str::<PoolConfig>("sise = 1\n").is_err());
         assert!(toml::from_str::<MeteringConfig>("flush = 1\n").is_err());
         assert!(toml::from_str::<PriceRow>("model = \"m\"\naudio = 1.0\n").is_err());
+        assert!(toml::from_str::<PriceRow>("model = \"m\"\nusd_per_second = 1.0\n").is_err());
         assert!(toml::from_str::<StoreConfig>("redis_url = \"x\"\n").is_err());
         assert!(toml::from_str::<DrainConfig>("mode = \"close\"\nwait = 1\n").is_err());
         assert!(toml::from_str::<ClientSecretsConfig>("ttl = 1\n").is_err());

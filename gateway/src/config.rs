@@ -29,8 +29,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use patchbay_config::{
-    validate_upstream_url, MAX_PRICE_USD_PER_MILLION_TOKENS, MIN_DRAIN_WAIT_SECS,
-    MIN_POOL_MAX_IDLE_SECS,
+    validate_upstream_url, MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_PRICE_USD_PER_MINUTE,
+    MIN_DRAIN_WAIT_SECS, MIN_POOL_MAX_IDLE_SECS,
 };
 use serde::Deserialize;
 use url::Url;
@@ -629,28 +629,44 @@ fn validate_redis_url(url: &str, has_ca_file: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Every price must be a number within `[0, MAX_PRICE_USD_PER_MILLION_TOKENS]`: finite, and small
-/// enough that no usage can make a cost overflow (see `metering::pricing`).
+/// Every token rate must be a number within `[0, MAX_PRICE_USD_PER_MILLION_TOKENS]` and a
+/// `usd_per_minute` within `[0, MAX_PRICE_USD_PER_MINUTE]`: finite, and small enough that no usage
+/// can make a cost overflow (see `metering::pricing`). A model priced twice for the same upstream
+/// is ambiguous (which row's rates apply?) and refused, naming the second row.
 fn validate_prices(prices: &[PriceRow]) -> Result<(), ConfigError> {
+    let bad = |i: usize, name: &str, v: f64, max: f64, unit: &str| {
+        ConfigError::new(
+            format!("prices[{i}].{name}"),
+            format!("must be a number >= 0 and at most {max} ({unit}), got {v}"),
+        )
+    };
+    let in_bounds = |v: f64, max: f64| v.is_finite() && (0.0..=max).contains(&v);
     for (i, p) in prices.iter().enumerate() {
-        let fields = [
-            ("text_input", p.text_input),
-            ("cached_text_input", p.cached_text_input),
-            ("audio_input", p.audio_input),
-            ("cached_audio_input", p.cached_audio_input),
-            ("text_output", p.text_output),
-            ("audio_output", p.audio_output),
-        ];
-        for (name, v) in fields {
-            if !(v.is_finite() && (0.0..=MAX_PRICE_USD_PER_MILLION_TOKENS).contains(&v)) {
-                return Err(ConfigError::new(
-                    format!("prices[{i}].{name}"),
-                    format!(
-                        "must be a number >= 0 and at most {MAX_PRICE_USD_PER_MILLION_TOKENS} \
-                         (USD per 1M tokens), got {v}"
-                    ),
-                ));
+        for (name, v) in p.token_rates() {
+            if !in_bounds(v, MAX_PRICE_USD_PER_MILLION_TOKENS) {
+                let unit = "USD per 1M tokens";
+                return Err(bad(i, name, v, MAX_PRICE_USD_PER_MILLION_TOKENS, unit));
             }
+        }
+        if let Some(v) = p
+            .usd_per_minute
+            .filter(|v| !in_bounds(*v, MAX_PRICE_USD_PER_MINUTE))
+        {
+            let unit = "USD per minute of audio";
+            return Err(bad(i, "usd_per_minute", v, MAX_PRICE_USD_PER_MINUTE, unit));
+        }
+        if let Some(first) = prices[..i]
+            .iter()
+            .position(|q| q.model == p.model && q.upstream == p.upstream)
+        {
+            return Err(ConfigError::new(
+                format!("prices[{i}].model"),
+                format!(
+                    "{:?} is priced already by prices[{first}] (for the same upstream): give its \
+                     token rates and usd_per_minute in one row",
+                    p.model
+                ),
+            ));
         }
     }
     Ok(())
@@ -1194,6 +1210,38 @@ mod tests {
             c.prices[0].audio_output, 1_000_000.0,
             "the ceiling itself is allowed"
         );
+    }
+
+    #[test]
+    fn a_per_minute_price_is_bounded_and_a_model_priced_twice_is_refused() {
+        let row = |v: &str| {
+            format!("[[prices]]\nmodel = \"gpt-live-transcribe\"\nusd_per_minute = {v}\n")
+        };
+        let c = Config::from_toml_with_env(&row("0.017"), &env_of(BASE_ENV)).unwrap();
+        assert_eq!(c.prices[0].usd_per_minute, Some(0.017));
+        let c = Config::from_toml_with_env(&row("1000.0"), &env_of(BASE_ENV)).unwrap();
+        assert_eq!(
+            c.prices[0].usd_per_minute,
+            Some(1000.0),
+            "the ceiling itself"
+        );
+        for v in ["1000.5", "-0.01", "1e308", "nan", "inf"] {
+            let e = Config::from_toml_with_env(&row(v), &env_of(BASE_ENV)).unwrap_err();
+            assert_eq!(e.key, "prices[0].usd_per_minute", "{v}: {e}");
+            assert!(e.message.contains("USD per minute"), "{e}");
+            let e = live_from_toml(&row(v), &env_of(&[])).unwrap_err();
+            assert_eq!(e.key, "prices[0].usd_per_minute", "{v}: {e}");
+        }
+        // Two rows for one model (one per-minute, one per token) are ambiguous.
+        let twice = "[[prices]]\nmodel = \"m\"\ntext_input = 1.0\n\
+                     [[prices]]\nmodel = \"m\"\nusd_per_minute = 0.01\n";
+        let e = Config::from_toml_with_env(twice, &env_of(BASE_ENV)).unwrap_err();
+        assert_eq!(e.key, "prices[1].model", "{e}");
+        assert!(e.message.contains("prices[0]"), "{e}");
+        // One row per upstream is not.
+        let per_upstream = "[[prices]]\nmodel = \"m\"\ntext_input = 1.0\n\
+                            [[prices]]\nmodel = \"m\"\nupstream = \"b\"\ntext_input = 2.0\n";
+        live_from_toml(per_upstream, &env_of(&[])).unwrap();
     }
 
     #[test]

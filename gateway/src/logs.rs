@@ -49,7 +49,7 @@ pub const LINGER: Duration = Duration::from_millis(100);
 pub const LINGER_BYTES: usize = 256 * 1024;
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 30] = [
+pub const FIELDS: [&str; 31] = [
     "request_id",
     "session_id",
     "key_id",
@@ -76,6 +76,7 @@ pub const FIELDS: [&str; 30] = [
     "output_text_tokens",
     "output_audio_tokens",
     "transcription_tokens",
+    "audio_seconds",
     "cost_usd",
     "usage_unknown",
     "usage_implausible",
@@ -138,6 +139,9 @@ pub struct RequestLogRow {
     pub output_text_tokens: u64,
     pub output_audio_tokens: u64,
     pub transcription_tokens: u64,
+    /// Seconds of audio of a duration usage (a transcription billed per
+    /// minute); `None` for token usage.
+    pub audio_seconds: Option<f64>,
     /// What the turn was charged: its cost at the flush's prices, capped at
     /// `[metering] max_turn_usd` when `usage_implausible`.
     pub cost_usd: f64,
@@ -183,6 +187,7 @@ impl RequestLogRow {
         w.field("output_text_tokens", &self.output_text_tokens);
         w.field("output_audio_tokens", &self.output_audio_tokens);
         w.field("transcription_tokens", &self.transcription_tokens);
+        w.field("audio_seconds", &self.audio_seconds);
         w.field("cost_usd", &self.cost_usd);
         w.field("usage_unknown", &self.usage_unknown);
         w.field("usage_implausible", &self.usage_implausible);
@@ -240,6 +245,12 @@ impl RequestLogRow {
             ("output_text_tokens", n(self.output_text_tokens)),
             ("output_audio_tokens", n(self.output_audio_tokens)),
             ("transcription_tokens", n(self.transcription_tokens)),
+            (
+                "audio_seconds",
+                self.audio_seconds
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+            ),
             ("cost_usd", self.cost_usd.to_string()),
             ("usage_unknown", self.usage_unknown.to_string()),
             ("usage_implausible", self.usage_implausible.to_string()),
@@ -528,6 +539,7 @@ mod tests {
             output_text_tokens: 12,
             output_audio_tokens: 50,
             transcription_tokens: 0,
+            audio_seconds: None,
             cost_usd: 0.0065,
             usage_unknown: false,
             usage_implausible: false,

@@ -22,12 +22,12 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
-/// The most a price may be, USD per 1M tokens: the gateway's own ceiling, published as each price
-/// field's `maximum`.
-pub use patchbay_config::MAX_PRICE_USD_PER_MILLION_TOKENS;
 /// The enums are the gateway's own (`patchbay-config`), so the CRD accepts exactly the words
 /// `gateway.toml` does; and the upstream URL used when an OpenAI route does not name one.
 pub use patchbay_config::{DrainMode, Protocol, Provider, Unpriced, OPENAI_REALTIME_URL};
+/// The most a price may be, USD per 1M tokens: the gateway's own ceiling, published as each price
+/// field's `maximum`.
+pub use patchbay_config::{MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_PRICE_USD_PER_MINUTE};
 
 /// API group of the resource.
 pub const GROUP: &str = "patchbay.dev";
@@ -331,7 +331,7 @@ pub struct Metering {
     /// What to do with a model that has no price: `allow` (meter tokens, cost 0) or `block`.
     #[serde(default)]
     pub unpriced: Unpriced,
-    /// USD per 1M tokens, per model.
+    /// Per model: USD per 1M tokens, and USD per minute of audio (`usdPerMinute`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prices: Vec<Price>,
 }
@@ -347,25 +347,38 @@ impl Default for Metering {
     }
 }
 
-/// Prices of one model, USD per 1M tokens, each from 0 to 1000000: the gateway refuses a larger
-/// one at start.
+/// Prices of one model: token rates in USD per 1M tokens, each from 0 to 1000000, and
+/// `usdPerMinute`, USD per minute of audio for duration usage (transcription reported in seconds),
+/// from 0 to 1000; the gateway refuses a larger one at start. Token usage takes the token rates,
+/// duration usage the per-minute rate; a row may carry either or both (a token rate left out is 0).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Price {
     #[schemars(length(min = 1))]
     pub model: String,
+    #[serde(default)]
     #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub text_input: f64,
+    #[serde(default)]
     #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub cached_text_input: f64,
+    #[serde(default)]
     #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub audio_input: f64,
+    #[serde(default)]
     #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub cached_audio_input: f64,
+    #[serde(default)]
     #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub text_output: f64,
+    #[serde(default)]
     #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MILLION_TOKENS))]
     pub audio_output: f64,
+    /// USD per minute of audio, for duration usage (`{"type": "duration", "seconds": S}` is
+    /// charged S / 60 times this); unset, the model's duration usage is unpriced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = MAX_PRICE_USD_PER_MINUTE))]
+    pub usd_per_minute: Option<f64>,
 }
 
 /// Pod shutdown: the pod leaves the Service endpoints during `preStopSleepSeconds`, then the

@@ -100,6 +100,7 @@ pub fn full_spec() -> RealtimeRouteSpec {
                 cached_audio_input: 0.4,
                 text_output: 16.0,
                 audio_output: 64.0,
+                usd_per_minute: None,
             }],
         },
         client_keys_secret_ref: secret("voice-keys", "keys.toml"),

@@ -300,6 +300,7 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
                 cached_audio_input: p.cached_audio_input,
                 text_output: p.text_output,
                 audio_output: p.audio_output,
+                usd_per_minute: p.usd_per_minute,
             })
             .collect(),
         store: spec

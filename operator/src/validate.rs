@@ -11,9 +11,9 @@ use kube::ResourceExt;
 
 use crate::crd::{
     Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef, MAX_CLIENT_SECRET_TTL_SECONDS,
-    MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_SECONDS, MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS,
-    MIN_DRAIN_WAIT_SECONDS, MIN_POOL_MAX_IDLE_SECONDS, OPERATOR_ANNOTATION_PREFIX,
-    OPERATOR_POD_LABELS, POD_DELETION_COST_ANNOTATION,
+    MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_PRICE_USD_PER_MINUTE, MAX_SECONDS, MAX_UPSTREAMS,
+    MIN_CLIENT_SECRET_TTL_SECONDS, MIN_DRAIN_WAIT_SECONDS, MIN_POOL_MAX_IDLE_SECONDS,
+    OPERATOR_ANNOTATION_PREFIX, OPERATOR_POD_LABELS, POD_DELETION_COST_ANNOTATION,
 };
 use crate::error::{Error, Result};
 
@@ -341,6 +341,15 @@ fn check_prices(spec: &RealtimeRouteSpec) -> Result<()> {
                 return Err(Error::InvalidSpec(format!(
                     "metering.prices[{i}].{field} {rate} (model {:?}) must be a number from 0 to \
                      {MAX_PRICE_USD_PER_MILLION_TOKENS} USD per 1M tokens, the gateway's ceiling",
+                    p.model
+                )));
+            }
+        }
+        if let Some(rate) = p.usd_per_minute {
+            if !(rate.is_finite() && (0.0..=MAX_PRICE_USD_PER_MINUTE).contains(&rate)) {
+                return Err(Error::InvalidSpec(format!(
+                    "metering.prices[{i}].usdPerMinute {rate} (model {:?}) must be a number from \
+                     0 to {MAX_PRICE_USD_PER_MINUTE} USD per minute of audio, the gateway's ceiling",
                     p.model
                 )));
             }
@@ -691,6 +700,25 @@ mod tests {
                 );
                 assert!(msg.contains("1000000 USD per 1M tokens"), "{msg}");
             }
+        }
+    }
+
+    #[test]
+    fn a_per_minute_price_is_checked_against_the_gateways_ceiling() {
+        for ok in [0.0, 0.017, MAX_PRICE_USD_PER_MINUTE] {
+            let mut spec = fixtures::full_spec();
+            spec.metering.prices[0].usd_per_minute = Some(ok);
+            check_spec(&spec).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [1000.5, -0.5, f64::INFINITY, f64::NAN] {
+            let mut spec = fixtures::full_spec();
+            spec.metering.prices[0].usd_per_minute = Some(bad);
+            let msg = invalid(&spec);
+            assert!(
+                msg.contains(&format!("metering.prices[0].usdPerMinute {bad}")),
+                "{msg}"
+            );
+            assert!(msg.contains("1000 USD per minute of audio"), "{msg}");
         }
     }
 

@@ -1141,10 +1141,13 @@ async fn the_api_server_enforces_the_upstream_rules_and_a_listed_route_renders_l
 
 // --- pod overrides and the price ceiling, on a real API server -------------------------------
 
-fn prices(text_input: f64) -> serde_json::Value {
+/// A token-priced row and a per-minute row (no token rates: they default to 0).
+fn prices(text_input: f64, usd_per_minute: f64) -> serde_json::Value {
     serde_json::json!([{
         "model": "gpt-realtime", "textInput": text_input, "cachedTextInput": 0.0,
         "audioInput": 0.0, "cachedAudioInput": 0.0, "textOutput": 0.0, "audioOutput": 0.0
+    }, {
+        "model": "gpt-live-transcribe", "usdPerMinute": usd_per_minute
     }])
 }
 
@@ -1190,8 +1193,13 @@ async fn pod_overrides_reach_the_pods_and_the_api_server_refuses_operator_keys_a
         ),
         (
             "price",
-            serde_json::json!({"upstream": one, "metering": {"prices": prices(1_000_001.0)}}),
+            serde_json::json!({"upstream": one, "metering": {"prices": prices(1_000_001.0, 0.017)}}),
             "spec.metering.prices[0].textInput",
+        ),
+        (
+            "per-minute-price",
+            serde_json::json!({"upstream": one, "metering": {"prices": prices(4.0, 1000.5)}}),
+            "spec.metering.prices[1].usdPerMinute",
         ),
         (
             "pull-policy",
@@ -1229,7 +1237,7 @@ async fn pod_overrides_reach_the_pods_and_the_api_server_refuses_operator_keys_a
         "pods",
         serde_json::json!({
             "upstream": one,
-            "metering": {"prices": prices(1_000_000.0)},
+            "metering": {"prices": prices(1_000_000.0, 1000.0)},
             "gateway": {
                 "imagePullPolicy": "Never",
                 "imagePullSecrets": [{"name": "regcred"}],
@@ -1297,6 +1305,11 @@ async fn pod_overrides_reach_the_pods_and_the_api_server_refuses_operator_keys_a
         .conditions
         .iter()
         .any(|c| c.type_ == "Degraded" && c.status == "False"));
+    // The per-minute row (its token rates defaulted by the API server) reaches the gateway.
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let toml = config_maps.get("pods-gateway").await.unwrap().data.unwrap()["gateway.toml"].clone();
+    assert!(toml.contains("model = \"gpt-live-transcribe\""), "{toml}");
+    assert!(toml.contains("usd_per_minute = 1000.0"), "{toml}");
 
     shutdown.cancel();
     controller.await.expect("controller stops");

@@ -497,23 +497,23 @@ fn the_price_ceiling_is_the_crds_the_operators_and_the_gateways() {
     let route = example_route("realtimeroute-full.yaml");
     let schema = spec_schema();
     let published = &schema["metering"]["properties"]["prices"]["items"]["properties"];
-    // (CRD field, gateway key)
-    for (field, gw_key) in [
-        ("textInput", "text_input"),
-        ("cachedTextInput", "cached_text_input"),
-        ("audioInput", "audio_input"),
-        ("cachedAudioInput", "cached_audio_input"),
-        ("textOutput", "text_output"),
-        ("audioOutput", "audio_output"),
+    let per_million = patchbay_operator::crd::MAX_PRICE_USD_PER_MILLION_TOKENS;
+    let per_minute = patchbay_operator::crd::MAX_PRICE_USD_PER_MINUTE;
+    // (CRD field, gateway key, the example's price row, the ceiling): row 1 is per-minute.
+    for (field, gw_key, row, ceiling) in [
+        ("textInput", "text_input", 0, per_million),
+        ("cachedTextInput", "cached_text_input", 0, per_million),
+        ("audioInput", "audio_input", 0, per_million),
+        ("cachedAudioInput", "cached_audio_input", 0, per_million),
+        ("textOutput", "text_output", 0, per_million),
+        ("audioOutput", "audio_output", 0, per_million),
+        ("usdPerMinute", "usd_per_minute", 1, per_minute),
     ] {
         let max = published[field]["maximum"]
             .as_f64()
             .unwrap_or_else(|| panic!("prices[].{field} has a maximum"));
-        assert_eq!(
-            max,
-            patchbay_operator::crd::MAX_PRICE_USD_PER_MILLION_TOKENS
-        );
-        let pointer = format!("/spec/metering/prices/0/{field}");
+        assert_eq!(max, ceiling, "{field}");
+        let pointer = format!("/spec/metering/prices/{row}/{field}");
         let at_max = with_field(&route, &pointer, max.into());
         patchbay_operator::validate::check_spec(&at_max.spec)
             .unwrap_or_else(|e| panic!("the operator refuses {field} = {max}: {e}"));
@@ -525,15 +525,15 @@ fn the_price_ceiling_is_the_crds_the_operators_and_the_gateways() {
         };
         assert!(
             err.to_string()
-                .contains(&format!("metering.prices[0].{field}")),
+                .contains(&format!("metering.prices[{row}].{field}")),
             "{err}"
         );
         // The gateway, given that price in its file, refuses to start, naming the key.
         let text = gateway_config::render(&beyond.spec);
         let Err(err) = load_rendered(&format!("price-{gw_key}-past"), &text, &keys) else {
-            panic!("the gateway accepts prices[0].{gw_key} = {past}");
+            panic!("the gateway accepts prices[{row}].{gw_key} = {past}");
         };
-        assert_eq!(err.key, format!("prices[0].{gw_key}"), "{err}");
+        assert_eq!(err.key, format!("prices[{row}].{gw_key}"), "{err}");
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::config::{SimConfig, SimFault};
+use crate::config::{SimConfig, SimFault, TranscriptionUsage};
 
 /// Exit code for bad flags.
 pub const EXIT_USAGE: u8 = 2;
@@ -49,13 +49,19 @@ pub struct SimArgs {
     /// times of the stamped appends it commits (see the `stamp` module).
     #[arg(long)]
     pub stamp_frames: bool,
+    /// The usage of each input-audio transcription: `tokens` (default) or
+    /// `duration:SECONDS` (`{"type": "duration", "seconds": SECONDS}`).
+    #[arg(long, default_value = "tokens")]
+    pub transcription_usage: String,
 }
 
 impl SimArgs {
     /// The simulator these flags describe, or what is wrong with them.
     pub fn config(&self) -> Result<SimConfig, String> {
         let fault = self.fault.as_deref().map(parse_fault).transpose()?;
+        let transcription_usage = parse_transcription_usage(&self.transcription_usage)?;
         Ok(SimConfig {
+            transcription_usage,
             keys: self.keys.clone(),
             upgrade_delay: Duration::from_millis(self.upgrade_delay_ms),
             session_delay: Duration::from_millis(self.session_delay_ms),
@@ -97,6 +103,24 @@ pub fn parse_fault(s: &str) -> Result<SimFault, String> {
         "done-twice" => Ok(SimFault::DoneTwice),
         _ => Err(format!(
             "unknown --fault {s:?}: use refuse:STATUS, error-first, key-error-first, drop:N, close:CODE, usage-max or done-twice"
+        )),
+    }
+}
+
+/// `tokens` or `duration:SECONDS` (a finite number >= 0).
+pub fn parse_transcription_usage(s: &str) -> Result<TranscriptionUsage, String> {
+    match s.split_once(':') {
+        None if s == "tokens" => Ok(TranscriptionUsage::Tokens),
+        Some(("duration", n)) => match n.parse::<f64>() {
+            Ok(seconds) if seconds.is_finite() && seconds >= 0.0 => {
+                Ok(TranscriptionUsage::Duration { seconds })
+            }
+            _ => Err(format!(
+                "--transcription-usage duration:SECONDS needs a number >= 0, got {n:?}"
+            )),
+        },
+        _ => Err(format!(
+            "unknown --transcription-usage {s:?}: use tokens or duration:SECONDS"
         )),
     }
 }
@@ -170,5 +194,23 @@ mod tests {
             .unwrap_err()
             .contains("needs a number"));
         assert!(parse_fault("melt").unwrap_err().contains("unknown --fault"));
+    }
+
+    #[test]
+    fn transcription_usage_shapes_parse_and_bad_ones_are_named() {
+        assert_eq!(
+            parse_transcription_usage("tokens"),
+            Ok(TranscriptionUsage::Tokens)
+        );
+        assert_eq!(
+            parse_transcription_usage("duration:2.5"),
+            Ok(TranscriptionUsage::Duration { seconds: 2.5 })
+        );
+        assert_eq!(
+            TranscriptionUsage::Duration { seconds: 2.5 }.json(),
+            serde_json::json!({"type": "duration", "seconds": 2.5})
+        );
+        assert!(parse_transcription_usage("duration:-1").is_err());
+        assert!(parse_transcription_usage("minutes").is_err());
     }
 }

@@ -50,6 +50,37 @@ pub enum SimFault {
     DoneTwice,
 }
 
+/// The shape of the usage a `conversation.item.input_audio_transcription.completed` reports:
+/// openai-python's `types/realtime/conversation_item_input_audio_transcription_completed_event.py`
+/// types `usage` as a union of `UsageTranscriptTextUsageTokens` (`type: "tokens"`,
+/// `input_tokens`, `output_tokens`, `total_tokens`, `input_token_details{audio_tokens,
+/// text_tokens}`) and `UsageTranscriptTextUsageDuration` (`type: "duration"`, `seconds: float`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum TranscriptionUsage {
+    /// `{"type": "tokens", "input_tokens": 30, "output_tokens": 5, "total_tokens": 35,
+    /// "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}` (token-billed models such
+    /// as `gpt-4o-transcribe`).
+    #[default]
+    Tokens,
+    /// `{"type": "duration", "seconds": S}` (models billed per minute of audio, such as
+    /// `whisper-1`, `gpt-realtime-whisper`, `gpt-live-transcribe`).
+    Duration { seconds: f64 },
+}
+
+impl TranscriptionUsage {
+    /// The `usage` object of a transcription's completed event.
+    pub fn json(self) -> serde_json::Value {
+        match self {
+            TranscriptionUsage::Tokens => serde_json::json!({
+                "type": "tokens", "input_tokens": 30, "output_tokens": 5, "total_tokens": 35,
+                "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}),
+            TranscriptionUsage::Duration { seconds } => {
+                serde_json::json!({"type": "duration", "seconds": seconds})
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Accepted upstream keys; empty accepts any non-empty key.
@@ -81,6 +112,8 @@ pub struct SimConfig {
     /// `input_audio_buffer.committed` the transit times of the stamped
     /// appends it commits.
     pub stamp_frames: bool,
+    /// What each input-audio transcription's usage reports.
+    pub transcription_usage: TranscriptionUsage,
 }
 
 impl Default for SimConfig {
@@ -101,6 +134,7 @@ impl Default for SimConfig {
             caller_turn_interval: Duration::from_millis(50),
             accept_answer_delay: Duration::ZERO,
             stamp_frames: false,
+            transcription_usage: TranscriptionUsage::Tokens,
         }
     }
 }

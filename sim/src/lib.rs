@@ -59,7 +59,8 @@ mod wire;
 pub use calls::{CallAction, CallKind, CreatedCall, SimCalls};
 pub use calls_api::answer_for;
 pub use config::{
-    SimConfig, SimFault, AUDIO_TOKENS_PER_DELTA, TEXT_OUTPUT_TOKENS, TRANSCRIPTION_MODEL,
+    SimConfig, SimFault, TranscriptionUsage, AUDIO_TOKENS_PER_DELTA, TEXT_OUTPUT_TOKENS,
+    TRANSCRIPTION_MODEL,
 };
 pub use handle::{SimHandle, SimStats};
 pub use realtime::{usage_for, usage_max};

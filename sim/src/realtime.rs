@@ -536,9 +536,9 @@ impl Session {
                         .send(ws, json!({
                             "type": "conversation.item.input_audio_transcription.completed",
                             "item_id": item_id, "content_index": 0, "transcript": "hello there",
-                            "usage": {"type": "tokens", "input_tokens": 30, "output_tokens": 5,
-                                      "total_tokens": 35,
-                                      "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}
+                            // SDK: conversation_item_input_audio_transcription_completed_event.py
+                            // (`usage`: the tokens or the duration variant, as configured).
+                            "usage": self.config.transcription_usage.json()
                         }))
                         .await)
             }

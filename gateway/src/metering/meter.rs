@@ -81,8 +81,10 @@ pub const BUDGET_TICK: Duration = Duration::from_secs(1);
 pub const MAX_TPM_INCREMENT: u64 = 1 << 40;
 /// A window this large is flushed before its tick.
 pub const MAX_WINDOW_TURNS: usize = 256;
-/// The row model of transcription usage when no session event named the
-/// transcription model (unpriced).
+/// The row model (and metric label) of transcription usage when no session
+/// event named the transcription model, or named one without a `[[prices]]`
+/// row: a string from the session is never a row model or a label unless it
+/// is a configured model.
 pub const UNKNOWN_TRANSCRIPTION_MODEL: &str = "unknown-transcription-model";
 /// Close code for budget and key kills (policy violation).
 pub const KILL_CLOSE_CODE: u16 = 1008;
@@ -293,7 +295,7 @@ impl MeterTask {
                 self.implausible(&priced, max_turn_usd);
             }
             if !priced.priced
-                && priced.usage.total > 0
+                && (priced.usage.total > 0 || priced.usage.audio_seconds.is_some())
                 && self.shared.first_unpriced(&priced.row.model)
             {
                 tracing::warn!(session_id = %self.meta.session_id, model = %priced.row.model, "no [[prices]] row for this model: its usage is logged at cost 0");
@@ -517,12 +519,21 @@ pub fn build_row(
     let (row_model, upstream_model, transcription) = match &rec.kind {
         TurnKind::Response => (meta.model.as_str(), meta.upstream_model.as_str(), false),
         TurnKind::Transcription { model } => {
-            let m = model.as_deref().unwrap_or(UNKNOWN_TRANSCRIPTION_MODEL);
+            let configured = |m: &&str| {
+                *m == meta.model || pricing::find(prices, m, m, &meta.upstream).is_some()
+            };
+            let m = model
+                .as_deref()
+                .filter(configured)
+                .unwrap_or(UNKNOWN_TRANSCRIPTION_MODEL);
             (m, m, true)
         }
     };
-    let price = pricing::find(prices, row_model, upstream_model, &meta.upstream);
     let usage = rec.usage.unwrap_or_default();
+    // A row prices a usage only with a rate for its shape (tokens or
+    // duration); else the usage is unpriced.
+    let price = pricing::find(prices, row_model, upstream_model, &meta.upstream)
+        .filter(|p| pricing::prices(p, &usage));
     let cost_usd = price.map_or(0.0, |p| pricing::cost_usd(p, &usage));
     let charge = pricing::charge(&usage, cost_usd, max_turn_usd);
     let rfc3339 = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
@@ -553,6 +564,7 @@ pub fn build_row(
         output_text_tokens: usage.output_text,
         output_audio_tokens: usage.output_audio,
         transcription_tokens: if transcription { usage.total } else { 0 },
+        audio_seconds: usage.audio_seconds,
         cost_usd: charge.cost_usd,
         usage_unknown: rec.usage.is_none(),
         usage_implausible: charge.implausible,
@@ -621,6 +633,7 @@ mod tests {
                 cached_audio_input: 0.4,
                 text_output: 16.0,
                 audio_output: 64.0,
+                usd_per_minute: None,
             },
             PriceRow {
                 upstream: None,
@@ -758,5 +771,66 @@ mod tests {
         assert_eq!(p.row.model, UNKNOWN_TRANSCRIPTION_MODEL);
         assert!(!p.priced);
         assert_eq!(p.row.cost_usd, 0.0);
+    }
+
+    #[test]
+    fn a_transcription_model_without_a_price_row_is_never_a_row_model() {
+        let kind = TurnKind::Transcription {
+            model: Some("anything-a-client-typed".into()),
+        };
+        let usage = Usage {
+            total: 35,
+            ..Usage::default()
+        };
+        let p = build_row(&record(kind, Some(usage)), &meta(), &prices(), MAX_TURN_USD);
+        assert_eq!(p.row.model, UNKNOWN_TRANSCRIPTION_MODEL);
+        assert_eq!(p.row.upstream_model, UNKNOWN_TRANSCRIPTION_MODEL);
+        assert!(!p.priced);
+    }
+
+    #[test]
+    fn a_duration_transcription_is_priced_per_minute_and_carries_its_seconds() {
+        let mut prices = prices();
+        prices.push(PriceRow {
+            model: "gpt-realtime-whisper".into(),
+            usd_per_minute: Some(0.017),
+            ..PriceRow::default()
+        });
+        let kind = |m: &str| TurnKind::Transcription {
+            model: Some(m.into()),
+        };
+        let usage = Usage {
+            audio_seconds: Some(30.0),
+            ..Usage::default()
+        };
+        let p = build_row(
+            &record(kind("gpt-realtime-whisper"), Some(usage)),
+            &meta(),
+            &prices,
+            MAX_TURN_USD,
+        );
+        assert!(p.priced);
+        assert_eq!(p.row.model, "gpt-realtime-whisper");
+        assert_eq!(p.row.audio_seconds, Some(30.0));
+        assert_eq!((p.row.cost_usd, p.row.total_tokens), (0.0085, 0));
+        // A duration on a model priced only per token is unpriced: cost 0.
+        let p = build_row(
+            &record(kind("gpt-4o-transcribe"), Some(usage)),
+            &meta(),
+            &prices,
+            MAX_TURN_USD,
+        );
+        assert!(!p.priced);
+        assert_eq!(p.row.cost_usd, 0.0);
+        assert_eq!(p.row.audio_seconds, Some(30.0));
+        // A token row has no seconds.
+        let r = build_row(
+            &record(TurnKind::Response, Some(Usage::default())),
+            &meta(),
+            &prices,
+            MAX_TURN_USD,
+        )
+        .row;
+        assert_eq!(r.audio_seconds, None);
     }
 }

@@ -416,6 +416,7 @@ mod tests {
             output_text_tokens: 0,
             output_audio_tokens: 0,
             transcription_tokens: 0,
+            audio_seconds: None,
             cost_usd,
             usage_unknown: false,
             usage_implausible: false,

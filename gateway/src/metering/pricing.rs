@@ -15,14 +15,20 @@
 //!   audio; each is clamped to its modality's input;
 //! - image input tokens are billed at the text input rate (the price table
 //!   has no image column);
-//! - duration-based transcription usage (`{"type":"duration"}`, whisper-1)
-//!   carries no tokens and is priced at 0: the price table has no per-second
-//!   column.
+//! - transcription usage is a union (openai-python
+//!   `types/realtime/conversation_item_input_audio_transcription_completed_event.py`):
+//!   `{"type": "tokens", …}` is priced like any token usage, `{"type":
+//!   "duration", "seconds": S}` (a usage with `seconds`) carries no tokens
+//!   and is priced `S / 60 × usd_per_minute` ([`cost_usd`]). A row prices a
+//!   usage only when it has a rate for its shape ([`prices`]): duration
+//!   usage needs `usd_per_minute`, token usage a row that is not per-minute
+//!   only; otherwise the usage is unpriced (cost 0, the `unpriced` warning).
 //!
 //! Plausibility: a turn whose usage no real turn can have is charged as a
 //! bounded amount, not as reported ([`charge`]). It is implausible when its
 //! `total` (the larger of the reported total and input + output, so at
-//! least every other count) is above [`MAX_TURN_TOKENS`], or when its cost
+//! least every other count) is above [`MAX_TURN_TOKENS`], when its audio is
+//! longer than [`MAX_TURN_AUDIO_SECONDS`], or when its cost
 //! is above `[metering] max_turn_usd` (default 100 USD). Its row keeps the
 //! reported token counts and is flagged `usage_implausible`; it is charged
 //! its cost capped at `max_turn_usd`, and its tokens capped at
@@ -35,9 +41,11 @@
 //! outside it; the arithmetic does not rely on that), token counts are
 //! `u64`, and token differences saturate at 0, so one price column adds at
 //! most `u64::MAX` × 1e6 / 1e6 ≈ 1.8e19 USD and the sum of the eight stays
-//! far below `f64::MAX`.
+//! far below `f64::MAX`. Likewise a per-minute rate is taken within `[0,
+//! MAX_PRICE_USD_PER_MINUTE]` and seconds within `[0, MAX_PRICED_SECONDS]`
+//! (a negative, NaN or huge report cannot make a cost negative or infinite).
 
-use patchbay_config::MAX_PRICE_USD_PER_MILLION_TOKENS;
+use patchbay_config::{MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_PRICE_USD_PER_MINUTE};
 use serde::Deserialize;
 
 use crate::config::PriceRow;
@@ -52,6 +60,9 @@ pub struct UsageJson {
     pub output_tokens: Option<u64>,
     pub input_token_details: Option<InputDetails>,
     pub output_token_details: Option<OutputDetails>,
+    /// Duration usage (`{"type": "duration", "seconds": S}`): seconds of
+    /// input audio. Its presence is what makes a usage a duration.
+    pub seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -83,7 +94,7 @@ pub struct OutputDetails {
 /// input_audio + input_image == input`, `output_text + output_audio ==
 /// output`, `cached_text <= input_text`, `cached_audio <= input_audio`,
 /// `cached_image <= input_image`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Usage {
     pub input: u64,
     pub output: u64,
@@ -96,6 +107,9 @@ pub struct Usage {
     pub cached_image: u64,
     pub output_text: u64,
     pub output_audio: u64,
+    /// Seconds of audio of a duration usage (as reported); `None` for a
+    /// token usage.
+    pub audio_seconds: Option<f64>,
 }
 
 impl Usage {
@@ -155,6 +169,7 @@ impl Usage {
             cached_image,
             output_text,
             output_audio: out_audio,
+            audio_seconds: u.seconds,
         }
     }
 
@@ -183,15 +198,34 @@ pub fn find<'a>(
     pick(model).or_else(|| pick(upstream_model))
 }
 
-/// Whether every upstream of `route` has a price.
+/// Whether every upstream of `route` has a price for its response turns, which report tokens: a
+/// row with only `usd_per_minute` does not price them ([`PriceRow::prices_tokens`]).
 pub fn route_priced(prices: &[PriceRow], route: &crate::config::RouteConfig) -> bool {
-    route
-        .upstream_list()
-        .iter()
-        .all(|u| find(prices, &route.model, u.upstream_model(route), &u.name).is_some())
+    route.upstream_list().iter().all(|u| {
+        find(prices, &route.model, u.upstream_model(route), &u.name)
+            .is_some_and(PriceRow::prices_tokens)
+    })
+}
+
+/// Whether `p` has a rate for the shape of `u`: duration usage needs its
+/// `usd_per_minute`, token usage a row that is not per-minute only.
+pub fn prices(p: &PriceRow, u: &Usage) -> bool {
+    match u.audio_seconds {
+        Some(_) => p.prices_duration(),
+        None => p.prices_tokens(),
+    }
 }
 
 const PER: f64 = 1_000_000.0;
+
+/// Most seconds of audio one turn can plausibly report: a transcription
+/// covers one committed stretch of input audio, within one session of at
+/// most 60 minutes; two hours is twice that.
+pub const MAX_TURN_AUDIO_SECONDS: f64 = 7200.0;
+
+/// Most seconds the arithmetic takes from a report (about 136 years): at
+/// the per-minute ceiling that is about 7e10 USD, finite.
+pub const MAX_PRICED_SECONDS: f64 = u32::MAX as f64;
 
 /// Most tokens one turn can plausibly report, in its `total` (so in any
 /// field). A turn's input is at most its model's context window and its
@@ -217,8 +251,13 @@ pub struct Charge {
 /// usage is plausible, else flagged with the cost capped at `max_turn_usd`
 /// and the tokens at [`MAX_TURN_TOKENS`].
 pub fn charge(u: &Usage, cost_usd: f64, max_turn_usd: f64) -> Charge {
-    // A NaN cost (impossible from `cost_usd`) is capped too.
-    let implausible = u.total > MAX_TURN_TOKENS || cost_usd.is_nan() || cost_usd > max_turn_usd;
+    // A NaN cost (impossible from `cost_usd`) is capped too, and so is a
+    // NaN duration.
+    let too_long = u
+        .audio_seconds
+        .is_some_and(|s| s.is_nan() || s > MAX_TURN_AUDIO_SECONDS);
+    let implausible =
+        u.total > MAX_TURN_TOKENS || too_long || cost_usd.is_nan() || cost_usd > max_turn_usd;
     if implausible {
         Charge {
             cost_usd: cost_usd.min(max_turn_usd).max(0.0),
@@ -239,6 +278,11 @@ pub fn charge(u: &Usage, cost_usd: f64, max_turn_usd: f64) -> Charge {
 /// every row. The row, the budgets and the metrics all take this one value.
 /// Finite and >= 0 whatever `p` and `u` hold (see the module doc).
 pub fn cost_usd(p: &PriceRow, u: &Usage) -> f64 {
+    if let Some(seconds) = u.audio_seconds {
+        let seconds = within(seconds, MAX_PRICED_SECONDS);
+        let per_minute = within(p.usd_per_minute.unwrap_or(0.0), MAX_PRICE_USD_PER_MINUTE);
+        return (seconds / 60.0 * per_minute * NANO).round() / NANO;
+    }
     let tokens = |n: u64, usd_per_million: f64| n as f64 * rate(usd_per_million) / PER;
     let usd = tokens(u.input_text.saturating_sub(u.cached_text), p.text_input)
         + tokens(u.cached_text, p.cached_text_input)
@@ -255,8 +299,13 @@ pub fn cost_usd(p: &PriceRow, u: &Usage) -> f64 {
 /// MAX_PRICE_USD_PER_MILLION_TOKENS]`, anything else (NaN included) as the
 /// nearest bound, so that no row can make a cost infinite, NaN or negative.
 fn rate(usd_per_million: f64) -> f64 {
-    if usd_per_million > 0.0 {
-        usd_per_million.min(MAX_PRICE_USD_PER_MILLION_TOKENS)
+    within(usd_per_million, MAX_PRICE_USD_PER_MILLION_TOKENS)
+}
+
+/// `v` within `[0, max]`; NaN as 0.
+fn within(v: f64, max: f64) -> f64 {
+    if v > 0.0 {
+        v.min(max)
     } else {
         0.0
     }
@@ -282,6 +331,7 @@ mod tests {
             cached_audio_input: 0.4,
             text_output: 16.0,
             audio_output: 64.0,
+            usd_per_minute: None,
         }
     }
 
@@ -308,6 +358,7 @@ mod tests {
                 cached_image: 0,
                 output_text: 12,
                 output_audio: 50,
+                audio_seconds: None,
             }
         );
         let expected = (30.0 * 4.0 + 36.0 * 32.0 + 64.0 * 0.4 + 12.0 * 16.0 + 50.0 * 64.0) / 1e6;
@@ -365,8 +416,68 @@ mod tests {
             ..PriceRow::default()
         };
         assert!(close(cost_usd(&p, &u), (30.0 * 6.0 + 5.0 * 10.0) / 1e6));
+        assert!(prices(&p, &u));
+        // A token row has no rate for a duration: it does not price one.
         let d = usage(serde_json::json!({"type": "duration", "seconds": 2.5}));
+        assert!(!prices(&p, &d));
         assert_eq!(cost_usd(&p, &d), 0.0);
+    }
+
+    #[test]
+    fn duration_usage_is_priced_per_minute_and_token_usage_at_the_token_rates() {
+        let p = PriceRow {
+            model: "gpt-live-transcribe".into(),
+            usd_per_minute: Some(0.017),
+            ..PriceRow::default()
+        };
+        let d = usage(serde_json::json!({"type": "duration", "seconds": 90}));
+        assert_eq!(d.audio_seconds, Some(90.0));
+        assert_eq!((d.input, d.output, d.total), (0, 0, 0));
+        assert!(prices(&p, &d));
+        assert_eq!(cost_usd(&p, &d), 0.0255, "1.5 min x 0.017");
+        let d = usage(serde_json::json!({"type": "duration", "seconds": 2.5}));
+        assert_eq!(cost_usd(&p, &d), 0.000708333, "to the nano-dollar");
+        // Per-minute only: token usage is not priced by this row.
+        let t = usage(serde_json::json!({"type": "tokens", "input_tokens": 30,
+            "output_tokens": 5, "total_tokens": 35,
+            "input_token_details": {"audio_tokens": 30, "text_tokens": 0}}));
+        assert!(!prices(&p, &t));
+        // A row with both: each usage takes the rate of its shape.
+        let both = PriceRow {
+            audio_input: 6.0,
+            text_output: 10.0,
+            ..p.clone()
+        };
+        assert!(prices(&both, &t) && prices(&both, &d));
+        assert!(close(cost_usd(&both, &t), (30.0 * 6.0 + 5.0 * 10.0) / 1e6));
+        assert_eq!(cost_usd(&both, &d), 0.000708333);
+    }
+
+    #[test]
+    fn a_duration_cost_is_finite_and_never_negative_and_a_long_one_is_implausible() {
+        let at = |seconds: f64, per_minute: f64| {
+            let p = PriceRow {
+                usd_per_minute: Some(per_minute),
+                ..PriceRow::default()
+            };
+            let u = Usage {
+                audio_seconds: Some(seconds),
+                ..Usage::default()
+            };
+            (cost_usd(&p, &u), charge(&u, cost_usd(&p, &u), 100.0))
+        };
+        for s in [-5.0, f64::NAN, f64::MAX, f64::INFINITY, 1e308] {
+            for r in [f64::MAX, f64::NAN, -1.0, MAX_PRICE_USD_PER_MINUTE] {
+                let (c, _) = at(s, r);
+                assert!(c.is_finite() && c >= 0.0, "{s} s at {r}: {c}");
+            }
+        }
+        assert!(!at(MAX_TURN_AUDIO_SECONDS, 0.017).1.implausible);
+        let (_, c) = at(MAX_TURN_AUDIO_SECONDS + 1.0, 0.017);
+        assert!(c.implausible);
+        let (_, c) = at(1e9, 0.017);
+        assert_eq!((c.implausible, c.cost_usd), (true, 100.0), "capped");
+        assert!(at(f64::NAN, 0.017).1.implausible);
     }
 
     /// Images are priced at the text rates, cached ones at the cached
@@ -425,6 +536,7 @@ mod tests {
             audio_input: usd_per_million,
             cached_audio_input: usd_per_million,
             text_output: usd_per_million,
+            usd_per_minute: None,
             audio_output: usd_per_million,
         }
     }
@@ -526,6 +638,32 @@ mod tests {
         assert_eq!((c.cost_usd, c.tokens, c.implausible), (100.0, 1000, true));
         let c = charge(&u, f64::NAN, 3.0);
         assert_eq!((c.cost_usd, c.implausible), (3.0, true));
+    }
+
+    #[test]
+    fn a_route_priced_only_per_minute_is_unpriced_for_its_response_turns() {
+        let route = crate::config::RouteConfig {
+            model: "m".into(),
+            ..Default::default()
+        };
+        let per_minute = |tokens: f64| {
+            vec![PriceRow {
+                model: "m".into(),
+                text_input: tokens,
+                usd_per_minute: Some(0.017),
+                ..PriceRow::default()
+            }]
+        };
+        assert!(!route_priced(&per_minute(0.0), &route));
+        assert!(route_priced(&per_minute(4.0), &route));
+        let free = vec![PriceRow {
+            model: "m".into(),
+            ..PriceRow::default()
+        }];
+        assert!(
+            route_priced(&free, &route),
+            "a row of zeros is a free model"
+        );
     }
 
     #[test]

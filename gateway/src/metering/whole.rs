@@ -66,6 +66,7 @@ impl Fields for UsageJson {
         "output_tokens",
         "input_token_details",
         "output_token_details",
+        "seconds",
     ];
 
     fn set<'de, A: MapAccess<'de>>(&mut self, i: usize, map: &mut A) -> Result<bool, A::Error> {
@@ -74,7 +75,14 @@ impl Fields for UsageJson {
             1 => count(&mut self.input_tokens, map),
             2 => count(&mut self.output_tokens, map),
             3 => object(&mut self.input_token_details, map),
-            _ => object(&mut self.output_token_details, map),
+            4 => object(&mut self.output_token_details, map),
+            _ => Ok(match map.next_value_seed(Seconds)? {
+                Some(v) => {
+                    self.seconds = v;
+                    true
+                }
+                None => false,
+            }),
         }
     }
 }
@@ -166,6 +174,60 @@ impl<'de> Visitor<'de> for Count {
     }
 
     odd_scalars!(visit_bool: bool, visit_i64: i64, visit_f64: f64, visit_str: &str);
+
+    fn visit_seq<A: SeqAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
+        IgnoredAny.visit_seq(a).map(|_| None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
+        IgnoredAny.visit_map(a).map(|_| None)
+    }
+}
+
+/// An `Option<f64>` field (a duration's `seconds`): any number or `null`;
+/// anything else is odd.
+struct Seconds;
+
+impl<'de> DeserializeSeed<'de> for Seconds {
+    type Value = Shaped<Option<f64>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Seconds {
+    type Value = Shaped<Option<f64>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Some(Some(v as f64)))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Some(Some(v as f64)))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Some(Some(v)))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Some(None))
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Some(None))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    odd_scalars!(visit_bool: bool, visit_str: &str);
 
     fn visit_seq<A: SeqAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
         IgnoredAny.visit_seq(a).map(|_| None)

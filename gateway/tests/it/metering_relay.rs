@@ -110,6 +110,7 @@ async fn rig_with(
                 cached_audio_input: 0.4,
                 text_output: 16.0,
                 audio_output: 64.0,
+                usd_per_minute: None,
             },
             PriceRow {
                 upstream: None,
@@ -117,6 +118,11 @@ async fn rig_with(
                 text_input: 2.5,
                 audio_input: 6.0,
                 text_output: 10.0,
+                ..PriceRow::default()
+            },
+            PriceRow {
+                model: "gpt-realtime-whisper".into(),
+                usd_per_minute: Some(0.017),
                 ..PriceRow::default()
             },
         ],
@@ -573,6 +579,53 @@ async fn input_audio_transcription_usage_gets_its_own_row() {
     );
     // 30 audio tokens in at $6/M, 5 text tokens out at $10/M.
     assert_eq!(rows[0].cost_usd, (30.0 * 6.0 + 5.0 * 10.0) / 1e6);
+    assert_eq!(rows[0].audio_seconds, None);
+    rig.sim.stop();
+}
+
+/// A transcription reported as a duration (`{"type": "duration", "seconds":
+/// 90}`) is billed at its model's per-minute rate, and charged to the key's
+/// budget like any row: 1.5 min × $0.017 = $0.0255 spends a $0.02 budget.
+#[tokio::test]
+async fn a_duration_transcription_is_billed_per_minute_and_charged_to_the_budget() {
+    let sim = SimConfig {
+        transcription_usage: sim::TranscriptionUsage::Duration { seconds: 90.0 },
+        ..SimConfig::default()
+    };
+    let mut rig = rig(sim, "budget_usd = 0.02", 0).await;
+    let mut ws = connect(rig.addr).await;
+    let on = json!({"type": "session.update", "session": {"type": "realtime",
+        "audio": {"input": {"transcription": {"model": "gpt-realtime-whisper"}}}}});
+    ws.send(Message::text(on.to_string())).await.unwrap();
+    while let Some(t) = next_text(&mut ws).await {
+        if kind(&t) == "session.updated" {
+            break;
+        }
+    }
+    ws.send(Message::text(
+        json!({"type": "input_audio_buffer.commit"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    let mut quota = None;
+    while let Some(t) = next_text(&mut ws).await {
+        if kind(&t) == "error" {
+            quota = Some(t);
+            break;
+        }
+    }
+    let quota = quota.expect("the spent budget closes the session with an error event");
+    assert!(quota.contains("insufficient_quota"), "{quota}");
+    tokio::time::timeout(WAIT, rig.ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let rows = rig.rows.rows();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].model, "gpt-realtime-whisper");
+    assert_eq!(rows[0].audio_seconds, Some(90.0));
+    assert_eq!((rows[0].total_tokens, rows[0].transcription_tokens), (0, 0));
+    assert_eq!(rows[0].cost_usd, 0.0255);
     rig.sim.stop();
 }
 

@@ -47,6 +47,7 @@ fn price() -> PriceRow {
         cached_audio_input: 0.4,
         text_output: 16.0,
         audio_output: 64.0,
+        usd_per_minute: None,
     }
 }
 
