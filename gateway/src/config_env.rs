@@ -133,6 +133,10 @@ pub fn check_names<'a>(
         if OTHER_NAMES.contains(&name) || referenced.contains(&name) {
             continue;
         }
+        if is_service_link(rest) {
+            unread.push(name.to_string());
+            continue;
+        }
         // The longest section prefix: `CLIENT_SECRETS_` before a shorter one.
         let section = TABLE_SECTIONS
             .iter()
@@ -163,6 +167,31 @@ pub fn check_names<'a>(
         });
     }
     Ok(unread)
+}
+
+/// Whether `rest` (a name after `PATCHBAY_`) has the shape of the
+/// variables Kubernetes sets for each Service of a pod's namespace (its
+/// "service links": `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT[_<PORT>]`,
+/// `<NAME>_PORT[_<N>_<PROTO>[_PROTO|_PORT|_ADDR]]`): a Service called
+/// `patchbay-store` gives `PATCHBAY_STORE_SERVICE_HOST`. Those are not
+/// misspelt overrides (no key ends so), so they are only warned about.
+fn is_service_link(rest: &str) -> bool {
+    const PROTOS: [&str; 3] = ["_TCP", "_UDP", "_SCTP"];
+    if rest.ends_with("_SERVICE_HOST") || rest.ends_with("_PORT") {
+        return true;
+    }
+    if let Some((_, port)) = rest.rsplit_once("_SERVICE_PORT_") {
+        return !port.is_empty();
+    }
+    let rest = ["_PROTO", "_PORT", "_ADDR"]
+        .iter()
+        .find_map(|s| rest.strip_suffix(s))
+        .unwrap_or(rest);
+    PROTOS.iter().any(|p| {
+        rest.strip_suffix(p)
+            .and_then(|r| r.rsplit_once("_PORT_"))
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    })
 }
 
 /// The environment variables a config file names as where a secret lives
@@ -283,6 +312,27 @@ mod tests {
         let mut names = referenced_names(&doc);
         names.sort();
         assert_eq!(names, ["A", "B", "R"]);
+    }
+
+    #[test]
+    fn kubernetes_service_links_are_warnings_not_typos() {
+        let links = [
+            "PATCHBAY_STORE_SERVICE_HOST",
+            "PATCHBAY_STORE_SERVICE_PORT",
+            "PATCHBAY_SERVER_SERVICE_PORT_HTTP",
+            "PATCHBAY_STORE_PORT",
+            "PATCHBAY_STORE_PORT_6379_TCP",
+            "PATCHBAY_STORE_PORT_6379_TCP_PROTO",
+            "PATCHBAY_STORE_PORT_6379_TCP_PORT",
+            "PATCHBAY_STORE_PORT_6379_TCP_ADDR",
+        ];
+        assert_eq!(
+            check_names(links, &[]),
+            Ok(links.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        );
+        // Not a link's shape: still a typo.
+        assert!(check_names(["PATCHBAY_STORE_PORT_X_TCP"], &[]).is_err());
+        assert!(check_names(["PATCHBAY_STORE_SERVICE_HOSTS"], &[]).is_err());
     }
 
     #[test]
