@@ -30,7 +30,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use patchbay_gateway::event::event_type;
 use patchbay_sim::stamp;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -202,20 +202,7 @@ async fn read_until(
     done: impl Fn(&str) -> bool,
 ) -> Result<(), SessionError> {
     loop {
-        let msg = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .map_err(|_| SessionError::Timeout(phase))?;
-        let text = match msg {
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Close(frame))) => {
-                return Err(SessionError::Closed {
-                    phase,
-                    code: frame.map(|f| u16::from(f.code)),
-                })
-            }
-            Some(Ok(_)) => continue,
-            Some(Err(_)) | None => return Err(SessionError::Lost(phase)),
-        };
+        let text = session::next_text(ws, deadline, phase).await?;
         // Read the clock first: the frame has arrived.
         let now = stamp::now_ns();
         let kind = event_type(&text);

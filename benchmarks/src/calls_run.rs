@@ -26,9 +26,6 @@ use crate::calls::{self, CallRecord, CallShape};
 use crate::process::{self, Usage};
 use crate::run::{self, PlanError, Target};
 
-/// How often progress is printed to stderr.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-
 /// Percentiles of one direction's transit times, in ns (nearest rank).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Transit {
@@ -168,18 +165,8 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
     }
     let reporter = progress.then(|| {
         let live = live.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(PROGRESS_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                eprintln!(
-                    "  {:>6.1} s  {} calls live",
-                    start.elapsed().as_secs_f64(),
-                    live.load(Ordering::Relaxed)
-                );
-            }
+        run::spawn_progress(start, move || {
+            format!("{} calls live", live.load(Ordering::Relaxed))
         })
     });
     let mut out: Vec<TargetCalls> = targets

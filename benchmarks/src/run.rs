@@ -221,19 +221,8 @@ pub async fn run(plan: Arc<Plan>) -> RunResult {
     }
     let progress = plan.progress.then(|| {
         let (done, total) = (done.clone(), plan.sessions);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(PROGRESS_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                eprintln!(
-                    "  {:>6.1} s  {}/{} sessions done",
-                    start.elapsed().as_secs_f64(),
-                    done.load(Ordering::Relaxed),
-                    total
-                );
-            }
+        spawn_progress(start, move || {
+            format!("{}/{total} sessions done", done.load(Ordering::Relaxed))
         })
     });
     let mut samples = Vec::with_capacity(plan.sessions);
@@ -296,6 +285,23 @@ pub fn sched_times() -> Option<(Duration, Duration)> {
 pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
     let mut f = text.split_whitespace().map(str::parse::<u64>);
     Some((f.next()?.ok()?, f.next()?.ok()?))
+}
+
+/// Prints `  <seconds> s  <line()>` to stderr every [`PROGRESS_EVERY`]
+/// after the first, until the task is aborted.
+pub fn spawn_progress(
+    start: Instant,
+    line: impl Fn() -> String + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            eprintln!("  {:>6.1} s  {}", start.elapsed().as_secs_f64(), line());
+        }
+    })
 }
 
 #[cfg(test)]

@@ -238,6 +238,31 @@ impl SessionError {
     }
 }
 
+/// The next text frame by `deadline` (other data frames skipped); a close,
+/// a lost connection or the deadline fails `phase`.
+pub async fn next_text(
+    ws: &mut Ws,
+    deadline: Instant,
+    phase: Phase,
+) -> Result<Utf8Bytes, SessionError> {
+    loop {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .map_err(|_| SessionError::Timeout(phase))?;
+        match msg {
+            Some(Ok(Message::Text(text))) => return Ok(text),
+            Some(Ok(Message::Close(frame))) => {
+                return Err(SessionError::Closed {
+                    phase,
+                    code: frame.map(|f| u16::from(f.code)),
+                })
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(_)) | None => return Err(SessionError::Lost(phase)),
+        }
+    }
+}
+
 /// Reads text frames until `done(type, len)` says so; an `error` event ends
 /// the session.
 pub async fn wait_for(
@@ -247,20 +272,7 @@ pub async fn wait_for(
     mut done: impl FnMut(&str, usize) -> bool,
 ) -> Result<(), SessionError> {
     loop {
-        let msg = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .map_err(|_| SessionError::Timeout(phase))?;
-        let text = match msg {
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Close(frame))) => {
-                return Err(SessionError::Closed {
-                    phase,
-                    code: frame.map(|f| u16::from(f.code)),
-                })
-            }
-            Some(Ok(_)) => continue,
-            Some(Err(_)) | None => return Err(SessionError::Lost(phase)),
-        };
+        let text = next_text(ws, deadline, phase).await?;
         let kind = event_type(&text);
         let kind = kind.as_deref().unwrap_or("");
         if kind == "error" {
