@@ -187,17 +187,20 @@ impl Config {
         let path = path.or(default.exists().then_some(default));
         let vars: BTreeMap<String, String> = std::env::vars().collect();
         let env = |k: &str| vars.get(k).cloned();
-        // The environment's names first: a misspelt override is the error to
-        // report even when the file is incomplete without it.
-        let referenced = path
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
-            .map(|doc| config_env::referenced_names(&doc))
+        let file = path
+            .map(|p| Ok::<_, ConfigError>((p, read_doc(p)?)))
+            .transpose()?;
+        // The environment's names before the file's own checks: a misspelt
+        // override is the error to report even when the file is incomplete
+        // without it.
+        let referenced = file
+            .as_ref()
+            .map(|(_, doc)| config_env::referenced_names(doc))
             .unwrap_or_default();
         let referenced: Vec<&str> = referenced.iter().map(String::as_str).collect();
         let unread = config_env::check_names(vars.keys().map(String::as_str), &referenced)?;
-        let mut config = match path {
-            Some(p) => Self::from_file_with_env(p, &env),
+        let mut config = match file {
+            Some((p, doc)) => Self::from_file_doc(p, doc, &env),
             None => Self::from_toml_with_env("", &env),
         }?;
         config.unread_env = unread;
@@ -209,10 +212,16 @@ impl Config {
         path: &Path,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::new("--config", format!("cannot read {}: {e}", path.display()))
-        })?;
-        let mut doc: toml::Table = toml::from_str(&text).map_err(|e| toml_error(&e))?;
+        Self::from_file_doc(path, read_doc(path)?, env)
+    }
+
+    /// The config of the file at `path`, parsed as `doc`: its relative paths
+    /// resolved against its directory, then env overrides and validation.
+    fn from_file_doc(
+        path: &Path,
+        mut doc: toml::Table,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         crate::config_paths::resolve(&mut doc, path.parent().unwrap_or(Path::new("")));
         let mut config = Self::from_doc_with_env(doc.clone(), env)?;
         config.source = Some(path.to_path_buf());
@@ -732,6 +741,14 @@ pub fn balances_from_toml(text: &str) -> Result<Vec<Balance>, ConfigError> {
         }
     }
     Ok(out)
+}
+
+/// The config file at `path`, read and parsed.
+fn read_doc(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new("--config", format!("cannot read {}: {e}", path.display()))
+    })?;
+    toml::from_str(&text).map_err(|e| toml_error(&e))
 }
 
 /// Applies the `PATCHBAY_<SECTION>_<KEY>` overrides (and the pool's
