@@ -42,6 +42,13 @@ pub struct SimStats {
     pub limited: AtomicUsize,
     /// Calls and what was asked of them.
     pub calls: SimCalls,
+    /// Decoded audio bytes received by translation sessions
+    /// (`session.input_audio_buffer.append`): what the simulated upstream
+    /// bills, at 48,000 bytes a second.
+    pub translation_input_bytes: AtomicU64,
+    /// Decoded audio bytes translation sessions sent
+    /// (`session.output_audio.delta`).
+    pub translation_output_bytes: AtomicU64,
 }
 
 #[derive(Debug, Clone)]

@@ -53,6 +53,7 @@ mod offer;
 mod realtime;
 mod server;
 pub mod stamp;
+mod translation;
 mod upgrade;
 mod wire;
 
@@ -65,4 +66,5 @@ pub use config::{
 pub use handle::{SimHandle, SimStats};
 pub use realtime::{usage_for, usage_max};
 pub use server::start;
+pub use translation::TRANSLATION_BYTES_PER_SEC;
 pub use wire::mask_key;

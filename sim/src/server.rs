@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{SimConfig, TRANSCRIPTION_MODEL};
 use crate::handle::SimHandle;
 use crate::realtime::Session;
+use crate::translation::Translation;
 use crate::upgrade::UpgradeCheck;
 use crate::wire::SimIo;
 use crate::{calls_api, wire};
@@ -82,6 +83,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     }
     let mut beta = false;
     let mut transcription = false;
+    let mut translation = None;
     let mut call = None;
     let mut slot = false;
     let check = UpgradeCheck {
@@ -89,6 +91,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         stats: &handle.stats,
         beta: &mut beta,
         transcription: &mut transcription,
+        translation: &mut translation,
         call: &mut call,
         slot: &mut slot,
     };
@@ -101,6 +104,16 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         Ok(ws) => {
             handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
             handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
+            if let Some(model) = translation {
+                Translation::new(config, handle.clone(), model)
+                    .run(ws)
+                    .await;
+                handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
+                if slot {
+                    handle.stats.limited.fetch_sub(1, Ordering::Relaxed);
+                }
+                return;
+            }
             let mut session = Session::new(config, handle.clone(), beta);
             session.transcription = transcription;
             if transcription {

@@ -22,6 +22,8 @@ pub(crate) struct UpgradeCheck<'a> {
     pub(crate) stats: &'a SimStats,
     pub(crate) beta: &'a mut bool,
     pub(crate) transcription: &'a mut bool,
+    /// A translation session (`…/realtime/translations`) and its model.
+    pub(crate) translation: &'a mut Option<String>,
     /// The call a sideband (`?call_id=`) attached to.
     pub(crate) call: &'a mut Option<(String, CancellationToken)>,
     /// Set when the upgrade took a [`SimFault::SessionLimit`] slot.
@@ -50,10 +52,15 @@ impl Callback for UpgradeCheck<'_> {
             .iter()
             .find(|(k, _)| k == "call_id")
             .map(|(_, v)| v.clone());
-        // What the session is for: a model (Azure: a deployment) or a call.
-        let names_what = params.iter().any(|(k, v)| {
-            matches!(k.as_str(), "model" | "deployment" | "call_id") && !v.is_empty()
-        });
+        // What the session is for: a model (Azure: a deployment), a call, or
+        // a transcription session, which names no model in the URL (SDK:
+        // `resources/realtime/realtime.py`, `connect()`: "Transcription
+        // sessions use `intent=transcription`"; `model` is left out when
+        // omitted).
+        let names_what = *self.transcription
+            || params.iter().any(|(k, v)| {
+                matches!(k.as_str(), "model" | "deployment" | "call_id") && !v.is_empty()
+            });
         if let Ok(mut seen) = self.stats.queries.lock() {
             seen.push(query);
         }
@@ -63,7 +70,21 @@ impl Callback for UpgradeCheck<'_> {
         // Where the SDKs connect: `…/realtime` (`/v1/realtime`, Azure's
         // `/openai/realtime` and `/openai/v1/realtime`) naming the model
         // (Azure: the deployment) or, for a call's sideband, the call.
-        if !req.uri().path().ends_with("/realtime") {
+        let model = params
+            .iter()
+            .find(|(k, _)| k == "model")
+            .map(|(_, v)| v.clone())
+            .filter(|m| !m.is_empty());
+        // Translation sessions have their own endpoint and always name a
+        // model (SDK: `resources/realtime/translations/translations.py`,
+        // `connect(model=…)`: "The WebSocket URL requires a `model` query
+        // parameter").
+        if req.uri().path().ends_with("/realtime/translations") {
+            let Some(model) = model else {
+                return Err(refusal(400, "Missing required parameter: 'model'."));
+            };
+            *self.translation = Some(model);
+        } else if !req.uri().path().ends_with("/realtime") {
             return Err(refusal_coded(
                 404,
                 "invalid_url",
