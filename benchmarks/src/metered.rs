@@ -180,6 +180,7 @@ pub fn row_of(text: &[u8], session_id: &str, n: u64) -> Option<String> {
         output_audio_tokens: u.output_audio,
         transcription_tokens: 0,
         audio_seconds: None,
+        output_audio_seconds: None,
         cost_usd: 0.0,
         usage_unknown: usage.is_none(),
         usage_implausible: false,

@@ -18,6 +18,35 @@ pub enum Provider {
     Azure,
 }
 
+// What kind of session a route starts when the client names no model: `transcription` is
+// OpenAI's `GET /v1/realtime?intent=transcription` (the model is chosen in `session.update`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Intent {
+    Transcription,
+}
+
+impl Intent {
+    /// The value of the `intent` query parameter.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Intent::Transcription => "transcription",
+        }
+    }
+}
+
+// Which OpenAI endpoint a route serves: `realtime` (`/v1/realtime`: conversations, transcription
+// sessions) or `translations` (`/v1/realtime/translations`: `gpt-realtime-translate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Endpoint {
+    #[default]
+    Realtime,
+    Translations,
+}
+
 // The Realtime API's event names: the GA ones, or the beta ones (`OpenAI-Beta: realtime=v1`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]

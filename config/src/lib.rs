@@ -21,7 +21,7 @@ pub use bounds::{
     MAX_CLIENT_SECRET_TTL_SECS, MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_PRICE_USD_PER_MINUTE,
     MAX_SECS, MIN_CLIENT_SECRET_TTL_SECS, MIN_DRAIN_WAIT_SECS, MIN_POOL_MAX_IDLE_SECS,
 };
-pub use enums::{BudgetPeriod, DrainMode, Protocol, Provider, Unpriced};
+pub use enums::{BudgetPeriod, DrainMode, Endpoint, Intent, Protocol, Provider, Unpriced};
 pub use sections::{
     ClientSecretsConfig, DrainConfig, KeysConfig, LimitsConfig, MeteringConfig, PoolConfig,
     PriceRow, RelayConfig, RouteConfig, StoreConfig, UpstreamConfig, DEFAULT_MAX_TURN_USD,

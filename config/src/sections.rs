@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::bounds::MAX_CLIENT_SECRET_TTL_SECS;
-use crate::enums::{BudgetPeriod, DrainMode, Protocol, Provider, Unpriced};
+use crate::enums::{BudgetPeriod, DrainMode, Endpoint, Intent, Protocol, Provider, Unpriced};
 use crate::upstream_url::OPENAI_REALTIME_URL;
 
 /// A listed upstream's `weight` when it names none.
@@ -59,6 +59,17 @@ pub struct RouteConfig<K = ()> {
     pub upstream_model: Option<String>,
     #[serde(default)]
     pub protocol: Protocol,
+    /// `transcription`: the route serves `?intent=transcription` sessions
+    /// that name no model (at most one route has it), and its upstreams are
+    /// dialled with `intent=transcription` and a model only when
+    /// `upstream_model` names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<Intent>,
+    /// `translations`: clients connect at `/v1/realtime/translations` and
+    /// the upstream URL is OpenAI's translation endpoint; sessions are
+    /// metered by the audio they carry.
+    #[serde(default)]
+    pub endpoint: Endpoint,
     /// Environment variable holding the upstream key (or use `api_key_file`).
     #[serde(default)]
     pub api_key_env: String,
@@ -135,6 +146,8 @@ impl<K: Default> Default for RouteConfig<K> {
             upstream_url: OPENAI_REALTIME_URL.into(),
             upstream_model: None,
             protocol: Protocol::Ga,
+            intent: None,
+            endpoint: Endpoint::Realtime,
             api_key_env: "OPENAI_API_KEY".into(),
             api_key_file: None,
             ca_file: None,
@@ -196,6 +209,10 @@ impl<K> Serialize for RouteConfig<K> {
             upstream_model: Option<&'a str>,
             protocol: Protocol,
             #[serde(skip_serializing_if = "Option::is_none")]
+            intent: Option<Intent>,
+            #[serde(skip_serializing_if = "is_default")]
+            endpoint: Endpoint,
+            #[serde(skip_serializing_if = "Option::is_none")]
             api_key_env: Option<&'a str>,
             #[serde(skip_serializing_if = "Option::is_none")]
             api_key_file: Option<&'a PathBuf>,
@@ -216,6 +233,8 @@ impl<K> Serialize for RouteConfig<K> {
             upstream_url,
             upstream_model,
             protocol,
+            intent,
+            endpoint,
             api_key_env,
             api_key_file,
             ca_file,
@@ -231,6 +250,8 @@ impl<K> Serialize for RouteConfig<K> {
             upstream_url: shorthand.then_some(upstream_url.as_str()),
             upstream_model: upstream_model.as_deref().filter(|_| shorthand),
             protocol: *protocol,
+            intent: *intent,
+            endpoint: *endpoint,
             api_key_env: Some(api_key_env.as_str()).filter(|e| shorthand && !e.is_empty()),
             api_key_file: api_key_file.as_ref().filter(|_| shorthand),
             ca_file: ca_file.as_ref().filter(|_| shorthand),

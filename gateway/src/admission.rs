@@ -104,6 +104,19 @@ impl Refusal {
         )
     }
 
+    /// 400 for a client of the retired Realtime beta on a GA route: the
+    /// upstream no longer speaks its dialect, so nothing is dialled.
+    pub fn beta_retired(path: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "beta_protocol_retired",
+            format!(
+                "the Realtime beta protocol (OpenAI-Beta: realtime=v1, subprotocol openai-beta.realtime-v1) was retired on 2026-05-12 and this route speaks the GA protocol: connect to {path} without the beta header or subprotocol (Python SDK: client.realtime.connect, not client.beta.realtime.connect)"
+            ),
+        )
+    }
+
     /// 429 for a key at its session cap; `fleet` when the count spans every
     /// gateway sharing the store.
     pub fn key_session_cap(key_id: &str, cap: usize, fleet: bool) -> Self {

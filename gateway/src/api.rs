@@ -32,8 +32,10 @@ use crate::admission::Refusal;
 use crate::auth::{presented_key, KeyEntry};
 use crate::body::{body_timeout, read_body, BodyError};
 use crate::client_secret::{self, is_client_secret, request};
+use crate::config::Intent;
 use crate::gateway::Gateway;
 use crate::http_error::{count_refusal, ApiError};
+use crate::metering::client_models::ModelPolicy;
 
 /// The mint route (the SDKs call `{base_url}/realtime/client_secrets`).
 pub const CLIENT_SECRETS_PATH: &str = "/v1/realtime/client_secrets";
@@ -46,7 +48,10 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     for path in [CLIENT_SECRETS_PATH, AZURE_CLIENT_SECRETS_PATH] {
         r = r.route(path, post(mint).fallback(method_not_allowed));
     }
-    for path in crate::session::REALTIME_PATHS {
+    for path in crate::session::REALTIME_PATHS
+        .into_iter()
+        .chain(crate::session::TRANSLATION_PATHS)
+    {
         r = r.route(path, any(websocket_required));
     }
     let cors = cors_layer(&gw.config.server.cors_origins);
@@ -170,10 +175,14 @@ async fn mint_inner(
         .as_deref()
         .or(routes.first().copied())
         .unwrap_or_default();
+    let transcription_route = gw
+        .route_for_intent(Intent::Transcription.as_str())
+        .map(|r| r.config.model.as_str());
     let req = request::parse(
         &body,
         default_model,
         &routes,
+        transcription_route,
         gw.client_secrets.max_ttl_secs(),
     )?;
     let route = gw.route(&req.model).cloned().ok_or_else(|| {
@@ -187,6 +196,12 @@ async fn mint_inner(
     let keys = gw.keys.get();
     let team = key.team.as_deref().and_then(|t| keys.team(t));
     client_secret::parent_key_may_use(key, team, &req.model)?;
+    // The models the config names pass the checks a client's own
+    // `session.update` gets (and again when the secret connects).
+    let upstream = &route.upstreams[0].config;
+    ModelPolicy::for_session(key, team, &gw.metering, &route.config, upstream)
+        .check(req.as_update().as_bytes())
+        .map_err(|r| r.refusal())?;
     // Minting is one request against the key's rpm, refused when a budget
     // of the key, its team or the route is spent.
     gw.metering.admit(key, team, &route.config).await?;

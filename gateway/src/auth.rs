@@ -13,6 +13,11 @@
 //! 3. `Sec-WebSocket-Protocol: realtime, openai-insecure-api-key.<key>[, openai-beta.realtime-v1]`
 //!    (browsers); the 101 must then select `realtime`.
 //!
+//! A client that speaks the retired beta dialect (`OpenAI-Beta:
+//! realtime=v1`, or the `openai-beta.realtime-v1` subprotocol) is marked
+//! ([`Presented::speaks_beta`]): only a route configured `protocol =
+//! "beta"` serves it.
+//!
 //! A key may be limited to some models (`models = [...]` on the key and on
 //! its team): [`model_allowed`] is the one place that decides it, for every
 //! entry point that names a model.
@@ -334,13 +339,23 @@ impl KeyStore {
     }
 }
 
-/// The key a client presented, and whether it asked for the `realtime`
-/// subprotocol (which the 101 must then select).
+/// The key a client presented, whether it asked for the `realtime`
+/// subprotocol (which the 101 must then select), and whether it speaks the
+/// retired beta protocol.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Presented {
     pub key: Option<Secret>,
     pub wants_realtime_subprotocol: bool,
+    /// `OpenAI-Beta: realtime=v1` (one of the header's comma-separated
+    /// values) or the `openai-beta.realtime-v1` subprotocol: the beta
+    /// dialect, which a GA route refuses before any dial.
+    pub speaks_beta: bool,
 }
+
+/// The subprotocol a beta browser client adds.
+pub const SUBPROTOCOL_BETA: &str = "openai-beta.realtime-v1";
+/// The `OpenAI-Beta` value of a beta Realtime client.
+pub const BETA_HEADER_VALUE: &str = "realtime=v1";
 
 /// Extracts the client's credential from the upgrade request headers.
 pub fn presented_key(headers: &HeaderMap) -> Presented {
@@ -353,6 +368,13 @@ pub fn presented_key(headers: &HeaderMap) -> Presented {
         .filter(|p| !p.is_empty())
         .collect();
     let wants_realtime_subprotocol = protocols.contains(&SUBPROTOCOL_REALTIME);
+    let speaks_beta = protocols.contains(&SUBPROTOCOL_BETA)
+        || headers
+            .get_all("openai-beta")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|v| v.trim().eq_ignore_ascii_case(BETA_HEADER_VALUE));
     let bearer = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -375,6 +397,7 @@ pub fn presented_key(headers: &HeaderMap) -> Presented {
     Presented {
         key,
         wants_realtime_subprotocol,
+        speaks_beta,
     }
 }
 
@@ -677,6 +700,26 @@ mod tests {
         )]));
         assert_eq!(p.key.unwrap().expose(), "pb-c");
         assert!(p.wants_realtime_subprotocol);
+        assert!(p.speaks_beta);
+    }
+
+    #[test]
+    fn the_beta_dialect_is_recognised_by_its_header_or_its_subprotocol() {
+        let beta =
+            |pairs: &[(&'static str, &'static str)]| presented_key(&headers(pairs)).speaks_beta;
+        assert!(beta(&[("openai-beta", "realtime=v1")]));
+        assert!(beta(&[("openai-beta", "assistants=v2, realtime=v1")]));
+        assert!(beta(&[("OpenAI-Beta", "Realtime=V1")]));
+        assert!(beta(&[(
+            "sec-websocket-protocol",
+            "realtime, openai-beta.realtime-v1"
+        )]));
+        assert!(!beta(&[("openai-beta", "assistants=v2")]));
+        assert!(!beta(&[(
+            "sec-websocket-protocol",
+            "realtime, openai-insecure-api-key.k"
+        )]));
+        assert!(!beta(&[("authorization", "Bearer pb-a")]));
     }
 
     #[test]

@@ -42,8 +42,9 @@ use crate::upstream_key::{key_from_file_text, UpstreamKey};
 /// The sections a renderer writes, their enums and bounds, and the upstream-URL rules live in
 /// `patchbay-config`, shared with the operator that renders this file.
 pub use patchbay_config::{
-    BudgetPeriod, ClientSecretsConfig, DrainConfig, DrainMode, KeysConfig, LimitsConfig,
-    MeteringConfig, PoolConfig, PriceRow, Protocol, Provider, RelayConfig, Unpriced, MAX_SECS,
+    BudgetPeriod, ClientSecretsConfig, DrainConfig, DrainMode, Endpoint, Intent, KeysConfig,
+    LimitsConfig, MeteringConfig, PoolConfig, PriceRow, Protocol, Provider, RelayConfig, Unpriced,
+    MAX_SECS,
 };
 
 /// A `[[routes]]` entry, with its upstream key resolved while loading.
@@ -382,6 +383,17 @@ impl Config {
                 return Err(ConfigError::new(
                     format!("routes[{i}].model"),
                     format!("duplicate route for model {:?}", self.routes[i].model),
+                ));
+            }
+            endpoint_fits(&self.routes[i], i)?;
+            if self.routes[i].intent.is_some()
+                && self.routes[..i]
+                    .iter()
+                    .any(|r| r.intent == self.routes[i].intent)
+            {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].intent"),
+                    "another route already serves this intent (a session naming no model must find one route)",
                 ));
             }
         }
@@ -792,6 +804,37 @@ pub fn valid_origin(o: &str) -> bool {
         && rest
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+}
+
+/// A translations route (`endpoint = "translations"`) dials OpenAI's
+/// translation endpoint and takes no intent; any other route dials a
+/// Realtime URL.
+fn endpoint_fits(route: &RouteConfig, i: usize) -> Result<(), ConfigError> {
+    let translations = route.endpoint == Endpoint::Translations;
+    if translations && route.intent.is_some() {
+        return Err(ConfigError::new(
+            format!("routes[{i}].intent"),
+            "a translations route takes no intent",
+        ));
+    }
+    for u in route.upstream_list().iter() {
+        let path = url::Url::parse(&u.upstream_url)
+            .map(|url| url.path().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        let on_translations = path.ends_with("/realtime/translations");
+        if translations != on_translations {
+            let message = if translations {
+                "a route with endpoint = \"translations\" dials OpenAI's translation endpoint (wss://api.openai.com/v1/realtime/translations)"
+            } else {
+                "this URL is a translation endpoint: set endpoint = \"translations\" on the route"
+            };
+            return Err(ConfigError::new(
+                format!("routes[{i}].upstream_url"),
+                message,
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

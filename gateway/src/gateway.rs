@@ -436,6 +436,14 @@ impl Gateway {
         self.routes.iter().find(|r| r.config.model == model)
     }
 
+    /// The route serving sessions of `intent` that name no model
+    /// (`?intent=transcription`): the one configured with that intent.
+    pub fn route_for_intent(&self, intent: &str) -> Option<&Arc<Route>> {
+        self.routes
+            .iter()
+            .find(|r| r.config.intent.is_some_and(|i| i.as_str() == intent))
+    }
+
     /// Marks the gateway ready (its pools warm, or the warm-up timed out).
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Release);

@@ -49,7 +49,7 @@ pub const LINGER: Duration = Duration::from_millis(100);
 pub const LINGER_BYTES: usize = 256 * 1024;
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 31] = [
+pub const FIELDS: [&str; 32] = [
     "request_id",
     "session_id",
     "key_id",
@@ -77,6 +77,7 @@ pub const FIELDS: [&str; 31] = [
     "output_audio_tokens",
     "transcription_tokens",
     "audio_seconds",
+    "output_audio_seconds",
     "cost_usd",
     "usage_unknown",
     "usage_implausible",
@@ -140,8 +141,11 @@ pub struct RequestLogRow {
     pub output_audio_tokens: u64,
     pub transcription_tokens: u64,
     /// Seconds of audio of a duration usage (a transcription billed per
-    /// minute); `None` for token usage.
+    /// minute, a translation window's input); `None` for token usage.
     pub audio_seconds: Option<f64>,
+    /// Seconds of output audio of a translation window (measured, not
+    /// billed); `None` for other rows.
+    pub output_audio_seconds: Option<f64>,
     /// What the turn was charged: its cost at the flush's prices, capped at
     /// `[metering] max_turn_usd` when `usage_implausible`.
     pub cost_usd: f64,
@@ -188,6 +192,7 @@ impl RequestLogRow {
         w.field("output_audio_tokens", &self.output_audio_tokens);
         w.field("transcription_tokens", &self.transcription_tokens);
         w.field("audio_seconds", &self.audio_seconds);
+        w.field("output_audio_seconds", &self.output_audio_seconds);
         w.field("cost_usd", &self.cost_usd);
         w.field("usage_unknown", &self.usage_unknown);
         w.field("usage_implausible", &self.usage_implausible);
@@ -248,6 +253,12 @@ impl RequestLogRow {
             (
                 "audio_seconds",
                 self.audio_seconds
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+            ),
+            (
+                "output_audio_seconds",
+                self.output_audio_seconds
                     .map(|s| s.to_string())
                     .unwrap_or_default(),
             ),
@@ -540,6 +551,7 @@ mod tests {
             output_audio_tokens: 50,
             transcription_tokens: 0,
             audio_seconds: None,
+            output_audio_seconds: None,
             cost_usd: 0.0065,
             usage_unknown: false,
             usage_implausible: false,

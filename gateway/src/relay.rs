@@ -65,6 +65,7 @@
 //! close or 1011. Oversize messages (`max_message_bytes`) get 1009 on the
 //! leg that sent them; a client protocol error 1002 (1007 for invalid UTF-8).
 
+pub mod client_text;
 pub mod code;
 pub mod frame;
 pub mod leg;
@@ -79,7 +80,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -89,10 +89,11 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use client_text::Peek;
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg, Side};
 use on_wake::{OnWake, ReadWake};
-use reader::ReadError;
+use reader::{RawFrame, ReadError};
 
 /// How long a leg is given to answer our close before the socket is dropped;
 /// also the bound on waiting for cancelled responses' `response.done`.
@@ -145,6 +146,28 @@ pub trait Tap {
     /// cancelled: the `response.done` events that follow answer the
     /// teardown's cancels.
     fn ending(&mut self, _end: &End) {}
+    /// Whether the tap sees client text messages before they are forwarded
+    /// ([`client_text`]); when `false` the relay does no work for it.
+    fn inspects_client(&self) -> bool {
+        false
+    }
+    /// From the first bytes of a client text message (unmasked, at most
+    /// [`client_text::PEEK_BYTES`]), whether the tap must see it whole;
+    /// `frame` is the message's first frame as received (masked).
+    fn peek_client(&mut self, _leading: &[u8], _frame: &RawFrame) -> Peek {
+        Peek::Forward
+    }
+    /// A whole client text message the tap asked to see: `Err(event)` drops
+    /// it and sends the client `event` (an `error` event).
+    fn on_client_text(&mut self, _text: &[u8]) -> Result<(), String> {
+        Ok(())
+    }
+    /// The first frame of a fragmented client text message the tap asked to
+    /// see whole (the relay holds no fragments back): `Err(event)` drops the
+    /// message and sends the client `event`.
+    fn on_client_fragmented(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 impl Tap for () {}
@@ -217,9 +240,9 @@ pub struct Limits {
     pub deadline: Instant,
 }
 
-/// Frames the client sent before the upstream was ready (as received),
-/// forwarded first.
-pub type Pending = Vec<Bytes>;
+/// Data frames the client sent before the upstream was ready (as
+/// received), forwarded first (through the tap's client check).
+pub type Pending = Vec<RawFrame>;
 
 /// How one leg is closed.
 #[derive(Debug, Clone, PartialEq)]
@@ -380,6 +403,12 @@ struct Pump<'a, C, U, T> {
     /// a frame): a frame on one leg does not poll the other's empty socket.
     client_read: ReadWake,
     upstream_read: ReadWake,
+    /// The client message being read was refused: its frames are dropped
+    /// to its last.
+    dropping: bool,
+    /// Error events for the client that wait for the upstream → client
+    /// direction to reach a message boundary.
+    client_events: Vec<String>,
 }
 
 impl<C, U, T> Pump<'_, C, U, T>
@@ -444,7 +473,7 @@ where
             self.active = true;
             match f.role {
                 FrameRole::Data { last, .. } => {
-                    self.upstream.queue(f.bytes);
+                    self.forward_client_data(f);
                     if last && self.up == Mode::ToBoundary {
                         self.up = Mode::Stopped;
                     }
@@ -464,6 +493,56 @@ where
             return Some(End::UpstreamGone);
         }
         None
+    }
+
+    /// Queues a client data frame for the upstream, unless the tap refuses
+    /// its message ([`client_text`]): then the message's frames are dropped
+    /// and the client gets the tap's error event.
+    fn forward_client_data(&mut self, f: RawFrame) {
+        let FrameRole::Data { last, .. } = f.role else {
+            return;
+        };
+        let first = f.header.opcode != frame::opcode::CONTINUATION;
+        if first {
+            // Binary messages too: an upstream might read JSON from either.
+            let refusal = if self.tap.inspects_client() {
+                self.check_client_text(&f, last)
+            } else {
+                None
+            };
+            self.dropping = refusal.is_some();
+            if let Some(event) = refusal {
+                self.send_client_event(event);
+            }
+        }
+        if !self.dropping {
+            self.upstream.queue(f.bytes);
+        }
+        if last {
+            self.dropping = false;
+        }
+    }
+
+    /// The tap's verdict on the client message `f` starts: `Some`
+    /// error event when it is refused.
+    fn check_client_text(&mut self, f: &RawFrame, last: bool) -> Option<String> {
+        let mut buf = [0u8; client_text::PEEK_BYTES];
+        let leading = client_text::peek(f, &mut buf);
+        match self.tap.peek_client(leading, f) {
+            Peek::Forward => None,
+            Peek::Whole if last => self.tap.on_client_text(&client_text::unmasked(f)).err(),
+            Peek::Whole => self.tap.on_client_fragmented().err(),
+        }
+    }
+
+    /// An event of the gateway's own for the client: queued now when no
+    /// upstream message is in flight towards it, else after that message.
+    fn send_client_event(&mut self, event: String) {
+        if self.upstream.at_boundary() {
+            self.client.queue_text(&event);
+        } else {
+            self.client_events.push(event);
+        }
     }
 
     /// Upstream → client; the tap sees each text message before the client
@@ -499,6 +578,11 @@ where
                         self.tap.on_upstream_frame(&text);
                     }
                     self.client.queue(f.bytes);
+                    if last && !self.client_events.is_empty() {
+                        for event in std::mem::take(&mut self.client_events) {
+                            self.client.queue_text(&event);
+                        }
+                    }
                     if last && self.down == Mode::ToBoundary {
                         self.down = Mode::Stopped;
                     }
@@ -537,9 +621,6 @@ where
     T: Tap,
     K: std::future::Future<Output = Kill>,
 {
-    for frames in pending {
-        upstream.queue(frames);
-    }
     let started = Instant::now();
     // Milliseconds from `started` (an atomic: the session's future must be
     // `Send`, so a `Cell` cannot be shared by the select's branches).
@@ -556,7 +637,12 @@ where
         again: false,
         client_read: ReadWake::new(),
         upstream_read: ReadWake::new(),
+        dropping: false,
+        client_events: Vec::new(),
     };
+    for f in pending {
+        pump.forward_client_data(f);
+    }
     let end = {
         // One clock read per wake-up that read anything, not per frame.
         let pumping = std::future::poll_fn(|cx| {

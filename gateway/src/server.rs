@@ -28,8 +28,9 @@
 //! goes to the router, which answers 400 or 404); draining → 503;
 //! credential → 401 (a client secret: expired, invalid, parent key disabled
 //! or removed, config gone → 401; another model → 403); `?model=` → 400
-//! missing (a client secret defaults to its own) / 404 unknown; then
-//! admission ([`Gateway::admit`], as the parent key for a client secret:
+//! missing (a client secret defaults to its own) / 404 unknown; a client
+//! of the retired beta dialect on a GA route → 400 `beta_protocol_retired`;
+//! then admission ([`Gateway::admit`], as the parent key for a client secret:
 //! the key's model allow-list 403, session caps, rpm, tpm, budgets,
 //! unpriced). Nothing is dialled before
 //! all pass.
@@ -58,6 +59,7 @@ use crate::admission::Refusal;
 use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
 use crate::client_conn::{self, First};
 use crate::client_secret::is_client_secret;
+use crate::config::{Endpoint, Protocol};
 use crate::descriptors;
 use crate::gateway::Gateway;
 use crate::http_error::{count_refusal, refusal_parts, refusal_response};
@@ -211,7 +213,7 @@ async fn first_request(mut tcp: TcpStream, peer: Option<SocketAddr>, gw: &Arc<Ga
             head,
             read,
             head_len,
-        } if crate::session::REALTIME_PATHS.contains(&head.path.as_str())
+        } if crate::session::is_session_path(&head.path)
             && is_websocket_upgrade(&Method::GET, &head.headers) =>
         {
             // Tracked from admission on: a drain that starts while the
@@ -325,7 +327,7 @@ async fn serve_with_hyper(
                 let gw = gw.clone();
                 let api = api.clone();
                 async move {
-                    if crate::session::REALTIME_PATHS.contains(&req.uri().path())
+                    if crate::session::is_session_path(req.uri().path())
                         && is_websocket_upgrade(req.method(), req.headers())
                     {
                         return Ok(handle_client(req, peer, gw)
@@ -484,6 +486,68 @@ async fn check_upgrade(
     result
 }
 
+/// A translation model is served at the translation path, every other at a
+/// Realtime path: 400 naming the right one otherwise.
+fn endpoint_matches(path: &str, route: &crate::config::RouteConfig) -> Result<(), Refusal> {
+    let path = path.split('?').next().unwrap_or_default();
+    let at_translations = crate::session::TRANSLATION_PATHS.contains(&path);
+    let translations = route.endpoint == Endpoint::Translations;
+    if at_translations == translations {
+        return Ok(());
+    }
+    let right = if translations {
+        "/v1/realtime/translations"
+    } else {
+        "/v1/realtime"
+    };
+    Err(Refusal::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "wrong_endpoint",
+        format!(
+            "the model '{}' is served at {right}?model={}",
+            route.model, route.model
+        ),
+    )
+    .with_param("model"))
+}
+
+/// The `intent` a client's query asked for.
+fn intent_of(params: &[(String, String)]) -> Option<&str> {
+    params
+        .iter()
+        .find(|(k, _)| k == "intent")
+        .map(|(_, v)| v.as_str())
+}
+
+/// Why no route serves an upgrade: 400 without a model (and no route for
+/// its intent), 404 for a model no route serves.
+fn no_route(model: Option<&str>, intent: Option<&str>) -> Refusal {
+    match (model, intent) {
+        (Some(m), _) => Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("the model '{m}' is not served by this gateway"),
+        ),
+        (None, Some(i)) => Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "missing_model",
+            format!(
+                "no route of this gateway serves intent={i} sessions without a model: connect with ?model=<route>, or configure a route with intent = \"{i}\""
+            ),
+        )
+        .with_param("model"),
+        (None, None) => Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "missing_model",
+            "missing required query parameter: model",
+        ),
+    }
+}
+
 /// What a refused upgrade's count and access line need from the checks.
 #[derive(Default)]
 struct Refused {
@@ -545,28 +609,35 @@ async fn admit_upgrade(
         },
     };
     let wants_realtime = presented.wants_realtime_subprotocol;
+    let speaks_beta = presented.speaks_beta;
     drop(presented);
+    let mut params = crate::upstream::dial::session_params(query);
     let model_name = requested_model.or_else(|| grant.as_ref().map(|g| g.model.clone()));
-    let Some(model_name) = model_name else {
-        let r = Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "missing_model",
-            "missing required query parameter: model",
-        );
+    let route = match &model_name {
+        Some(m) => gw.route(m).cloned(),
+        None => intent_of(&params).and_then(|i| gw.route_for_intent(i).cloned()),
+    };
+    let Some(route) = route else {
+        refused.key_id = Some(key.id);
+        return Err(no_route(model_name.as_deref(), intent_of(&params)));
+    };
+    if let Some(intent) = route.config.intent {
+        // The route's own URL carries its intent: the session can take a
+        // pooled socket.
+        params.retain(|(k, v)| !(k == "intent" && v == intent.as_str()));
+    }
+    let model_name = route.config.model.clone();
+    if let Err(r) = endpoint_matches(&refused.path, &route.config) {
         refused.key_id = Some(key.id);
         return Err(r);
-    };
-    let Some(route) = gw.route(&model_name).cloned() else {
-        let r = Refusal::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!("the model '{model_name}' is not served by this gateway"),
-        );
+    }
+    if speaks_beta && route.config.protocol == Protocol::Ga {
         refused.key_id = Some(key.id);
-        return Err(r);
-    };
+        return Err(Refusal::beta_retired(&format!(
+            "/v1/realtime?model={}",
+            route.config.model
+        )));
+    }
     let session_id = crate::ids::short_id();
     let permit = match gw.admit(&key, &route, &session_id).await {
         Ok(p) => p,
@@ -577,7 +648,6 @@ async fn admit_upgrade(
         }
     };
 
-    let params = crate::upstream::dial::session_params(query);
     let accept = headers
         .get(header::SEC_WEBSOCKET_KEY)
         .map(|k| derive_accept_key(k.as_bytes()))

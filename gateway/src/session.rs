@@ -38,8 +38,11 @@ use crate::auth::KeyEntry;
 use crate::client_conn::ClientIo;
 use crate::client_secret::apply::{self, ApplyError};
 use crate::client_secret::Grant;
+use crate::config::Endpoint;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
+use crate::metering::client_models::{ModelPolicy, SessionTap};
+use crate::metering::translation::{AudioCounters, TranslationAudio};
 use crate::metering::{EndReason, InlineMeter, SessionMeta};
 use crate::metrics::{model, FailoverLabels};
 use crate::relay::frame::FrameRole;
@@ -51,6 +54,17 @@ use crate::upstream::failover;
 
 /// Paths a Realtime client may use: OpenAI's, and Azure's two.
 pub const REALTIME_PATHS: [&str; 3] = ["/v1/realtime", "/openai/realtime", "/openai/v1/realtime"];
+/// Paths a translation client may use (openai-python
+/// `resources/realtime/translations/translations.py`: `…/realtime/translations`).
+pub const TRANSLATION_PATHS: [&str; 2] = [
+    "/v1/realtime/translations",
+    "/openai/v1/realtime/translations",
+];
+
+/// Whether `path` takes session upgrades (Realtime or translation).
+pub fn is_session_path(path: &str) -> bool {
+    REALTIME_PATHS.contains(&path) || TRANSLATION_PATHS.contains(&path)
+}
 
 /// Client frames held while the upstream is dialled; past either bound the
 /// client is not read until the upstream is ready (TCP pushes back), so a
@@ -157,7 +171,7 @@ async fn hold_client_while<F: std::future::Future>(
             f = next_client_data(client), if held.frames.len() < MAX_PENDING_FRAMES && held.bytes < MAX_PENDING_BYTES => match f {
                 Some(f) => {
                     held.bytes += f.bytes.len();
-                    held.frames.push(f.bytes);
+                    held.frames.push(f);
                 }
                 None => return Hold::ClientLeft,
             },
@@ -357,11 +371,30 @@ impl Session {
             .meters
             .setup_seconds(&gw.metrics, setup.as_secs_f64());
 
+        let policy = {
+            let keys = gw.keys.get();
+            let team = self.key.team.as_deref().and_then(|t| keys.team(t));
+            let upstream = &route.upstreams[chosen].config;
+            // Boxed: the session's future holds it for the session's life.
+            Box::new(ModelPolicy::for_session(
+                &self.key,
+                team,
+                &gw.metering,
+                &route.config,
+                upstream,
+            ))
+        };
         // A client secret's minted config, applied before any client frame.
         let applied = match &self.client_secret {
             Some(grant) => {
-                let applying =
-                    self.apply_minted_config(grant, &mut client, &mut warm.leg, &mut held, setup);
+                let applying = self.apply_minted_config(
+                    grant,
+                    &policy,
+                    &mut client,
+                    &mut warm.leg,
+                    &mut held,
+                    setup,
+                );
                 match applying.await {
                     Some(texts) => texts,
                     None => return,
@@ -383,14 +416,23 @@ impl Session {
             .on_upstream(&upstream.config, &route.config)
             .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()));
         let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
+        // A translation session is metered by the audio it carries.
+        let audio = (route.config.endpoint == Endpoint::Translations)
+            .then(|| Arc::new(AudioCounters::default()));
+        let meter = match &audio {
+            Some(counters) => meter.measuring_audio(counters.clone()),
+            None => meter,
+        };
         let mut meter = InlineMeter::new(meter);
         tracker.on_upstream_text(&warm.session_created);
         for text in &applied {
             tracker.on_upstream_text(text);
         }
+        let (model_end, model_refused) = tokio::sync::oneshot::channel();
         let kill = async move {
             tokio::select! {
                 k = metering_kill.fired() => k,
+                Ok(k) = model_refused => k,
                 _ = shutdown.cancelled() => Kill {
                     code: 1001,
                     reason: "server shutting down".into(),
@@ -399,13 +441,25 @@ impl Session {
                 },
             }
         };
+        // Boxed: the session's future holds it for the session's life.
+        let mut tap = Box::new(SessionTap::new(
+            &mut tracker,
+            policy,
+            &gw.metrics,
+            &route.config.model,
+            &self.id,
+            model_end,
+        ));
+        if let Some(counters) = audio {
+            tap.measure(TranslationAudio::new(counters));
+        }
         let spliced = {
             let splice = pin!(relay::splice(
                 client,
                 warm.leg,
                 held.frames,
                 limits,
-                &mut tracker,
+                &mut *tap,
                 kill
             ));
             meter.beside(splice).await
@@ -433,6 +487,7 @@ impl Session {
     async fn apply_minted_config(
         &self,
         grant: &Grant,
+        policy: &ModelPolicy,
         client: &mut ClientSocket,
         upstream: &mut UpstreamLeg,
         held: &mut Held,
@@ -441,6 +496,14 @@ impl Session {
         let gw = &self.gateway;
         let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
         let update = grant.session_update(self.route.config.protocol);
+        // Checked again now: the key's models or the prices may have
+        // changed since the secret was minted.
+        if let Err(r) = policy.check(update.as_bytes()) {
+            end_before_session(client, r.event(), relay::code::POLICY, "model refused").await;
+            let _ = tokio::time::timeout(relay::CLOSE_GRACE, upstream.close(None, |_| {})).await;
+            self.log_end(r.code, Some(relay::code::POLICY), None, Some(setup));
+            return None;
+        }
         let applied = {
             let work = pin!(apply::apply(upstream, update, timeout));
             hold_client_while(client, work, held, &gw.shutdown).await

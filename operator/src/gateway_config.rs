@@ -195,6 +195,8 @@ fn route_entry(spec: &RealtimeRouteSpec) -> RouteConfig {
         upstream_url: upstream_url.into(),
         upstream_model,
         protocol,
+        intent: None,
+        endpoint: Default::default(),
         api_key_env: String::new(),
         api_key_file,
         ca_file: None,

@@ -7,6 +7,15 @@ turns become request-log rows (read from the gateway's stdout) attributed to
 the right key; a spent budget makes the gateway hang up (the simulator saw
 it) and refuse the next call with 402; another key's `calls.hangup` is 404;
 a SIP call accepted with `calls.accept` is metered the same way.
+Transcription: `client.realtime.connect(extra_query={"intent":
+"transcription"})` (no model) reaches the route configured for the intent,
+the model is chosen in `session.update` and its duration usage becomes a
+row priced per minute; a model outside the key's list is refused with an
+`error` event; a transcription client secret mints and connects. The beta
+client (`client.beta.realtime`) is refused with 400 on the GA route.
+Translation: `client.realtime.translations.connect(model=…)` translates
+appended audio through the gateway, and its rows bill the input seconds
+per minute.
 
 Starts `patchbay-gateway sim` and `patchbay-gateway serve` (the binary given
 as argv[1]) on free 127.0.0.1 ports, waits for /readyz, then drives one
@@ -45,6 +54,11 @@ OFFER = (
     "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\nc=IN IP4 0.0.0.0\r\na=mid:1\r\n"
 )
 CALLS_KEY, OTHER_KEY, BUDGET_KEY = "pb-calls-a", "pb-calls-b", "pb-calls-budget"
+TRANSCRIBE_KEY = "pb-transcribe-only"
+WHISPER = "gpt-realtime-whisper"
+TRANSLATE = "gpt-realtime-translate"
+# The simulator reports each transcription as 30 s of audio.
+TRANSCRIBED_SECONDS = 30
 # One simulator turn costs $0.006692 at these prices; the budget key can
 # afford less than one.
 KEYS_TOML = "".join(
@@ -53,11 +67,14 @@ KEYS_TOML = "".join(
         ("calls-a", CALLS_KEY, ""),
         ("calls-b", OTHER_KEY, ""),
         ("calls-budget", BUDGET_KEY, "budget_usd = 0.005"),
+        ("transcribe-only", TRANSCRIBE_KEY, f'models = ["transcribe", "{WHISPER}"]'),
     ]
 )
 PRICES_TOML = (
     '[[prices]]\nmodel = "gpt-realtime"\ntext_input = 4.0\ncached_text_input = 0.4\n'
     "audio_input = 32.0\ncached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n"
+    f'[[prices]]\nmodel = "{WHISPER}"\nusd_per_minute = 0.017\n'
+    f'[[prices]]\nmodel = "{TRANSLATE}"\nusd_per_minute = 0.034\n'
 )
 
 
@@ -177,6 +194,132 @@ def check_client_secret_flow(http_base: str, ws_base: str) -> None:
     raise AssertionError("a client secret minted a client secret")
 
 
+TRANSCRIPTION_CONFIG = {"type": "transcription", "audio": {"input": {"transcription": {"model": WHISPER}}}}
+# 100 ms of 24 kHz PCM16 silence.
+SILENCE_B64 = __import__("base64").b64encode(bytes(4800)).decode()
+
+
+def transcribe_once(conn) -> dict:
+    """Appends audio, commits it and returns the completed event's usage."""
+    conn.input_audio_buffer.append(audio=SILENCE_B64)
+    conn.input_audio_buffer.commit()
+    for event in conn:
+        if event.type == "error":
+            raise AssertionError(f"error event: {event}")
+        if event.type == "conversation.item.input_audio_transcription.completed":
+            return event.usage
+    raise AssertionError("no transcription")
+
+
+def check_transcription_session(ws_base: str, rows_file: str) -> None:
+    client = OpenAI(api_key=TRANSCRIBE_KEY, websocket_base_url=ws_base)
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        created = next(iter(conn))
+        assert created.type == "session.created" and created.session.type == "transcription", created
+        conn.session.update(session=TRANSCRIPTION_CONFIG)
+        usage = transcribe_once(conn)
+        assert usage.type == "duration" and usage.seconds == TRANSCRIBED_SECONDS, usage
+
+    def row():
+        rows = [r for r in read_rows(rows_file) if r.get("key_id") == "transcribe-only" and r["model"] == WHISPER]
+        return rows[0] if rows else None
+
+    r = wait_for("the transcription row", row)
+    assert r["audio_seconds"] == TRANSCRIBED_SECONDS, r
+    assert abs(r["cost_usd"] - TRANSCRIBED_SECONDS / 60 * 0.017) < 1e-9, r
+
+
+def check_transcription_model_refused(ws_base: str) -> None:
+    client = OpenAI(api_key=TRANSCRIBE_KEY, websocket_base_url=ws_base)
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        conn.session.update(
+            session={"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}},
+            event_id="evt_sdk_1",
+        )
+        for event in conn:
+            if event.type == "session.updated":
+                raise AssertionError("a disallowed model reached the upstream")
+            if event.type == "error":
+                assert event.error.code == "model_not_allowed", event
+                assert event.error.param == "session.audio.input.transcription.model", event
+                assert event.error.event_id == "evt_sdk_1", event
+                return
+    raise AssertionError("no error event")
+
+
+def check_transcription_client_secret(http_base: str, ws_base: str) -> None:
+    server = OpenAI(api_key=TRANSCRIBE_KEY, base_url=http_base, max_retries=0)
+    secret = server.realtime.client_secrets.create(session=TRANSCRIPTION_CONFIG)
+    assert secret.value.startswith("pbek_"), secret
+    assert secret.session.type == "transcription", secret.session
+    holder = OpenAI(api_key=secret.value, websocket_base_url=ws_base, max_retries=0)
+    with holder.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        seen = []
+        for event in conn:
+            seen.append(event.type)
+            if event.type == "session.updated":
+                assert event.session.audio.input.transcription.model == WHISPER, event.session
+                break
+        assert seen == ["session.created", "session.updated"], seen
+        usage = transcribe_once(conn)
+        assert usage.seconds == TRANSCRIBED_SECONDS, usage
+
+
+def check_beta_client_is_refused(ws_base: str) -> None:
+    client = OpenAI(api_key=CLIENT_KEY, websocket_base_url=ws_base)
+    try:
+        with client.beta.realtime.connect(model=MODEL) as conn:
+            next(iter(conn))
+    except Exception as e:  # the SDK surfaces the upgrade's 400
+        assert "400" in str(e), repr(e)
+        return
+    raise AssertionError("a beta client was served by a GA route")
+
+
+def check_translation_session(ws_base: str, rows_file: str) -> None:
+    client = OpenAI(api_key=CALLS_KEY, websocket_base_url=ws_base)
+    chunk = __import__("base64").b64encode(bytes(9600)).decode()  # 200 ms
+    with client.realtime.translations.connect(model=TRANSLATE) as conn:
+        created = next(iter(conn))
+        assert created.type == "session.created" and created.session.model == TRANSLATE, created
+        conn.session.update(session={"audio": {"output": {"language": "fr"}}})
+        for _ in range(10):
+            conn.session.input_audio_buffer.append(audio=chunk)
+        deltas = 0
+        for event in conn:
+            if event.type == "error":
+                raise AssertionError(f"error event: {event}")
+            if event.type == "session.updated":
+                assert event.session.audio.output.language == "fr", event.session
+            if event.type == "session.output_audio.delta":
+                deltas += 1
+                if deltas == 10:
+                    break
+        conn.session.close()
+        for event in conn:
+            if event.type == "session.closed":
+                break
+
+    def rows():
+        got = [r for r in read_rows(rows_file) if r["model"] == TRANSLATE and r.get("key_id") == "calls-a"]
+        return got if abs(sum(r["audio_seconds"] for r in got) - 2.0) < 1e-6 else None
+
+    got = wait_for("the translation rows (2 s of audio)", rows)
+    cost = sum(r["cost_usd"] for r in got)
+    assert abs(cost - 2.0 / 60 * 0.034) < 1e-6, got
+
+
+def read_rows(rows_file: str) -> list:
+    out = []
+    with open(rows_file) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
 def rows_of(rows_file: str, call_id: str) -> list:
     out = []
     with open(rows_file) as f:
@@ -283,6 +426,10 @@ def main() -> int:
             f'[server]\nlisten = "127.0.0.1:{gw_port}"\nadmin_listen = "127.0.0.1:{admin_port}"\n'
             f'[[routes]]\nmodel = "{MODEL}"\nupstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime"\n'
             f'api_key_env = "SDK_UPSTREAM_KEY"\n'
+            f'[[routes]]\nmodel = "{TRANSLATE}"\nendpoint = "translations"\n'
+            f'upstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime/translations"\napi_key_env = "SDK_UPSTREAM_KEY"\n'
+            f'[[routes]]\nmodel = "transcribe"\nintent = "transcription"\n'
+            f'upstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime"\napi_key_env = "SDK_UPSTREAM_KEY"\n'
             f'[keys]\nfile = "{keys}"\n[metering]\nflush_secs = 0\n{PRICES_TOML}'
         )
     rows_out = open(rows_file, "w")
@@ -292,6 +439,7 @@ def main() -> int:
             [
                 binary, "sim", "--listen", f"127.0.0.1:{sim_port}", "--keys", UPSTREAM_KEY,
                 "--caller-turns", str(CALLER_TURNS), "--caller-turn-interval-ms", "100",
+                "--transcription-usage", f"duration:{TRANSCRIBED_SECONDS}",
             ],
             stdout=subprocess.DEVNULL,
         ),
@@ -315,6 +463,11 @@ def main() -> int:
             ("calls.create with a client secret is metered to its key", lambda: check_calls_with_client_secret(http_base, rows_file)),
             ("a spent budget hangs the call up and refuses the next with 402", lambda: check_budget_hangs_up(http_base, sim_base)),
             ("calls.accept (SIP) then metered turns", lambda: check_sip_accept(http_base, sim_base, rows_file)),
+            ("a transcription session (intent, model in session.update) is billed per minute", lambda: check_transcription_session(base, rows_file)),
+            ("a session.update naming a model outside the key's list is refused", lambda: check_transcription_model_refused(base)),
+            ("a transcription client secret mints and connects", lambda: check_transcription_client_secret(http_base, base)),
+            ("the retired beta client is refused with 400", lambda: check_beta_client_is_refused(base)),
+            ("a translation session is billed by its input audio", lambda: check_translation_session(base, rows_file)),
         ]
         for name, check in checks:
             try:

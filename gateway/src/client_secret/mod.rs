@@ -461,6 +461,7 @@ mod tests {
                 .as_bytes(),
             "gpt-realtime",
             &["gpt-realtime", "other"],
+            None,
             7200,
         )
         .unwrap()

@@ -8,9 +8,12 @@
 //!
 //! Both fields are optional: `seconds` defaults to [`DEFAULT_TTL_SECS`] and
 //! must be within [`MIN_TTL_SECS`]`..=`min([`MAX_TTL_SECS`], `max_ttl_secs`);
-//! `session.type` defaults to `realtime` (a `transcription` session is
-//! refused for now); `session.model` defaults to the caller's default (the
-//! `?model=` route, else the first route) and must be a route. Every other
+//! `session.type` defaults to `realtime`; `session.model` defaults to the
+//! caller's default (the `?model=` route, else the first route) and must be
+//! a route. A `transcription` session has no `session.model` (its model is
+//! `session.audio.input.transcription.model`): its secret is bound to the
+//! route configured with `intent = "transcription"`, and is refused when
+//! there is none. Every other
 //! `session` field is kept as given: it is the config sent upstream as a
 //! `session.update`, and the upstream validates it. Each refusal names the
 //! offending field in `param`. Pure: no I/O, exhaustively tested.
@@ -50,11 +53,13 @@ fn bad(param: &str, message: impl Into<String>) -> Refusal {
     .with_param(param)
 }
 
-/// Parses and validates a mint body. `routes` are the served models.
+/// Parses and validates a mint body. `routes` are the served models,
+/// `transcription_route` the route of `intent = "transcription"`.
 pub fn parse(
     body: &[u8],
     default_model: &str,
     routes: &[&str],
+    transcription_route: Option<&str>,
     max_ttl_secs: u64,
 ) -> Result<MintRequest, Refusal> {
     let value: Value = if body.iter().all(u8::is_ascii_whitespace) {
@@ -91,46 +96,75 @@ pub fn parse(
         Some(Value::Object(s)) => s,
         Some(_) => return Err(bad("session", "session must be an object")),
     };
-    match session.get("type") {
-        None => {}
-        Some(Value::String(t)) if t == "realtime" => {}
-        Some(Value::String(t)) if t == "transcription" => {
-            return Err(Refusal::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "unsupported_session_type",
-                "transcription sessions are not supported by this gateway yet; use \"type\": \"realtime\"",
-            )
-            .with_param("session.type"))
-        }
+    let transcription = match session.get("type") {
+        None => false,
+        Some(Value::String(t)) if t == "realtime" => false,
+        Some(Value::String(t)) if t == "transcription" => true,
         Some(_) => {
             return Err(bad(
                 "session.type",
                 "session.type must be \"realtime\" or \"transcription\"",
             ))
         }
-    }
-    let model = match session.get("model") {
-        None | Some(Value::Null) => default_model.to_string(),
-        Some(Value::String(m)) => m.clone(),
-        Some(_) => return Err(bad("session.model", "session.model must be a string")),
     };
-    if !routes.contains(&model.as_str()) {
-        return Err(Refusal::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!("the model '{model}' is not served by this gateway"),
-        )
-        .with_param("session.model"));
-    }
-    session.insert("type".into(), Value::String("realtime".into()));
-    session.insert("model".into(), Value::String(model.clone()));
+    let model = if transcription {
+        // OpenAI's transcription session config names no model of its own
+        // (openai-python `realtime_transcription_session_create_request.py`):
+        // the secret is bound to the route configured for the intent.
+        if session.contains_key("model") {
+            return Err(bad(
+                "session.model",
+                "a transcription session has no session.model: name the model in session.audio.input.transcription.model",
+            ));
+        }
+        transcription_route
+            .ok_or_else(|| {
+                Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "unsupported_session_type",
+                    "no route of this gateway serves transcription sessions: configure a route with intent = \"transcription\"",
+                )
+                .with_param("session.type")
+            })?
+            .to_string()
+    } else {
+        let model = match session.get("model") {
+            None | Some(Value::Null) => default_model.to_string(),
+            Some(Value::String(m)) => m.clone(),
+            Some(_) => return Err(bad("session.model", "session.model must be a string")),
+        };
+        if !routes.contains(&model.as_str()) {
+            return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+                format!("the model '{model}' is not served by this gateway"),
+            )
+            .with_param("session.model"));
+        }
+        session.insert("model".into(), Value::String(model.clone()));
+        model
+    };
+    let kind = if transcription {
+        "transcription"
+    } else {
+        "realtime"
+    };
+    session.insert("type".into(), Value::String(kind.into()));
     Ok(MintRequest {
         ttl_secs,
         model,
         session,
     })
+}
+
+impl MintRequest {
+    /// The minted config as the `session.update` that applies it (GA), for
+    /// the checks a client's own `session.update` gets.
+    pub fn as_update(&self) -> String {
+        serde_json::json!({"type": "session.update", "session": self.session}).to_string()
+    }
 }
 
 fn ttl(expires_after: Option<Value>, max_ttl_secs: u64) -> Result<u64, Refusal> {
@@ -187,7 +221,7 @@ mod tests {
     const ROUTES: &[&str] = &["gpt-realtime", "gpt-realtime-mini"];
 
     fn p(body: &str) -> Result<MintRequest, Refusal> {
-        parse(body.as_bytes(), "gpt-realtime", ROUTES, 7200)
+        parse(body.as_bytes(), "gpt-realtime", ROUTES, None, 7200)
     }
 
     fn param(r: &Refusal) -> &str {
@@ -252,12 +286,15 @@ mod tests {
             br#"{"expires_after": {"seconds": 301}}"#,
             "gpt-realtime",
             ROUTES,
+            None,
             300,
         )
         .unwrap_err();
         assert!(r.message.contains("10 to 300"), "{}", r.message);
         assert_eq!(
-            parse(b"{}", "gpt-realtime", ROUTES, 300).unwrap().ttl_secs,
+            parse(b"{}", "gpt-realtime", ROUTES, None, 300)
+                .unwrap()
+                .ttl_secs,
             300
         );
     }
@@ -295,7 +332,41 @@ mod tests {
         }
         let r = p(r#"{"session": {"type": "transcription"}}"#).unwrap_err();
         assert_eq!(r.code, "unsupported_session_type");
+        assert!(
+            r.message.contains("intent = \"transcription\""),
+            "{}",
+            r.message
+        );
         let r = p(r#"{"session": {"model": "gpt-4o"}}"#).unwrap_err();
         assert_eq!(r.code, "model_not_found");
+    }
+
+    #[test]
+    fn a_transcription_secret_is_bound_to_the_transcription_route() {
+        let t = |body: &str| {
+            parse(
+                body.as_bytes(),
+                "gpt-realtime",
+                ROUTES,
+                Some("transcribe"),
+                7200,
+            )
+        };
+        let m = t(r#"{"session": {"type": "transcription",
+                     "audio": {"input": {"transcription": {"model": "gpt-realtime-whisper"}}}}}"#)
+        .unwrap();
+        assert_eq!(m.model, "transcribe");
+        assert_eq!(m.session["type"], "transcription");
+        assert!(m.session.get("model").is_none(), "{:?}", m.session);
+        let update: Value = serde_json::from_str(&m.as_update()).unwrap();
+        assert_eq!(
+            update["session"]["audio"]["input"]["transcription"]["model"],
+            "gpt-realtime-whisper"
+        );
+        let r =
+            t(r#"{"session": {"type": "transcription", "model": "gpt-realtime"}}"#).unwrap_err();
+        assert_eq!((r.status.as_u16(), param(&r)), (400, "session.model"));
+        // A realtime secret is unchanged by the transcription route.
+        assert_eq!(t("{}").unwrap().model, "gpt-realtime");
     }
 }

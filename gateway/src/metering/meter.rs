@@ -64,6 +64,7 @@ use super::outbox::{Queued, QueuedState};
 use super::pricing::{self, Usage};
 use super::shared::{bounded, SessionMeta, Shared};
 use super::tracker::{TurnKind, TurnRecord, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED};
+use super::translation::{self, AudioCounters};
 use crate::auth::{KeyEntry, KeySet, TeamEntry};
 use crate::config::PriceRow;
 use crate::event::error_event;
@@ -164,6 +165,11 @@ pub struct MeterTask {
     keyset_seen: Option<Arc<KeySet>>,
     /// The turn counters of the session's model.
     meters: Arc<ModelMeters>,
+    /// A translation session's measured audio, taken every window.
+    audio: Option<Arc<AudioCounters>>,
+    /// Windows of audio taken so far, and when the current one began.
+    audio_windows: u64,
+    audio_since: SystemTime,
 }
 
 impl MeterTask {
@@ -188,7 +194,47 @@ impl MeterTask {
             lost_usd: 0.0,
             estimate: Vec::new(),
             keyset_seen: None,
+            audio: None,
+            audio_windows: 0,
+            audio_since: SystemTime::now(),
         }
+    }
+
+    /// Meters the audio `counters` measure ([`super::translation`]): every
+    /// flush takes the window's seconds as one record.
+    pub fn measuring_audio(mut self, counters: Arc<AudioCounters>) -> Self {
+        self.audio = Some(counters);
+        self
+    }
+
+    /// The window's audio as a record, when it carried any.
+    fn take_audio_window(&mut self) {
+        let Some(counters) = &self.audio else {
+            return;
+        };
+        let (input, output) = counters.take();
+        if input <= 0.0 && output <= 0.0 {
+            return;
+        }
+        let now = SystemTime::now();
+        let started_at = std::mem::replace(&mut self.audio_since, now);
+        self.audio_windows += 1;
+        self.window.push(TurnRecord {
+            n: self.audio_windows,
+            kind: TurnKind::Translation {
+                output_seconds: output,
+            },
+            started_at,
+            ended_at: now,
+            latency: now.duration_since(started_at).unwrap_or_default(),
+            ttft: None,
+            status: 200,
+            end_reason: "window",
+            usage: Some(Usage {
+                audio_seconds: Some(translation::billed_seconds(input, output)),
+                ..Usage::default()
+            }),
+        });
     }
 
     /// Runs until the tracker is finished (or dropped) and the final flush
@@ -284,6 +330,7 @@ impl MeterTask {
 
     async fn flush(&mut self, check_budgets: bool) {
         self.check_key();
+        self.take_audio_window();
         let prices = self.shared.prices();
         let max_turn_usd = self.shared.config().max_turn_usd;
         let mut rows = Vec::with_capacity(self.window.len());
@@ -517,7 +564,9 @@ pub fn build_row(
     max_turn_usd: f64,
 ) -> PricedRow {
     let (row_model, upstream_model, transcription) = match &rec.kind {
-        TurnKind::Response => (meta.model.as_str(), meta.upstream_model.as_str(), false),
+        TurnKind::Response | TurnKind::Translation { .. } => {
+            (meta.model.as_str(), meta.upstream_model.as_str(), false)
+        }
         TurnKind::Transcription { model } => {
             let configured = |m: &&str| {
                 *m == meta.model || pricing::find(prices, m, m, &meta.upstream).is_some()
@@ -565,6 +614,10 @@ pub fn build_row(
         output_audio_tokens: usage.output_audio,
         transcription_tokens: if transcription { usage.total } else { 0 },
         audio_seconds: usage.audio_seconds,
+        output_audio_seconds: match rec.kind {
+            TurnKind::Translation { output_seconds } => Some(output_seconds),
+            _ => None,
+        },
         cost_usd: charge.cost_usd,
         usage_unknown: rec.usage.is_none(),
         usage_implausible: charge.implausible,

@@ -71,11 +71,13 @@ use crate::store::{
 use outbox::Outbox;
 
 mod budgets;
+pub mod client_models;
 pub mod meter;
 pub mod outbox;
 pub mod pricing;
 mod shared;
 pub mod tracker;
+pub mod translation;
 mod whole;
 
 use budgets::budget_refusal;
@@ -235,8 +237,11 @@ impl Metering {
             &route.model,
             route.budget_usd.map(|b| (b, route.budget_period)),
         );
-        let unpriced =
-            s.config().unpriced == Unpriced::Block && !pricing::route_priced(&s.prices(), route);
+        // An intent route's sessions have no response turns: the model
+        // they are billed on is the one a frame names, checked there.
+        let unpriced = s.config().unpriced == Unpriced::Block
+            && route.intent.is_none()
+            && !pricing::route_priced(&s.prices(), route);
         let counts = if key.rpm.is_some() || key.tpm.is_some() || !budgets.is_empty() {
             let q = AdmitQuery {
                 key_id: key.id.clone(),

@@ -417,6 +417,7 @@ mod tests {
             output_audio_tokens: 0,
             transcription_tokens: 0,
             audio_seconds: None,
+            output_audio_seconds: None,
             cost_usd,
             usage_unknown: false,
             usage_implausible: false,

@@ -105,6 +105,9 @@ const TRANSCRIPTION_COMPLETED_QUOTED: &str =
 pub const OUTCOME_BUDGET_EXHAUSTED: &str = "budget_exhausted";
 /// `kill` outcome label of a session whose key was removed or disabled.
 pub const OUTCOME_KEY_REVOKED: &str = "key_revoked";
+/// `kill` outcome label of a session the upstream moved to a model the key
+/// may not use ([`super::client_models`]).
+pub const OUTCOME_MODEL_REFUSED: &str = "model_refused";
 
 /// Why a session ended, as far as its in-flight responses are concerned:
 /// one value per cause, each with the status its cut-short rows carry.
@@ -134,6 +137,8 @@ pub enum EndReason {
     Budget,
     /// Closed because the key was removed or disabled. 403.
     KeyRevoked,
+    /// Closed because its session took a model the key may not use. 403.
+    ModelRefused,
     /// The gateway is shutting down. 503.
     Shutdown,
     /// The tracker was dropped without [`TurnTracker::finish`]. 500.
@@ -152,7 +157,7 @@ impl EndReason {
             | EndReason::UpstreamOversizeFrame => 502,
             EndReason::IdleTimeout | EndReason::MaxDuration => 408,
             EndReason::Budget => 402,
-            EndReason::KeyRevoked => 403,
+            EndReason::KeyRevoked | EndReason::ModelRefused => 403,
             EndReason::Shutdown => 503,
             EndReason::Aborted => 500,
         }
@@ -172,6 +177,7 @@ impl EndReason {
             EndReason::MaxDuration => "max_session_duration",
             EndReason::Budget => OUTCOME_BUDGET_EXHAUSTED,
             EndReason::KeyRevoked => OUTCOME_KEY_REVOKED,
+            EndReason::ModelRefused => OUTCOME_MODEL_REFUSED,
             EndReason::Shutdown => "shutdown",
             EndReason::Aborted => "aborted",
         }
@@ -192,6 +198,7 @@ impl EndReason {
             End::Killed(k) => match k.outcome {
                 OUTCOME_BUDGET_EXHAUSTED => EndReason::Budget,
                 OUTCOME_KEY_REVOKED => EndReason::KeyRevoked,
+                OUTCOME_MODEL_REFUSED => EndReason::ModelRefused,
                 _ => EndReason::Shutdown,
             },
         }
@@ -205,6 +212,11 @@ pub enum TurnKind {
     /// (`None` when no session event named one).
     Transcription {
         model: Option<String>,
+    },
+    /// A translation session's window of audio, measured by the gateway
+    /// ([`super::translation`]); its usage is the billed seconds.
+    Translation {
+        output_seconds: f64,
     },
 }
 
@@ -248,6 +260,8 @@ pub struct TurnTracker {
     waiting_ttft: usize,
     turns: u64,
     transcription_model: Option<String>,
+    /// Session events (`session.created`/`updated`) seen.
+    session_events: u64,
     /// Set when the session started ending: cancelled responses are then
     /// the teardown's, and their rows carry this cause.
     ending: Option<EndReason>,
@@ -271,6 +285,7 @@ impl TurnTracker {
             waiting_ttft: 0,
             turns: 0,
             transcription_model: None,
+            session_events: 0,
             ending: None,
             metered: VecDeque::new(),
             duplicates: Counter::default(),
@@ -305,6 +320,12 @@ impl TurnTracker {
     /// The transcription model the last session event named.
     pub fn transcription_model(&self) -> Option<&str> {
         self.transcription_model.as_deref()
+    }
+
+    /// Session events seen so far: a change says the session's settings
+    /// (its transcription model) may have changed.
+    pub fn session_events(&self) -> u64 {
+        self.session_events
     }
 
     /// Ends tracking: responses in flight become records with unknown usage
@@ -542,6 +563,7 @@ impl TurnTracker {
     }
 
     fn on_session(&mut self, text: &str) {
+        self.session_events += 1;
         // Most sessions transcribe no input (`"transcription": null`): then
         // there is no model to read, and the event (the whole session
         // config) is not parsed.

@@ -243,7 +243,7 @@ impl Upstream {
         timeout: Duration,
         max_message_bytes: usize,
     ) -> Result<Self, String> {
-        let url = upstream_url(up, up.upstream_model(route))?;
+        let url = route_upstream_url(route, up)?;
         // The credential is added at each dial (the key may rotate).
         let mut headers = upstream_headers(up, route.protocol)?;
         headers.retain(|(name, _)| *name != auth_header_name(up.provider));
@@ -520,6 +520,27 @@ async fn read_session_created(
 /// The upstream URL with the model (OpenAI, Azure GA) or deployment (Azure
 /// preview) in the query; other query parameters (`api-version`) are kept.
 pub fn upstream_url(up: &UpstreamConfig, upstream_model: &str) -> Result<Url, String> {
+    url_with(up, Some(upstream_model), None)
+}
+
+/// The URL a route's upstream is dialled at: an intent route's
+/// (`intent = "transcription"`) names its intent, and a model only when its
+/// `upstream_model` is set (OpenAI's own form, `?intent=transcription`,
+/// names none: the client picks the model in `session.update`).
+pub fn route_upstream_url(route: &RouteConfig, up: &UpstreamConfig) -> Result<Url, String> {
+    match route.intent {
+        None => upstream_url(up, up.upstream_model(route)),
+        Some(intent) => url_with(
+            up,
+            up.upstream_model
+                .as_deref()
+                .or(route.upstream_model.as_deref()),
+            Some(intent.as_str()),
+        ),
+    }
+}
+
+fn url_with(up: &UpstreamConfig, model: Option<&str>, intent: Option<&str>) -> Result<Url, String> {
     let mut url = Url::parse(&up.upstream_url).map_err(|e| format!("invalid upstream_url: {e}"))?;
     let param = match up.provider {
         Provider::Azure if !url.path().ends_with("/openai/v1/realtime") => "deployment",
@@ -527,13 +548,18 @@ pub fn upstream_url(up: &UpstreamConfig, upstream_model: &str) -> Result<Url, St
     };
     let kept: Vec<(String, String)> = url
         .query_pairs()
-        .filter(|(k, _)| k != param)
+        .filter(|(k, _)| k != param && (intent.is_none() || k != "intent"))
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
-    url.query_pairs_mut()
-        .clear()
-        .extend_pairs(kept)
-        .append_pair(param, upstream_model);
+    let mut pairs = url.query_pairs_mut();
+    pairs.clear().extend_pairs(kept);
+    if let Some(model) = model {
+        pairs.append_pair(param, model);
+    }
+    if let Some(intent) = intent {
+        pairs.append_pair("intent", intent);
+    }
+    drop(pairs);
     Ok(url)
 }
 
@@ -740,6 +766,44 @@ mod tests {
         assert_eq!(
             with.lines().skip(1).collect::<Vec<_>>(),
             without.lines().skip(1).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn an_intent_route_is_dialled_with_its_intent_and_a_model_only_when_configured() {
+        let mut r = route(
+            Provider::Openai,
+            "wss://api.openai.com/v1/realtime",
+            Protocol::Ga,
+        );
+        r.model = "transcribe".into();
+        r.upstream_model = None;
+        r.intent = Some(crate::config::Intent::Transcription);
+        let up = r.upstream_list()[0].clone();
+        assert_eq!(
+            route_upstream_url(&r, &up).unwrap().as_str(),
+            "wss://api.openai.com/v1/realtime?intent=transcription"
+        );
+        r.upstream_model = Some("gpt-4o-transcribe".into());
+        let up = r.upstream_list()[0].clone();
+        assert_eq!(
+            route_upstream_url(&r, &up).unwrap().as_str(),
+            "wss://api.openai.com/v1/realtime?model=gpt-4o-transcribe&intent=transcription"
+        );
+        // A conversation route keeps what its URL says and adds its model.
+        let mut r = route(
+            Provider::Openai,
+            "wss://api.openai.com/v1/realtime?intent=x",
+            Protocol::Ga,
+        );
+        r.upstream_model = None;
+        let up = r.upstream_list()[0].clone();
+        assert_eq!(
+            route_upstream_url(&r, &up).unwrap().as_str(),
+            format!(
+                "wss://api.openai.com/v1/realtime?intent=x&model={}",
+                r.model
+            )
         );
     }
 

@@ -30,4 +30,6 @@ mod skips;
 mod store_outbox;
 mod store_tls;
 mod tls_and_config;
+mod transcription;
+mod translation;
 mod usage;

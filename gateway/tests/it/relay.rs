@@ -66,8 +66,7 @@ async fn bearer_api_key_and_subprotocol_credentials_are_accepted() {
         .unwrap();
     assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
 
-    let protocols =
-        format!("realtime, openai-insecure-api-key.{CLIENT_KEY}, openai-beta.realtime-v1");
+    let protocols = format!("realtime, openai-insecure-api-key.{CLIENT_KEY}");
     let (mut ws, resp) = connect_with(gw.addr, &q, &[("sec-websocket-protocol", &protocols)])
         .await
         .unwrap();
@@ -82,6 +81,58 @@ async fn bearer_api_key_and_subprotocol_credentials_are_accepted() {
     let seen = sim.stats.auth_headers.lock().unwrap().clone();
     assert_eq!(seen.len(), 3);
     assert!(seen.iter().all(|k| k == UPSTREAM_KEY), "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_beta_client_on_a_ga_route_is_refused_400_before_any_dial_and_a_beta_route_serves_it() {
+    let (sim, gw) = sim_and_gateway(SimConfig::default(), "").await;
+    let q = format!("?model={MODEL}");
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let beta_subprotocol =
+        format!("realtime, openai-insecure-api-key.{CLIENT_KEY}, openai-beta.realtime-v1");
+    for headers in [
+        vec![
+            ("authorization", bearer.as_str()),
+            ("openai-beta", "realtime=v1"),
+        ],
+        vec![("sec-websocket-protocol", beta_subprotocol.as_str())],
+    ] {
+        let (status, _, body) = refused(gw.addr, &q, &headers).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], "beta_protocol_retired", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("/v1/realtime?model={MODEL}")),
+            "{message}"
+        );
+    }
+    assert_eq!(
+        sim.stats.upgrades.load(Ordering::Relaxed),
+        0,
+        "nothing was dialled"
+    );
+    assert_eq!(
+        metric(
+            gw.admin_addr,
+            "patchbay_admission_refusals_total",
+            "reason=\"beta_protocol_retired\""
+        )
+        .await,
+        2.0
+    );
+    drop(gw);
+
+    // A route configured for the beta dialect (an Azure preview deployment)
+    // serves the same client.
+    let gw = gateway(&gateway_toml(&sim.url(false), "protocol = \"beta\"")).await;
+    let (mut ws, _) = connect_with(
+        gw.addr,
+        &q,
+        &[("authorization", &bearer), ("openai-beta", "realtime=v1")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
 }
 
 #[tokio::test]
