@@ -16,7 +16,7 @@
 //! [`WINDOW`]; a gateway younger than that shows the time it has.
 //!
 //! Caveat: the request-log rows are not shown. They are written by the
-//! meter and the outbox, which hand them to no one else; the page links to
+//! meter and the outbox, which hand them to no one else; the page says
 //! where they go (stdout, and the Redis stream with a store).
 
 use std::collections::{HashMap, VecDeque};
@@ -286,32 +286,29 @@ pub fn render(
         "none (this process counts alone)"
     };
     let rows = [
-        ("store", store.to_string()),
+        ("store", "store", store.to_string()),
         (
             "store-errors",
+            "failed or timed-out store calls",
             num(e.sum("patchbay_store_errors_total", &[])),
         ),
         (
             "outbox-store",
+            "rows waiting for Redis",
             num(e.sum("patchbay_outbox_rows", &[("sink", "store")])),
         ),
         (
             "outbox-stdout",
+            "rows waiting for stdout",
             num(e.sum("patchbay_outbox_rows", &[("sink", "stdout")])),
         ),
         (
             "outbox-dropped",
+            "rows dropped",
             num(e.sum("patchbay_outbox_dropped_total", &[])),
         ),
     ];
-    let names = [
-        "store",
-        "failed or timed-out store calls",
-        "rows waiting for Redis",
-        "rows waiting for stdout",
-        "rows dropped",
-    ];
-    for ((id, value), name) in rows.iter().zip(names) {
+    for (id, name, value) in &rows {
         let _ = write!(
             h,
             "<tr><th>{name}</th><td data-id=\"{id}\">{}</td></tr>",
