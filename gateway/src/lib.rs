@@ -37,6 +37,7 @@ pub mod reload;
 pub mod secret;
 pub mod server;
 pub mod session;
+pub mod status_page;
 pub mod store;
 #[cfg(test)]
 mod test_skip;

@@ -353,7 +353,9 @@ async fn serve_with_hyper(
 
 pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
     let builder = http1(&gw);
-    let admin = crate::admin::router(gw);
+    let history = Arc::new(crate::status_page::History::default());
+    crate::status_page::spawn_sampler(gw.clone(), history.clone());
+    let admin = crate::admin::router(gw, history);
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
             tokio::time::sleep(ACCEPT_BACKOFF).await;

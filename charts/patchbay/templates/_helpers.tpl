@@ -94,3 +94,12 @@ Call with (dict "image" <values> "context" $).
 {{- printf "%s:%s" $image.repository (default .context.Chart.AppVersion $image.tag) }}
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the cluster serves the Prometheus Operator's API
+(monitoring.coreos.com/v1), else empty: the PrometheusRule needs it. The one
+place the chart asks (`helm template` asks with `--api-versions`).
+*/}}
+{{- define "patchbay.prometheusOperatorServed" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}

@@ -94,6 +94,7 @@ pub async fn run(listen: SocketAddr, sessions: usize, once: bool) -> Result<(), 
         "gateway:            ws://{addr}/v1/realtime   admin: http://{}/metrics",
         running.admin_addr
     );
+    println!("status page:        http://{}/status", running.admin_addr);
     println!();
     println!("request-log rows (stdout, one JSON line per metered turn):");
     let mut events = BTreeMap::new();
