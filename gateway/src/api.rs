@@ -32,7 +32,7 @@ use crate::admission::Refusal;
 use crate::auth::{presented_key, KeyEntry};
 use crate::body::{body_timeout, read_body, BodyError};
 use crate::client_secret::{self, is_client_secret, request};
-use crate::config::Intent;
+use crate::config::{Endpoint, Intent};
 use crate::gateway::Gateway;
 use crate::http_error::{count_refusal, ApiError};
 use crate::metering::client_models::ModelPolicy;
@@ -42,11 +42,21 @@ pub const CLIENT_SECRETS_PATH: &str = "/v1/realtime/client_secrets";
 /// The same under Azure's prefix, as the calls and the upgrade paths are.
 pub const AZURE_CLIENT_SECRETS_PATH: &str = "/openai/v1/realtime/client_secrets";
 
+/// The translation mint routes (openai-python
+/// `resources/realtime/translations/client_secrets.py`).
+pub const TRANSLATION_CLIENT_SECRETS_PATHS: [&str; 2] = [
+    "/v1/realtime/translations/client_secrets",
+    "/openai/v1/realtime/translations/client_secrets",
+];
+
 /// The router for the client listener's non-upgrade requests.
 pub fn router(gw: Arc<Gateway>) -> Router {
     let mut r = Router::new();
     for path in [CLIENT_SECRETS_PATH, AZURE_CLIENT_SECRETS_PATH] {
         r = r.route(path, post(mint).fallback(method_not_allowed));
+    }
+    for path in TRANSLATION_CLIENT_SECRETS_PATHS {
+        r = r.route(path, post(mint_translation).fallback(method_not_allowed));
     }
     for path in crate::session::REALTIME_PATHS
         .into_iter()
@@ -132,11 +142,28 @@ async fn mint(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    match mint_inner(&gw, &key, query.as_deref(), body).await {
+    minted_or_refused(
+        &gw,
+        mint_inner(&gw, &key, query.as_deref(), body, false).await,
+    )
+}
+
+/// `POST /v1/realtime/translations/client_secrets`: a secret bound to a
+/// translation route.
+async fn mint_translation(
+    State(gw): State<Arc<Gateway>>,
+    ParentKey(key): ParentKey,
+    body: Body,
+) -> Response {
+    minted_or_refused(&gw, mint_inner(&gw, &key, None, body, true).await)
+}
+
+fn minted_or_refused(gw: &Gateway, minted: Result<Response, ApiError>) -> Response {
+    match minted {
         Ok(r) => r,
         Err(ApiError(refusal)) => {
             gw.client_secrets.count_refusal("mint", refusal.code);
-            count_refusal(&gw, "", &refusal);
+            count_refusal(gw, "", &refusal);
             ApiError(refusal).into_response()
         }
     }
@@ -147,6 +174,7 @@ async fn mint_inner(
     key: &KeyEntry,
     query: Option<&str>,
     body: Body,
+    translation: bool,
 ) -> Result<Response, ApiError> {
     let body = match read_body(gw, body, request::MAX_BODY_BYTES).await {
         Ok(b) => b,
@@ -170,21 +198,27 @@ async fn mint_inner(
             .map(|(_, v)| v.into_owned())
             .filter(|m| !m.is_empty())
     });
-    let routes: Vec<&str> = gw.routes.iter().map(|r| r.config.model.as_str()).collect();
-    let default_model = query_model
-        .as_deref()
-        .or(routes.first().copied())
-        .unwrap_or_default();
-    let transcription_route = gw
-        .route_for_intent(Intent::Transcription.as_str())
-        .map(|r| r.config.model.as_str());
-    let req = request::parse(
-        &body,
-        default_model,
-        &routes,
-        transcription_route,
-        gw.client_secrets.max_ttl_secs(),
-    )?;
+    let routes_of = |endpoint: Endpoint| -> Vec<&str> {
+        gw.routes
+            .iter()
+            .filter(|r| r.config.endpoint == endpoint)
+            .map(|r| r.config.model.as_str())
+            .collect()
+    };
+    let max_ttl = gw.client_secrets.max_ttl_secs();
+    let req = if translation {
+        request::parse_translation(&body, &routes_of(Endpoint::Translations), max_ttl)?
+    } else {
+        let routes = routes_of(Endpoint::Realtime);
+        let default_model = query_model
+            .as_deref()
+            .or(routes.first().copied())
+            .unwrap_or_default();
+        let transcription_route = gw
+            .route_for_intent(Intent::Transcription.as_str())
+            .map(|r| r.config.model.as_str());
+        request::parse(&body, default_model, &routes, transcription_route, max_ttl)?
+    };
     let route = gw.route(&req.model).cloned().ok_or_else(|| {
         Refusal::new(
             StatusCode::NOT_FOUND,

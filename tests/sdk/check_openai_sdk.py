@@ -15,7 +15,8 @@ row priced per minute; a model outside the key's list is refused with an
 client (`client.beta.realtime`) is refused with 400 on the GA route.
 Translation: `client.realtime.translations.connect(model=…)` translates
 appended audio through the gateway, and its rows bill the input seconds
-per minute.
+per minute; `client.realtime.translations.client_secrets.create` mints a
+secret that connects.
 
 Starts `patchbay-gateway sim` and `patchbay-gateway serve` (the binary given
 as argv[1]) on free 127.0.0.1 ports, waits for /readyz, then drives one
@@ -309,6 +310,28 @@ def check_translation_session(ws_base: str, rows_file: str) -> None:
     assert abs(cost - 2.0 / 60 * 0.034) < 1e-6, got
 
 
+def check_translation_client_secret(http_base: str, ws_base: str) -> None:
+    server = OpenAI(api_key=CALLS_KEY, base_url=http_base, max_retries=0)
+    secret = server.realtime.translations.client_secrets.create(
+        session={"model": TRANSLATE, "audio": {"output": {"language": "de"}}}
+    )
+    assert secret.value.startswith("pbek_"), secret
+    assert secret.session.model == TRANSLATE, secret.session
+    holder = OpenAI(api_key=secret.value, websocket_base_url=ws_base, max_retries=0)
+    with holder.realtime.translations.connect(model=TRANSLATE) as conn:
+        seen = []
+        for event in conn:
+            seen.append(event.type)
+            if event.type == "session.updated":
+                assert event.session.audio.output.language == "de", event.session
+                break
+        assert seen == ["session.created", "session.updated"], seen
+        conn.session.input_audio_buffer.append(audio=SILENCE_B64)
+        for event in conn:
+            if event.type == "session.output_audio.delta":
+                break
+
+
 def read_rows(rows_file: str) -> list:
     out = []
     with open(rows_file) as f:
@@ -468,6 +491,7 @@ def main() -> int:
             ("a transcription client secret mints and connects", lambda: check_transcription_client_secret(http_base, base)),
             ("the retired beta client is refused with 400", lambda: check_beta_client_is_refused(base)),
             ("a translation session is billed by its input audio", lambda: check_translation_session(base, rows_file)),
+            ("a translation client secret mints and connects", lambda: check_translation_client_secret(http_base, base)),
         ]
         for name, check in checks:
             try:

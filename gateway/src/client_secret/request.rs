@@ -62,40 +62,7 @@ pub fn parse(
     transcription_route: Option<&str>,
     max_ttl_secs: u64,
 ) -> Result<MintRequest, Refusal> {
-    let value: Value = if body.iter().all(u8::is_ascii_whitespace) {
-        Value::Object(Map::new())
-    } else {
-        serde_json::from_slice(body).map_err(|e| {
-            Refusal::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "invalid_json",
-                format!("the request body is not valid JSON: {e}"),
-            )
-        })?
-    };
-    let Value::Object(mut top) = value else {
-        return Err(bad("", "the request body must be a JSON object"));
-    };
-    if let Some(unknown) = top
-        .keys()
-        .find(|k| !matches!(k.as_str(), "expires_after" | "session"))
-    {
-        let unknown = unknown.clone();
-        return Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "unknown_parameter",
-            format!("Unknown parameter: '{unknown}'."),
-        )
-        .with_param(&unknown));
-    }
-    let ttl_secs = ttl(top.remove("expires_after"), max_ttl_secs)?;
-    let mut session = match top.remove("session") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(s)) => s,
-        Some(_) => return Err(bad("session", "session must be an object")),
-    };
+    let (ttl_secs, mut session) = top_level(body, max_ttl_secs)?;
     let transcription = match session.get("type") {
         None => false,
         Some(Value::String(t)) if t == "realtime" => false,
@@ -165,6 +132,81 @@ impl MintRequest {
     pub fn as_update(&self) -> String {
         serde_json::json!({"type": "session.update", "session": self.session}).to_string()
     }
+}
+
+/// The body's two fields: the TTL and the session object.
+fn top_level(body: &[u8], max_ttl_secs: u64) -> Result<(u64, Map<String, Value>), Refusal> {
+    let value: Value = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Object(Map::new())
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_json",
+                format!("the request body is not valid JSON: {e}"),
+            )
+        })?
+    };
+    let Value::Object(mut top) = value else {
+        return Err(bad("", "the request body must be a JSON object"));
+    };
+    if let Some(unknown) = top
+        .keys()
+        .find(|k| !matches!(k.as_str(), "expires_after" | "session"))
+    {
+        let unknown = unknown.clone();
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "unknown_parameter",
+            format!("Unknown parameter: '{unknown}'."),
+        )
+        .with_param(&unknown));
+    }
+    let ttl_secs = ttl(top.remove("expires_after"), max_ttl_secs)?;
+    let session = match top.remove("session") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(s)) => s,
+        Some(_) => return Err(bad("session", "session must be an object")),
+    };
+    Ok((ttl_secs, session))
+}
+
+/// Parses and validates a translation mint body
+/// (`POST /v1/realtime/translations/client_secrets`; openai-python
+/// `types/realtime/translations/client_secret_create_params.py`): the same
+/// `expires_after`, and a `session` that must name its `model`, one of the
+/// translation routes (`translation_routes`).
+pub fn parse_translation(
+    body: &[u8],
+    translation_routes: &[&str],
+    max_ttl_secs: u64,
+) -> Result<MintRequest, Refusal> {
+    let (ttl_secs, session) = top_level(body, max_ttl_secs)?;
+    let model = match session.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        None | Some(Value::Null) => {
+            return Err(bad("session.model", "session.model is required"));
+        }
+        Some(_) => return Err(bad("session.model", "session.model must be a string")),
+    };
+    if !translation_routes.contains(&model.as_str()) {
+        return Err(Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!(
+                "the model '{model}' is not served at /v1/realtime/translations by this gateway"
+            ),
+        )
+        .with_param("session.model"));
+    }
+    Ok(MintRequest {
+        ttl_secs,
+        model,
+        session,
+    })
 }
 
 fn ttl(expires_after: Option<Value>, max_ttl_secs: u64) -> Result<u64, Refusal> {

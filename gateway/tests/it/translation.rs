@@ -279,3 +279,76 @@ async fn each_model_is_served_at_its_own_endpoint_only() {
         "nothing was dialled"
     );
 }
+
+#[tokio::test]
+async fn a_translation_client_secret_mints_for_translation_models_only_and_connects() {
+    let sim = sim(SimConfig::default()).await;
+    let signing = TempFile::new(
+        "signing.key",
+        &format!("{}\n", "translation-signing-".repeat(3)),
+    );
+    let gw = gateway(&gateway_toml(
+        &sim.url(false),
+        &translation_config(
+            &sim,
+            &format!(
+                "[client_secrets]\nsigning_key_files = [\"{}\"]\n",
+                signing.0.display()
+            ),
+        ),
+    ))
+    .await;
+    let addr = gw.addr;
+    let post = |path: &'static str, body: serde_json::Value| async move {
+        let bearer = format!("Bearer {CLIENT_KEY}");
+        crate::client_secrets::post(addr, path, &[("Authorization", &bearer)], &body.to_string())
+            .await
+    };
+    let (status, _, body) = post(
+        "/v1/realtime/translations/client_secrets",
+        json!({"session": {"model": MODEL}}),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["param"]),
+        (404, &json!("session.model")),
+        "{body}"
+    );
+    let (status, _, body) = post(
+        "/v1/realtime/client_secrets",
+        json!({"session": {"type": "realtime", "model": TRANSLATE}}),
+    )
+    .await;
+    assert_eq!(
+        status, 404,
+        "a Realtime secret cannot name a translation model: {body}"
+    );
+
+    let (status, _, minted) = post(
+        "/v1/realtime/translations/client_secrets",
+        json!({"session": {"model": TRANSLATE, "audio": {"output": {"language": "fr"}}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{minted}");
+    assert_eq!(minted["session"]["model"], TRANSLATE);
+    let secret = minted["value"].as_str().unwrap();
+    let path = format!("/v1/realtime/translations?model={TRANSLATE}");
+    let mut ws = connect_translation(gw.addr, &path, secret).await.unwrap();
+    let created: serde_json::Value = serde_json::from_str(&recv_text(&mut ws).await).unwrap();
+    assert_eq!(created["type"], "session.created");
+    let updated: serde_json::Value = serde_json::from_str(&recv_text(&mut ws).await).unwrap();
+    assert_eq!(
+        updated["type"], "session.updated",
+        "the minted config applied first"
+    );
+    assert_eq!(updated["session"]["audio"]["output"]["language"], "fr");
+    assert_eq!(speak(&mut ws, 2).await, 2 * CHUNK_BYTES);
+    // The secret is bound to its model.
+    let e = connect_translation(gw.addr, &format!("/v1/realtime?model={MODEL}"), secret)
+        .await
+        .unwrap_err();
+    match e {
+        tokio_tungstenite::tungstenite::Error::Http(r) => assert_eq!(r.status().as_u16(), 403),
+        other => panic!("{other}"),
+    }
+}
