@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -20,6 +19,8 @@ use crate::config::{SimConfig, SimFault, AUDIO_TOKENS_PER_DELTA, TEXT_OUTPUT_TOK
 use crate::handle::{Command, SimHandle};
 use crate::stamp;
 use crate::wire::{event_type, mask_key, short_id, SimIo};
+
+mod response;
 
 /// The `usage` of a `response.done` ([`SimFault::UsageMax`]): every count
 /// of openai-python's `types/realtime/realtime_response_usage.py` (and its
@@ -91,6 +92,16 @@ pub(crate) struct Session {
     /// Transit times (ns) of the stamped appends since the last commit
     /// ([`SimConfig::stamp_frames`]).
     append_transits: Vec<u64>,
+    /// The session's tools (`session.update`'s `tools`), as given.
+    tools: Vec<Value>,
+    /// The session's `output_modalities` (`["audio"]` until updated).
+    output_modalities: Vec<String>,
+    /// The text of the last conversation item, when it is a user message
+    /// (the tool rule of the `response` module).
+    last_user_text: Option<String>,
+    /// Appended audio since the last commit: server VAD said
+    /// `input_audio_buffer.speech_started`.
+    speaking: bool,
 }
 
 type Ws = WebSocketStream<SimIo>;
@@ -123,6 +134,10 @@ impl Session {
             deferred: std::collections::VecDeque::new(),
             call: None,
             append_transits: Vec::new(),
+            tools: Vec::new(),
+            output_modalities: vec!["audio".into()],
+            last_user_text: None,
+            speaking: false,
         }
     }
 
@@ -286,6 +301,24 @@ impl Session {
                 ))
             }
         }
+        match session.get("tools") {
+            None => {}
+            Some(Value::Array(tools)) => self.tools = tools.clone(),
+            Some(_) => {
+                return Err((
+                    "invalid_type",
+                    "session.tools",
+                    "Invalid type for 'session.tools': expected an array.".to_string(),
+                ))
+            }
+        }
+        if let Some(m) = session.get("output_modalities").and_then(Value::as_array) {
+            self.output_modalities = m
+                .iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect();
+        }
         match session.get("instructions") {
             None => {}
             Some(Value::String(i)) => self.instructions = i.clone(),
@@ -404,7 +437,7 @@ impl Session {
                     next_turn = tokio::time::Instant::now() + self.config.caller_turn_interval;
                     let id = self.call.as_ref().map(|(id, _)| id.clone()).unwrap_or_default();
                     if self.handle.stats.calls.take_turn(&id, self.config.caller_turns) {
-                        if let Flow::Stop = self.respond(&mut ws).await { return; }
+                        if let Flow::Stop = self.respond(&mut ws, None).await { return; }
                     }
                 }
                 msg = ws.next() => match msg {
@@ -432,9 +465,9 @@ impl Session {
             "object": "realtime.session",
             "id": self.id,
             "model": "gpt-realtime",
-            "output_modalities": ["audio"],
+            "output_modalities": self.output_modalities,
             "instructions": self.instructions,
-            "tools": [],
+            "tools": self.tools,
             "tool_choice": "auto",
             "max_output_tokens": "inf",
             "tracing": null,
@@ -468,6 +501,38 @@ impl Session {
         })
     }
 
+    /// The item a `conversation.item.create` adds, as the client gave it
+    /// (`conversation_item_create_event.py`): its own `id` kept (else
+    /// `item_N`), `object` and `status` filled in. A user message's text is
+    /// kept for the tool rule of the `response` module.
+    fn created_item(&mut self, text: &str) -> Value {
+        let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        let mut item = match v.get("item") {
+            Some(Value::Object(i)) => i.clone(),
+            _ => serde_json::Map::new(),
+        };
+        if !item.get("id").is_some_and(Value::is_string) {
+            item.insert("id".into(), Value::from(format!("item_{}", self.items)));
+        }
+        item.entry("type").or_insert_with(|| Value::from("message"));
+        item.insert("object".into(), Value::from("realtime.item"));
+        item.insert("status".into(), Value::from("completed"));
+        let user_text = (item.get("role").and_then(Value::as_str) == Some("user")).then(|| {
+            item.get("content")
+                .and_then(Value::as_array)
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default()
+        });
+        self.last_user_text = user_text;
+        Value::Object(item)
+    }
+
     fn name<'a>(&self, ga: &'a str, beta: &'a str) -> &'a str {
         if self.beta {
             beta
@@ -499,9 +564,7 @@ impl Session {
             },
             Some("conversation.item.create") => {
                 self.items += 1;
-                let item = json!({"id": format!("item_{}", self.items), "type": "message",
-                    "object": "realtime.item", "status": "completed", "role": "user",
-                    "content": [{"type": "input_text", "text": "hello"}]});
+                let item = self.created_item(text);
                 let added = self.name("conversation.item.added", "conversation.item.created");
                 let ok = self
                     .send(
@@ -516,9 +579,34 @@ impl Session {
                     ok
                 }
             }
+            Some("input_audio_buffer.append") if !self.speaking => {
+                // Server VAD hears speech in appended audio
+                // (`input_audio_buffer_speech_started_event.py`).
+                self.speaking = true;
+                let item_id = format!("item_{}", self.items + 1);
+                self.send(
+                    ws,
+                    json!({"type": "input_audio_buffer.speech_started",
+                    "audio_start_ms": 0, "item_id": item_id}),
+                )
+                .await
+            }
             Some("input_audio_buffer.commit") => {
                 self.items += 1;
                 let item_id = format!("item_{}", self.items);
+                // `input_audio_buffer_speech_stopped_event.py`.
+                if std::mem::take(&mut self.speaking)
+                    && !self
+                        .send(
+                            ws,
+                            json!({"type": "input_audio_buffer.speech_stopped",
+                            "audio_end_ms": 0, "item_id": item_id}),
+                        )
+                        .await
+                {
+                    return Flow::Stop;
+                }
+                self.last_user_text = None;
                 let item = json!({"id": item_id, "type": "message", "object": "realtime.item",
                     "status": "completed", "role": "user",
                     "content": [{"type": "input_audio", "transcript": null}]});
@@ -542,7 +630,7 @@ impl Session {
                         }))
                         .await)
             }
-            Some("response.create") => return self.respond(ws).await,
+            Some("response.create") => return self.respond(ws, Some(text)).await,
             Some("response.cancel") => {
                 if let Ok(mut seen) = self.handle.stats.cancels.lock() {
                     seen.push(cancel_target(text));
@@ -562,154 +650,6 @@ impl Session {
         } else {
             Flow::Stop
         }
-    }
-
-    /// [`SimFault::CreatedBurst`]: `response.created` events (shaped as
-    /// openai-python's `ResponseCreatedEvent`) of responses that never
-    /// finish, fed and flushed at once.
-    async fn created_burst(&mut self, ws: &mut Ws) -> bool {
-        let Some(SimFault::CreatedBurst { count }) = self.config.fault else {
-            return true;
-        };
-        for i in 0..count {
-            let id = self.event_id();
-            let text = format!(
-                r#"{{"type":"response.created","event_id":"{id}","response":{{"object":"realtime.response","id":"resp_burst_{i}","status":"in_progress","output":[],"usage":null}}}}"#
-            );
-            if ws.feed(Message::text(text)).await.is_err() {
-                return false;
-            }
-        }
-        ws.flush().await.is_ok()
-    }
-
-    /// The usage the `n`-th response reports after `audio_deltas` deltas:
-    /// [`usage_for`], or [`usage_max`] under [`SimFault::UsageMax`].
-    fn usage(&self, n: u64, audio_deltas: usize) -> Value {
-        match self.config.fault {
-            Some(SimFault::UsageMax) => usage_max(),
-            _ => usage_for(n, audio_deltas),
-        }
-    }
-
-    async fn respond(&mut self, ws: &mut Ws) -> Flow {
-        self.responses += 1;
-        let n = self.responses;
-        let resp_id = format!("resp_{}_{n}", &self.id[5..13]);
-        let item_id = format!("item_out_{n}");
-        let response = |status: &str, usage: Value| {
-            json!({"object": "realtime.response", "id": resp_id, "status": status,
-                   "status_details": null, "output": [], "conversation_id": "conv_sim",
-                   "output_modalities": ["audio"], "max_output_tokens": "inf",
-                   "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy"}},
-                   "usage": usage, "metadata": null})
-        };
-        if !self
-            .send(ws, json!({"type": "response.created", "response": response("in_progress", Value::Null)}))
-            .await
-        {
-            return Flow::Stop;
-        }
-        let mut sent = 0;
-        let interrupt = 'deltas: {
-            if let Some(i) = self.watch(ws, self.config.inference_delay, &resp_id).await {
-                break 'deltas Some(i);
-            }
-            let audio = base64::engine::general_purpose::STANDARD
-                .encode(vec![0u8; self.config.audio_delta_bytes]);
-            let audio_delta = self.name("response.output_audio.delta", "response.audio.delta");
-            let transcript_delta = self.name(
-                "response.output_audio_transcript.delta",
-                "response.audio_transcript.delta",
-            );
-            for i in 0..self.config.audio_deltas {
-                if let Some(i) = self.watch(ws, Duration::ZERO, &resp_id).await {
-                    break 'deltas Some(i);
-                }
-                if let Some(SimFault::DropMidResponse { after_deltas }) = self.config.fault {
-                    if i == after_deltas {
-                        // Drop the TCP connection without a close frame.
-                        return Flow::Stop;
-                    }
-                }
-                let delta = json!({"type": audio_delta, "response_id": resp_id, "item_id": item_id,
-                "output_index": 0, "content_index": 0, "delta": audio});
-                if !self.send(ws, delta).await {
-                    return Flow::Stop;
-                }
-                self.handle
-                    .stats
-                    .audio_bytes_sent
-                    .fetch_add(audio.len() as u64, Ordering::Relaxed);
-                let t = json!({"type": transcript_delta, "response_id": resp_id, "item_id": item_id,
-                "output_index": 0, "content_index": 0, "delta": "la "});
-                if !self.send(ws, t).await {
-                    return Flow::Stop;
-                }
-                sent += 1;
-                if let Some(i) = self.watch(ws, self.config.delta_interval, &resp_id).await {
-                    break 'deltas Some(i);
-                }
-            }
-            None
-        };
-        match interrupt {
-            Some(Interrupt::Ended) => return Flow::Stop,
-            Some(Interrupt::Cancel) => {
-                let usage = self.usage(n, sent);
-                return if self
-                    .send(
-                        ws,
-                        json!({"type": "response.done", "response": response("cancelled", usage)}),
-                    )
-                    .await
-                {
-                    Flow::Continue
-                } else {
-                    Flow::Stop
-                };
-            }
-            None => {}
-        }
-        let audio_done = self.name("response.output_audio.done", "response.audio.done");
-        let transcript_done = self.name(
-            "response.output_audio_transcript.done",
-            "response.audio_transcript.done",
-        );
-        // openai-python's `types/realtime/response_done_event.py`.
-        let done = json!({"type": "response.done",
-            "response": response("completed", self.usage(n, self.config.audio_deltas))});
-        let twice = matches!(self.config.fault, Some(SimFault::DoneTwice));
-        let ok = self
-            .send(
-                ws,
-                json!({"type": audio_done, "response_id": resp_id, "item_id": item_id,
-                "output_index": 0, "content_index": 0}),
-            )
-            .await
-            && self
-                .send(
-                    ws,
-                    json!({"type": transcript_done, "response_id": resp_id, "item_id": item_id,
-                    "output_index": 0, "content_index": 0, "transcript": "la la la"}),
-                )
-                .await
-            && self.created_burst(ws).await
-            && self.send(ws, done.clone()).await
-            && (!twice || self.send(ws, done).await);
-        if !ok {
-            return Flow::Stop;
-        }
-        self.handle
-            .stats
-            .responses_done
-            .fetch_add(1, Ordering::Relaxed);
-        if let Some(SimFault::CloseAfterResponse { code, reason }) = &self.config.fault {
-            let (code, reason) = (*code, reason.clone());
-            close(ws, code, &reason).await;
-            return Flow::Stop;
-        }
-        Flow::Continue
     }
 }
 
