@@ -134,7 +134,21 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     }
     crate::reload::spawn_watchers(&gateway);
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
-    tokio::spawn(server::serve_clients(listener, gateway.clone()));
+    let tls = match (
+        &gateway.config.server.tls_cert_file,
+        &gateway.config.server.tls_key_file,
+    ) {
+        (Some(cert), Some(key)) => {
+            let tls = crate::client_tls::ClientTls::new(cert, key).map_err(StartError::Tls)?;
+            tls.watch(gateway.draining.clone(), || crate::watch::Reloads {
+                file: "tls",
+                counters: gateway.metrics.config_reloads.clone(),
+            });
+            Some(tls)
+        }
+        _ => None,
+    };
+    tokio::spawn(server::serve_clients(listener, gateway.clone(), tls));
     tokio::spawn(server::serve_admin(admin, gateway.clone()));
     tracing::info!(%addr, %admin_addr, routes = gateway.routes.len(), "gateway listening");
     Ok(Running {

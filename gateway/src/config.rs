@@ -35,6 +35,7 @@ use patchbay_config::{
 use serde::Deserialize;
 use url::Url;
 
+use crate::config_checks;
 use crate::config_env;
 use crate::secret::Secret;
 use crate::upstream_key::{key_from_file_text, UpstreamKey};
@@ -154,6 +155,10 @@ pub struct ServerConfig {
     /// One access line per request and per WebSocket session
     /// ([`crate::access`]).
     pub access_log: bool,
+    /// TLS on the client listener ([`crate::client_tls`]): the certificate
+    /// chain and its key (PEM), both or neither.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// Consecutive failed dials that open an upstream's circuit breaker.
@@ -172,6 +177,8 @@ impl Default for ServerConfig {
             worker_threads: 0,
             cors_origins: Vec::new(),
             access_log: true,
+            tls_cert_file: None,
+            tls_key_file: None,
             max_failovers: 2,
             breaker_failures: DEFAULT_BREAKER_FAILURES,
             breaker_open_secs: DEFAULT_BREAKER_OPEN_SECS,
@@ -385,7 +392,8 @@ impl Config {
                     format!("duplicate route for model {:?}", self.routes[i].model),
                 ));
             }
-            endpoint_fits(&self.routes[i], i)?;
+            config_checks::endpoint_fits(&self.routes[i], i)
+                .map_err(|(k, m)| ConfigError::new(k, m))?;
             if self.routes[i].intent.is_some()
                 && self.routes[..i]
                     .iter()
@@ -465,6 +473,11 @@ impl Config {
                 format!("must be at least {MIN_DRAIN_WAIT_SECS}"),
             ));
         }
+        config_checks::tls_pair(
+            self.server.tls_cert_file.as_deref(),
+            self.server.tls_key_file.as_deref(),
+        )
+        .map_err(|(k, m)| ConfigError::new(k, m))?;
         if let Some(bad) = self.server.cors_origins.iter().find(|o| !valid_origin(o)) {
             return Err(ConfigError::new(
                 "server.cors_origins",
@@ -804,37 +817,6 @@ pub fn valid_origin(o: &str) -> bool {
         && rest
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
-}
-
-/// A translations route (`endpoint = "translations"`) dials OpenAI's
-/// translation endpoint and takes no intent; any other route dials a
-/// Realtime URL.
-fn endpoint_fits(route: &RouteConfig, i: usize) -> Result<(), ConfigError> {
-    let translations = route.endpoint == Endpoint::Translations;
-    if translations && route.intent.is_some() {
-        return Err(ConfigError::new(
-            format!("routes[{i}].intent"),
-            "a translations route takes no intent",
-        ));
-    }
-    for u in route.upstream_list().iter() {
-        let path = url::Url::parse(&u.upstream_url)
-            .map(|url| url.path().trim_end_matches('/').to_string())
-            .unwrap_or_default();
-        let on_translations = path.ends_with("/realtime/translations");
-        if translations != on_translations {
-            let message = if translations {
-                "a route with endpoint = \"translations\" dials OpenAI's translation endpoint (wss://api.openai.com/v1/realtime/translations)"
-            } else {
-                "this URL is a translation endpoint: set endpoint = \"translations\" on the route"
-            };
-            return Err(ConfigError::new(
-                format!("routes[{i}].upstream_url"),
-                message,
-            ));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -56,6 +56,8 @@ pub fn section_keys(section: &str) -> &'static [&'static str] {
             "breaker_max_open_secs",
             "cors_origins",
             "access_log",
+            "tls_cert_file",
+            "tls_key_file",
         ],
         "pool" => &[
             "size",

@@ -9,7 +9,9 @@
 use std::path::Path;
 
 /// The keys of the top-level sections that hold one path.
-const SECTION_PATHS: [(&str, &str); 4] = [
+const SECTION_PATHS: [(&str, &str); 6] = [
+    ("server", "tls_cert_file"),
+    ("server", "tls_key_file"),
     ("keys", "file"),
     ("pool", "size_file"),
     ("store", "redis_url_file"),

@@ -252,6 +252,8 @@ pub enum StartError {
     Store(#[from] crate::store::StoreError),
     #[error("client secrets: {0}")]
     ClientSecrets(String),
+    #[error("server.tls_cert_file: {0}")]
+    Tls(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,

@@ -59,6 +59,7 @@ use crate::admission::Refusal;
 use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
 use crate::client_conn::{self, First};
 use crate::client_secret::is_client_secret;
+use crate::client_tls::ClientTls;
 use crate::config::{Endpoint, Protocol};
 use crate::descriptors;
 use crate::gateway::Gateway;
@@ -77,7 +78,7 @@ fn http1(gw: &Gateway) -> hyper::server::conn::http1::Builder {
     b
 }
 
-pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
+pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>, tls: Option<ClientTls>) {
     let builder = http1(&gw);
     let api = crate::api::router(gw.clone());
     loop {
@@ -85,7 +86,34 @@ pub async fn serve_clients(listener: TcpListener, gw: Arc<Gateway>) {
         // 503 (and SDKs retry elsewhere) rather than a refused connection.
         let tcp = next_connection(&listener, &gw).await;
         let _ = tcp.set_nodelay(true);
-        tokio::spawn(serve_client(tcp, gw.clone(), builder.clone(), api.clone()));
+        match &tls {
+            None => tokio::spawn(serve_client(tcp, gw.clone(), builder.clone(), api.clone())),
+            Some(tls) => tokio::spawn(serve_tls_client(
+                tcp,
+                tls.acceptor.clone(),
+                gw.clone(),
+                builder.clone(),
+                api.clone(),
+            )),
+        };
+    }
+}
+
+/// A connection to the TLS listener ([`crate::client_tls`]): the handshake
+/// (bounded like a request head), then hyper serves it, upgrades included.
+async fn serve_tls_client(
+    tcp: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    gw: Arc<Gateway>,
+    builder: hyper::server::conn::http1::Builder,
+    api: axum::Router,
+) {
+    let peer = tcp.peer_addr().ok();
+    let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => Box::pin(serve_with_hyper(tls, peer, gw, &builder, api)).await,
+        Ok(Err(e)) => tracing::debug!(error = %e, client = ?peer, "TLS handshake failed"),
+        Err(_) => tracing::debug!(client = ?peer, "TLS handshake timed out"),
     }
 }
 
@@ -313,13 +341,15 @@ const H2_LINGER: Duration = Duration::from_secs(1);
 
 /// Serves a connection with hyper: Realtime upgrades through
 /// [`handle_client`], every other request through the API router.
-async fn serve_with_hyper(
-    io: client_conn::Rewind,
+async fn serve_with_hyper<I>(
+    io: I,
     peer: Option<SocketAddr>,
     gw: Arc<Gateway>,
     builder: &hyper::server::conn::http1::Builder,
     api: axum::Router,
-) {
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let conn = builder
         .serve_connection(
             TokioIo::new(io),

@@ -5,6 +5,7 @@ mod access_log;
 mod calls;
 mod cli;
 mod client_secrets;
+mod client_tls;
 mod common;
 mod descriptors;
 mod drain;
