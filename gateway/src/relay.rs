@@ -348,11 +348,13 @@ pub fn teardown(
 /// How long a session is quiet (no frame either way) before its legs let
 /// go of the buffers they keep only to be quicker with the next frames
 /// ([`Leg::release_idle_buffers`]: the reader's spare, up to
-/// [`reader::REUSE_MAX_BYTES`] per leg, and the write queue's room). Longer
-/// than the pauses inside a turn, so a stream of deltas keeps reusing its
-/// buffer; the shared timer then fires once per this interval while frames
-/// flow (to re-arm), not per frame.
-pub const RELEASE_IDLE_AFTER: Duration = Duration::from_secs(5);
+/// [`reader::REUSE_MAX_BYTES`] per leg, and the write queue's room). Far
+/// longer than the pauses of a call, so a stream of deltas keeps reusing
+/// its buffer. While frames flow the shared timer fires once per this
+/// interval to re-arm (once per idle timeout, 300 s by default, before it),
+/// so the interval is kept long: at 5 s it was twelve more wake-ups per
+/// call-minute, each a poll of the whole session.
+pub const RELEASE_IDLE_AFTER: Duration = Duration::from_secs(30);
 
 /// Bytes queued per direction before the relay stops reading the sending
 /// leg (TCP then pushes back on that peer): what the gateway holds per
