@@ -67,9 +67,10 @@
 #    target against the calls stage's targets and simulator, each one turn
 #    of one 20 ms append and the model's answer, then silence to
 #    IDLE_SECS; each relay process's VmRSS is read before the calls and
-#    again IDLE_READ_SECS after they start (every call idle by then: the
-#    ramp, 8 s, plus the answer), and the difference divided by IDLE_N is
-#    its memory per idle call (calls-idle.txt).
+#    again IDLE_READ_SECS after they start (every call quiet by then for
+#    longer than the relay's RELEASE_IDLE_AFTER, 30 s: the ramp, 8 s, plus
+#    the answer, ~4.3 s, plus 30 s), and the difference divided by IDLE_N
+#    is its memory per idle call (calls-idle.txt).
 # Every bench reports the CPU of tcp-relay and both gateways over its
 # window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
 # tcp-relay); the simulator's is printed after each report.
@@ -125,8 +126,8 @@ CALLS_STEPS=${CALLS_STEPS:-250 500 1000}
 CALLS_STEP_SECS=${CALLS_STEP_SECS:-20}
 CALLS_LIMIT_MS=${CALLS_LIMIT_MS:-5}
 IDLE_N=${IDLE_N:-1000}
-IDLE_SECS=${IDLE_SECS:-40}
-IDLE_READ_SECS=${IDLE_READ_SECS:-25}
+IDLE_SECS=${IDLE_SECS:-60}
+IDLE_READ_SECS=${IDLE_READ_SECS:-50}
 # Descriptors a process needs besides its sessions' sockets.
 FD_SPARE=256
 BASE_PORT=${BASE_PORT:-18000}
