@@ -63,17 +63,26 @@
 #    added p99 (both directions, against direct) stayed under
 #    CALLS_LIMIT_MS (calls_capacity.py); the steps stop at the first N
 #    where no relay target passes.
+# 8. Idle-calls run (stage "calls-idle", only when named): IDLE_N calls per
+#    target against the calls stage's targets and simulator, each one turn
+#    of one 20 ms append and the model's answer, then silence to
+#    IDLE_SECS; each relay process's VmRSS is read before the calls and
+#    again IDLE_READ_SECS after they start (every call quiet by then for
+#    longer than the relay's RELEASE_IDLE_AFTER, 30 s: the ramp, 8 s, plus
+#    the answer, ~4.3 s, plus 30 s), and the difference divided by IDLE_N
+#    is its memory per idle call (calls-idle.txt).
 # Every bench reports the CPU of tcp-relay and both gateways over its
 # window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
 # tcp-relay); the simulator's is printed after each report.
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
-# all; "cpu-runtime", "cpu-ab", "many" and "calls" only when named) AB_BIN
+# all; "cpu-runtime", "cpu-ab", "many", "calls" and "calls-idle" only when
+# named) AB_BIN
 # (cpu-ab's second gateway binary, and calls' optional one)
 # CALLS_N CALLS_SECS CALLS_SPEECH_MS CALLS_MODEL_MS CALLS_SILENCE_MS
 # CALLS_DELTA_MS CALLS_INFERENCE_MS CALLS_POOL_SIZE CALLS_STEPS
-# CALLS_STEP_SECS CALLS_LIMIT_MS
+# CALLS_STEP_SECS CALLS_LIMIT_MS IDLE_N IDLE_SECS IDLE_READ_SECS
 # N C SMALL_N SMALL_C SMALL_DELTAS SMALL_DELTA_BYTES POOL_SIZE CPU_N_PER_TARGET
 # CPU_C CPU_POOL_SIZE CPU_DELTAS CPU_DELTA_BYTES CPU_DELTA_INTERVAL_MS
 # CPU_INFERENCE_MS MANY_N MANY_MODEL_MS MANY_POOL_SIZE BASE_PORT OUT_DIR
@@ -116,6 +125,9 @@ CALLS_POOL_SIZE=${CALLS_POOL_SIZE:-100}
 CALLS_STEPS=${CALLS_STEPS:-250 500 1000}
 CALLS_STEP_SECS=${CALLS_STEP_SECS:-20}
 CALLS_LIMIT_MS=${CALLS_LIMIT_MS:-5}
+IDLE_N=${IDLE_N:-1000}
+IDLE_SECS=${IDLE_SECS:-60}
+IDLE_READ_SECS=${IDLE_READ_SECS:-50}
 # Descriptors a process needs besides its sessions' sockets.
 FD_SPARE=256
 BASE_PORT=${BASE_PORT:-18000}
@@ -428,22 +440,17 @@ if stage many; then
   echo
 fi
 
-if stage calls; then
-  max_n=$CALLS_N
-  for n in $CALLS_STEPS; do [ "$n" -gt "$max_n" ] && max_n=$n; done
-  POOL_SIZE=$CALLS_POOL_SIZE C=$max_n
+# calls_stack NAME: the simulator of the calls stages, tcp-relay and the
+# pool-on gateway (and with AB_BIN the same from that binary), ready;
+# sets `targets` and `ab` (the bench's arguments for pool-on-b).
+calls_stack() {
   ab=()
   targets=(direct tcp-relay pool-on)
   if [ -n "${AB_BIN:-}" ]; then
     [ -x "$AB_BIN" ] || { echo "AB_BIN=$AB_BIN is not an executable" >&2; exit 1; }
     targets+=(pool-on-b)
   fi
-  hard=$(ulimit -Hn)
-  # The bench and the simulator hold a socket per call of every target.
-  if [ "$hard" != unlimited ] && [ $((${#targets[@]} * max_n + FD_SPARE)) -gt "$hard" ]; then
-    echo "warning: the hard nofile limit $hard is below ${#targets[@]} targets × $max_n calls" >&2
-  fi
-  start_stack "calls" --stamp-frames --inference-delay-ms "$CALLS_INFERENCE_MS" \
+  start_stack "$1" --stamp-frames --inference-delay-ms "$CALLS_INFERENCE_MS" \
     --audio-deltas $((CALLS_MODEL_MS / CALLS_DELTA_MS)) \
     --audio-delta-bytes $((24000 * 2 * CALLS_DELTA_MS / 1000)) \
     --delta-interval-ms "$CALLS_DELTA_MS"
@@ -453,7 +460,58 @@ if stage calls; then
     wait_http "http://127.0.0.1:$ADMIN_ON_B_PORT/readyz"
     ab=(--target "pool-on-b=ws://127.0.0.1:$GW_ON_B_PORT/v1/realtime" --cpu-pid "pool-on-b=$PID_gw_on_b"
       --against pool-on)
-    echo "== calls: A = $GATEWAY_BIN, B = $AB_BIN"
+    echo "== $1: A = $GATEWAY_BIN, B = $AB_BIN"
+  fi
+}
+
+# rss_kib PID: VmRSS now, in KiB.
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+
+if stage calls-idle; then
+  POOL_SIZE=$CALLS_POOL_SIZE C=$IDLE_N
+  calls_stack "calls idle"
+  procs=(relay gw_on)
+  names=(tcp-relay pool-on)
+  if [ ${#ab[@]} -gt 0 ]; then procs+=(gw_on_b); names+=(pool-on-b); fi
+  before=()
+  for p in "${procs[@]}"; do
+    i="PID_$p"
+    before+=("$(rss_kib "${!i}")")
+  done
+  echo "== calls idle: $IDLE_N calls per target × ${#targets[@]} targets, one turn each, then idle to ${IDLE_SECS} s; RSS read at ${IDLE_READ_SECS} s"
+  PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
+    --target "direct=ws://127.0.0.1:$SIM_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "pool-on=ws://127.0.0.1:$GW_ON_PORT/v1/realtime" \
+    "${ab[@]}" --against tcp-relay \
+    --cpu-pid "tcp-relay=$PID_relay" --cpu-pid "pool-on=$PID_gw_on" \
+    --calls "$IDLE_N" --call-secs "$IDLE_SECS" --speech-ms 20 \
+    --silence-ms $((IDLE_SECS * 1000)) \
+    --threads "$BENCH_THREADS" --out "$OUT_DIR/calls-idle.json" >"$OUT_DIR/calls-idle-bench.txt" 2>&1 &
+  bench_pid=$!
+  sleep "$IDLE_READ_SECS"
+  {
+    echo "RSS per idle call ($IDLE_N calls per target, read ${IDLE_READ_SECS} s into the run):"
+    for i in "${!procs[@]}"; do
+      p="PID_${procs[$i]}"
+      awk -v n="${names[$i]}" -v b="${before[$i]}" -v a="$(rss_kib "${!p}")" -v c="$IDLE_N" \
+        'BEGIN { printf "  %-10s %8d → %8d KiB  %6.1f KiB per idle call\n", n, b, a, (a - b) / c }'
+    done
+  } | tee "$OUT_DIR/calls-idle.txt"
+  wait "$bench_pid" || echo "warning: the idle calls' bench failed (see $OUT_DIR/calls-idle-bench.txt)" >&2
+  stop_pids
+  echo
+fi
+
+if stage calls; then
+  max_n=$CALLS_N
+  for n in $CALLS_STEPS; do [ "$n" -gt "$max_n" ] && max_n=$n; done
+  POOL_SIZE=$CALLS_POOL_SIZE C=$max_n
+  calls_stack "calls"
+  hard=$(ulimit -Hn)
+  # The bench and the simulator hold a socket per call of every target.
+  if [ "$hard" != unlimited ] && [ $((${#targets[@]} * max_n + FD_SPARE)) -gt "$hard" ]; then
+    echo "warning: the hard nofile limit $hard is below ${#targets[@]} targets × $max_n calls" >&2
   fi
   # calls_bench NAME N SECS: the calls mode against every target, and the
   # simulator's CPU meanwhile.

@@ -29,8 +29,10 @@
 //!   short costs the client its error event (the close, a control frame,
 //!   may go between fragments).
 //! - No lock or atomic per frame: one clock read and one relaxed store of
-//!   the last-activity time per wake-up that read anything. One timer (for
-//!   the idle timeout or the deadline, whichever is due first) and the kill
+//!   the last-activity time per wake-up that read anything, and one relaxed
+//!   load of the release flag per wake-up. One timer (for the idle timeout,
+//!   the deadline or the release of an idle session's spare buffers,
+//!   whichever is due first: [`RELEASE_IDLE_AFTER`]) and the kill
 //!   signal are polled only when one of them woke ([`on_wake`]), not on
 //!   each of the pump's wake-ups; likewise a leg whose read returned
 //!   `Pending` is read again only once its socket woke it
@@ -76,7 +78,7 @@ pub mod reader;
 #[cfg(test)]
 pub(crate) mod testing;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -366,6 +368,17 @@ pub fn teardown(
     }
 }
 
+/// How long a session is quiet (no frame either way) before its legs let
+/// go of the buffers they keep only to be quicker with the next frames
+/// ([`Leg::release_idle_buffers`]: the reader's spare, up to
+/// [`reader::REUSE_MAX_BYTES`] per leg, and the write queue's room). Far
+/// longer than the pauses of a call, so a stream of deltas keeps reusing
+/// its buffer. While frames flow the shared timer fires once per this
+/// interval to re-arm (once per idle timeout, 300 s by default, before it),
+/// so the interval is kept long: at 5 s it was twelve more wake-ups per
+/// call-minute, each a poll of the whole session.
+pub const RELEASE_IDLE_AFTER: Duration = Duration::from_secs(30);
+
 /// Bytes queued per direction before the relay stops reading the sending
 /// leg (TCP then pushes back on that peer): what the gateway holds per
 /// direction is bounded by this, one frame and the kernel's buffers.
@@ -625,6 +638,9 @@ where
     // Milliseconds from `started` (an atomic: the session's future must be
     // `Send`, so a `Cell` cannot be shared by the select's branches).
     let last_activity_ms = AtomicU64::new(0);
+    // Set by the timer when the session has been quiet for
+    // RELEASE_IDLE_AFTER; the pump then lets go of its legs' spare buffers.
+    let release = AtomicBool::new(false);
     let mut pump = Pump {
         client: &mut client,
         upstream: &mut upstream,
@@ -646,6 +662,11 @@ where
     let end = {
         // One clock read per wake-up that read anything, not per frame.
         let pumping = std::future::poll_fn(|cx| {
+            if release.load(Ordering::Relaxed) {
+                release.store(false, Ordering::Relaxed);
+                pump.client.release_idle_buffers();
+                pump.upstream.release_idle_buffers();
+            }
             let polled = pump.poll(cx);
             if std::mem::take(&mut pump.active) {
                 let ms = started.elapsed().as_millis() as u64;
@@ -657,11 +678,15 @@ where
                 _ => Poll::Pending,
             }
         });
-        // The idle timeout and the session's deadline share one timer, set
-        // for whichever comes first.
+        // The idle timeout, the session's deadline and the release of idle
+        // buffers share one timer, set for whichever comes first.
         let timers = async {
+            // The activity (ms from `started`) whose quiet released the
+            // buffers: once per quiet spell.
+            let mut released_for = None;
             loop {
-                let last = Duration::from_millis(last_activity_ms.load(Ordering::Relaxed));
+                let last_ms = last_activity_ms.load(Ordering::Relaxed);
+                let last = Duration::from_millis(last_ms);
                 let idle_due = started + last + limits.idle_timeout;
                 let now = Instant::now();
                 if now >= limits.deadline {
@@ -670,7 +695,20 @@ where
                 if now >= idle_due {
                     return End::IdleTimeout;
                 }
-                tokio::time::sleep_until(idle_due.min(limits.deadline)).await;
+                let mut due = idle_due.min(limits.deadline);
+                if released_for != Some(last_ms) {
+                    let release_due = started + last + RELEASE_IDLE_AFTER;
+                    if now >= release_due {
+                        released_for = Some(last_ms);
+                        release.store(true, Ordering::Relaxed);
+                        // The pump is polled before this branch: a yield
+                        // wakes the task again, and the pump sees the flag.
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    due = due.min(release_due);
+                }
+                tokio::time::sleep_until(due).await;
             }
         };
         // The limits are polled only when one of them woke (`OnWake`), not

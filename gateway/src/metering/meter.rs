@@ -63,7 +63,9 @@ use super::budgets::{applicable_budgets, budget_message};
 use super::outbox::{Queued, QueuedState};
 use super::pricing::{self, Usage};
 use super::shared::{bounded, SessionMeta, Shared};
-use super::tracker::{TurnKind, TurnRecord, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED};
+use super::tracker::{
+    SentRecord, TurnKind, TurnRecord, OUTCOME_BUDGET_EXHAUSTED, OUTCOME_KEY_REVOKED,
+};
 use super::translation::{self, AudioCounters};
 use crate::auth::{KeyEntry, KeySet, TeamEntry};
 use crate::config::PriceRow;
@@ -147,7 +149,7 @@ impl InlineMeter {
 pub struct MeterTask {
     shared: Arc<Shared>,
     meta: SessionMeta,
-    rx: mpsc::Receiver<TurnRecord>,
+    rx: mpsc::Receiver<SentRecord>,
     kill: watch::Sender<Option<Kill>>,
     window: Vec<TurnRecord>,
     /// Writes made so far (the next one is `seq + 1`).
@@ -177,7 +179,7 @@ impl MeterTask {
         shared: Arc<Shared>,
         meters: Arc<ModelMeters>,
         meta: SessionMeta,
-        rx: mpsc::Receiver<TurnRecord>,
+        rx: mpsc::Receiver<SentRecord>,
         kill: watch::Sender<Option<Kill>>,
     ) -> Self {
         Self {
@@ -258,9 +260,9 @@ impl MeterTask {
             tokio::select! {
                 rec = self.rx.recv() => match rec {
                     Some(rec) => {
-                        self.window.push(rec);
+                        self.window.push(*rec);
                         while let Ok(rec) = self.rx.try_recv() {
-                            self.window.push(rec);
+                            self.window.push(*rec);
                         }
                         if every_turn || self.window.len() >= MAX_WINDOW_TURNS {
                             self.flush(true).await;

@@ -83,6 +83,14 @@ use crate::relay::{End, Tap};
 
 /// Capacity of the tracker → meter channel.
 pub const CHANNEL_CAPACITY: usize = 1024;
+
+/// A record as the channel carries it: boxed, because tokio's channel
+/// allocates its slots 32 at a time and keeps that block for the channel's
+/// life. Records by value made it 32 × ~230 bytes, ~7 KB held by every
+/// session from its start, idle or not (heap profile of idle calls,
+/// `benchmarks/HISTORY.md`, 2026-12-04); boxed it is 32 pointers, for one
+/// allocation per closed turn.
+pub type SentRecord = Box<TurnRecord>;
 /// Responses tracked at once; the Realtime API runs one per conversation,
 /// plus out-of-band ones.
 pub const MAX_OPEN_TURNS: usize = 16;
@@ -248,11 +256,11 @@ struct OpenTurn {
 /// Tracks the turns of one session. See the module docs.
 #[derive(Debug)]
 pub struct TurnTracker {
-    tx: mpsc::Sender<TurnRecord>,
+    tx: mpsc::Sender<SentRecord>,
     /// The same channel, for waiting on room ([`Tap::poll_ready`]).
-    room: PollSender<TurnRecord>,
+    room: PollSender<SentRecord>,
     /// Closing records the full channel could not take yet, in order.
-    waiting: VecDeque<TurnRecord>,
+    waiting: VecDeque<SentRecord>,
     dropped: Counter,
     open: Vec<OpenTurn>,
     /// Open turns without a first token yet; deltas are looked at only
@@ -275,7 +283,7 @@ pub struct TurnTracker {
 impl TurnTracker {
     /// A tracker sending to `tx`; `dropped` counts `never_done` evictions
     /// lost to a full channel (and records the meter can no longer take).
-    pub fn new(tx: mpsc::Sender<TurnRecord>, dropped: Counter) -> Self {
+    pub fn new(tx: mpsc::Sender<SentRecord>, dropped: Counter) -> Self {
         Self {
             room: PollSender::new(tx.clone()),
             tx,
@@ -391,6 +399,7 @@ impl TurnTracker {
 
     /// Sends a closing record, or keeps it until the channel has room.
     fn emit(&mut self, rec: TurnRecord) {
+        let rec = Box::new(rec);
         if !self.waiting.is_empty() {
             self.waiting.push_back(rec);
             return;
@@ -408,7 +417,7 @@ impl TurnTracker {
     /// eviction): dropped and counted when the channel is full or a closing
     /// record waits.
     fn emit_junk(&mut self, rec: TurnRecord) {
-        if !self.waiting.is_empty() || self.tx.try_send(rec).is_err() {
+        if !self.waiting.is_empty() || self.tx.try_send(Box::new(rec)).is_err() {
             self.dropped.inc();
         }
     }
@@ -938,16 +947,16 @@ mod tests {
 
     use super::*;
 
-    fn tracker() -> (TurnTracker, mpsc::Receiver<TurnRecord>, Counter) {
+    fn tracker() -> (TurnTracker, mpsc::Receiver<SentRecord>, Counter) {
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let dropped = Counter::default();
         (TurnTracker::new(tx, dropped.clone()), rx, dropped)
     }
 
-    fn drain(rx: &mut mpsc::Receiver<TurnRecord>) -> Vec<TurnRecord> {
+    fn drain(rx: &mut mpsc::Receiver<SentRecord>) -> Vec<TurnRecord> {
         let mut out = Vec::new();
         while let Ok(r) = rx.try_recv() {
-            out.push(r);
+            out.push(*r);
         }
         out
     }
@@ -1442,6 +1451,18 @@ mod tests {
         assert_eq!(drain(&mut rx).len(), 1);
         assert!(t.poll_ready(&mut noop_cx()).is_ready());
         assert_eq!(drain(&mut rx).len(), 1);
+    }
+
+    /// tokio's channel allocates its first block of 32 slots when it is
+    /// made and keeps it for the channel's life: with records by value
+    /// that was ~7 KB held by every session, idle or not.
+    #[test]
+    fn the_channel_holds_a_pointer_per_slot_not_a_record() {
+        assert_eq!(
+            std::mem::size_of::<SentRecord>(),
+            std::mem::size_of::<usize>()
+        );
+        assert!(std::mem::size_of::<TurnRecord>() > 100);
     }
 
     #[test]

@@ -106,6 +106,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Leg<S> {
         }
     }
 
+    /// Lets go of what the leg keeps only to be quicker with its next
+    /// frames: the reader's spare allocation
+    /// ([`FrameReader::release_spare`]) and an empty write queue's room.
+    /// For a leg that has gone quiet; nothing queued or half read is lost.
+    pub fn release_idle_buffers(&mut self) {
+        self.reader.release_spare();
+        if self.out.is_empty() && self.out.capacity() > 0 {
+            self.out = VecDeque::new();
+        }
+    }
+
     /// The next frame read; `Ok(None)` at EOF on a frame boundary.
     pub fn poll_frame(
         &mut self,

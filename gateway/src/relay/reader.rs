@@ -22,7 +22,9 @@
 //!   go into its buffer's spare capacity. Memory held per leg: what was
 //!   read past the last whole frame, the frame being assembled (at most
 //!   `max_message_bytes` plus a header), and at most one spare allocation
-//!   of [`REUSE_MAX_BYTES`].
+//!   of [`REUSE_MAX_BYTES`], which [`FrameReader::release_spare`] lets go
+//!   (the relay calls it when a session has gone quiet:
+//!   [`super::RELEASE_IDLE_AFTER`]).
 //!
 //! Caveat: a frame is delivered whole, so a large frame waits until all of
 //! it has arrived (as it did through tungstenite's decoder).
@@ -152,6 +154,21 @@ impl FrameReader {
     /// still write into the leg its fragments went to.
     pub fn completion(&self) -> Option<Vec<u8>> {
         (!self.at_boundary()).then(|| self.utf8.completion())
+    }
+
+    /// Lets go of the spare allocation (whether kept beside the buffer or
+    /// already made the buffer by a read that found nothing): for a leg
+    /// that has gone quiet, so an idle session holds no read allocation.
+    /// Bytes past the last whole frame, if any, are kept. The next frame
+    /// is read as after a frame too large to keep: through the stack.
+    pub fn release_spare(&mut self) {
+        self.spare = None;
+        if self.buf.is_empty() && self.buf.capacity() > 0 {
+            // Empty at a frame boundary: nothing of a frame is in it (a
+            // frame's header stays in the buffer until the frame is whole).
+            self.buf = BytesMut::new();
+            self.buf_alloc = None;
+        }
     }
 
     /// A whole frame is already buffered: [`Self::next`] returns it without
@@ -613,6 +630,82 @@ mod tests {
             first.bytes.is_unique(),
             "a large frame's allocation is let go"
         );
+    }
+
+    /// One frame per read, then `Pending` (a quiet socket) once they are
+    /// all read.
+    struct Quiet(std::collections::VecDeque<Vec<u8>>);
+    impl AsyncRead for Quiet {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let Some(front) = self.0.front_mut() else {
+                return Poll::Pending;
+            };
+            let n = front.len().min(buf.remaining());
+            buf.put_slice(&front[..n]);
+            front.drain(..n);
+            if front.is_empty() {
+                self.0.pop_front();
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A reader that read a delta and then went quiet keeps the delta's
+    /// allocation for the next one; released, it holds nothing, whether
+    /// the spare was still beside the buffer or already made the buffer
+    /// by a read that found nothing, and the next delta still reads whole.
+    #[tokio::test]
+    async fn a_reader_that_went_idle_holds_no_spare_allocation() {
+        let delta = |fill: u8| frame(true, OpCode::Data(Data::Text), None, vec![fill; 20_000]);
+        let poll_once = |r: &mut FrameReader, io: &mut Quiet| {
+            let waker = std::task::Waker::noop();
+            match r.poll_next(&mut Context::from_waker(waker), io) {
+                Poll::Ready(got) => Some(got.unwrap().unwrap()),
+                Poll::Pending => None,
+            }
+        };
+        let mut io = Quiet([delta(b'a')].into_iter().collect());
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1 << 20);
+        let first = poll_once(&mut r, &mut io).expect("the delta");
+        drop(first);
+        assert!(r.spare.is_some(), "the written delta's allocation is kept");
+        r.release_spare();
+        assert!(r.spare.is_none(), "released beside the buffer");
+        assert_eq!(r.buf.capacity(), 0);
+
+        // The spare made the buffer by a poll whose read found nothing.
+        let mut io = Quiet([delta(b'b')].into_iter().collect());
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1 << 20);
+        drop(poll_once(&mut r, &mut io).expect("the delta"));
+        assert!(poll_once(&mut r, &mut io).is_none(), "the socket is quiet");
+        assert!(r.spare.is_none() && r.buf.capacity() >= 20_000);
+        r.release_spare();
+        assert_eq!(r.buf.capacity(), 0, "released as the buffer");
+        assert!(r.spare.is_none());
+
+        io.0.push_back(delta(b'c'));
+        let next = poll_once(&mut r, &mut io).expect("the next delta");
+        assert_eq!(next.bytes, delta(b'c'));
+    }
+
+    /// Bytes of a frame not yet whole are never released.
+    #[tokio::test]
+    async fn releasing_keeps_a_frame_half_read() {
+        let whole = frame(true, OpCode::Data(Data::Text), None, vec![b'x'; 10_000]);
+        let mut io = Quiet([whole[..6_000].to_vec()].into_iter().collect());
+        let mut r = FrameReader::new(&[], Utf8Check::Trust, 1 << 20);
+        let waker = std::task::Waker::noop();
+        assert!(r
+            .poll_next(&mut Context::from_waker(waker), &mut io)
+            .is_pending());
+        r.release_spare();
+        io.0.push_back(whole[6_000..].to_vec());
+        let got = r.next(&mut io).await.unwrap().unwrap();
+        assert_eq!(got.bytes, whole);
     }
 
     #[tokio::test]
