@@ -91,7 +91,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use client_text::Peek;
+use client_text::{Peek, Verdict};
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg, Side};
 use on_wake::{OnWake, ReadWake};
@@ -159,10 +159,10 @@ pub trait Tap {
     fn peek_client(&mut self, _leading: &[u8], _frame: &RawFrame) -> Peek {
         Peek::Forward
     }
-    /// A whole client text message the tap asked to see: `Err(event)` drops
-    /// it and sends the client `event` (an `error` event).
-    fn on_client_text(&mut self, _text: &[u8]) -> Result<(), String> {
-        Ok(())
+    /// A whole client text message the tap asked to see: forwarded,
+    /// replaced, or dropped with an `error` event for the client.
+    fn on_client_text(&mut self, _text: &[u8]) -> Verdict {
+        Verdict::Forward
     }
     /// The first frame of a fragmented client text message the tap asked to
     /// see whole (the relay holds no fragments back): `Err(event)` drops the
@@ -518,14 +518,17 @@ where
         let first = f.header.opcode != frame::opcode::CONTINUATION;
         if first {
             // Binary messages too: an upstream might read JSON from either.
-            let refusal = if self.tap.inspects_client() {
+            let verdict = if self.tap.inspects_client() {
                 self.check_client_text(&f, last)
             } else {
-                None
+                Verdict::Forward
             };
-            self.dropping = refusal.is_some();
-            if let Some(event) = refusal {
-                self.send_client_event(event);
+            self.dropping = verdict != Verdict::Forward;
+            match verdict {
+                Verdict::Forward => {}
+                // A whole message: nothing of it follows.
+                Verdict::Replace(text) => self.upstream.queue_text(&text),
+                Verdict::Refuse(event) => self.send_client_event(event),
             }
         }
         if !self.dropping {
@@ -536,15 +539,17 @@ where
         }
     }
 
-    /// The tap's verdict on the client message `f` starts: `Some`
-    /// error event when it is refused.
-    fn check_client_text(&mut self, f: &RawFrame, last: bool) -> Option<String> {
+    /// The tap's verdict on the client message `f` starts.
+    fn check_client_text(&mut self, f: &RawFrame, last: bool) -> Verdict {
         let mut buf = [0u8; client_text::PEEK_BYTES];
         let leading = client_text::peek(f, &mut buf);
         match self.tap.peek_client(leading, f) {
-            Peek::Forward => None,
-            Peek::Whole if last => self.tap.on_client_text(&client_text::unmasked(f)).err(),
-            Peek::Whole => self.tap.on_client_fragmented().err(),
+            Peek::Forward => Verdict::Forward,
+            Peek::Whole if last => self.tap.on_client_text(&client_text::unmasked(f)),
+            Peek::Whole => match self.tap.on_client_fragmented() {
+                Ok(()) => Verdict::Forward,
+                Err(event) => Verdict::Refuse(event),
+            },
         }
     }
 

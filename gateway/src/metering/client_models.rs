@@ -7,10 +7,12 @@
 //!   `session.input_audio_transcription.model` (beta); it must be allowed
 //!   for the key and its team, and priced (a `[[prices]]` row for it, per
 //!   token or per minute) under `unpriced = "block"`;
-//! - `session.model`: a session's model is the one it connected to, so it
-//!   may only name that (the route's model or its upstream model): the
-//!   session is metered on its route's prices, and a client must not move
-//!   it to another model's.
+//! - `session.model`: a session's model is the one it connected to (the
+//!   route's model or its upstream model), metered on its route's prices;
+//!   another one named here is taken out of the update, which is forwarded
+//!   without it ([`Verdict::Replace`]): frameworks send their configuration
+//!   with their own default model, and the rest of it (tools, instructions)
+//!   must reach the upstream.
 //!
 //! A refused frame is dropped: the client gets an OpenAI-shaped `error`
 //! event (`model_not_allowed` or `model_not_priced`, `param` naming the
@@ -50,7 +52,7 @@ use crate::auth::{model_allowed, KeyEntry, TeamEntry};
 use crate::config::{PriceRow, RouteConfig, Unpriced, UpstreamConfig};
 use crate::event::leading_event_type_bytes;
 use crate::metrics::{Metrics, ReasonLabels};
-use crate::relay::client_text::Peek;
+use crate::relay::client_text::{Peek, Verdict};
 use crate::relay::reader::RawFrame;
 use crate::relay::{End, Kill, Tap};
 use tokio::sync::oneshot;
@@ -189,8 +191,10 @@ impl ModelPolicy {
         }
     }
 
-    /// The verdict on a whole client message.
-    pub fn check(&self, text: &[u8]) -> Result<(), Refused> {
+    /// The verdict on a whole client message: `Ok(None)` to forward it,
+    /// `Ok(Some(text))` to forward `text` instead (`session.model` taken
+    /// out), `Err` to refuse it.
+    pub fn check(&self, text: &[u8]) -> Result<Option<String>, Refused> {
         let unreadable = |event_id: Option<String>| {
             Refused {
             code: "invalid_session_update",
@@ -202,16 +206,16 @@ impl ModelPolicy {
         let kind = match serde_json::from_slice::<TypeOnly>(text) {
             Ok(t) => t.kind,
             // Not a JSON object: nothing the upstream takes as an update.
-            Err(e) if !e.is_data() => return Ok(()),
+            Err(e) if !e.is_data() => return Ok(None),
             Err(_) => return Err(unreadable(None)),
         };
         if !kind.is_some_and(|k| UPDATES.contains(&k.as_bytes())) {
-            return Ok(());
+            return Ok(None);
         }
         let update: Update =
             serde_json::from_slice(text).map_err(|_| unreadable(event_id_of(text)))?;
         let Some(session) = update.session else {
-            return Ok(());
+            return Ok(None);
         };
         let refuse = |code, param, message: String| Refused {
             code,
@@ -219,18 +223,25 @@ impl ModelPolicy {
             message,
             event_id: update.event_id.clone(),
         };
-        if let Some(m) = &session.model {
-            if !self.session_models.iter().any(|s| s == m) {
-                return Err(refuse(
-                    "model_not_allowed",
-                    "session.model",
-                    format!(
-                        "this session's model is the one it connected to ('{}'); a session.update cannot change it to '{m}'",
-                        self.session_models[0]
-                    ),
-                ));
+        // A session's model is the one it connected to: another one named
+        // here is taken out of the update (the rest of it is the client's
+        // configuration, which frameworks send with their own default
+        // model), so the session stays on the model its prices are for.
+        let replaced = match &session.model {
+            Some(m) if !self.session_models.iter().any(|s| s == m) => {
+                tracing::warn!(
+                    key_id = %self.key.id,
+                    model = %m,
+                    session_model = %self.session_models[0],
+                    "session.update names another model than the session's: forwarded without session.model"
+                );
+                Some(
+                    without_session_model(text)
+                        .ok_or_else(|| unreadable(update.event_id.clone()))?,
+                )
             }
-        }
+            _ => None,
+        };
         let ga = session
             .audio
             .and_then(|a| a.input)
@@ -245,7 +256,7 @@ impl ModelPolicy {
             self.check_transcription_model(&m, param)
                 .map_err(|(code, message)| refuse(code, param, message))?;
         }
-        Ok(())
+        Ok(replaced)
     }
 
     /// Whether the session may transcribe with `m`: allowed for the key
@@ -272,6 +283,14 @@ impl ModelPolicy {
         }
         Ok(())
     }
+}
+
+/// The update `text` without its `session.model` (its other members as
+/// they were; their order as serde_json writes them).
+fn without_session_model(text: &[u8]) -> Option<String> {
+    let mut v: serde_json::Value = serde_json::from_slice(text).ok()?;
+    v.get_mut("session")?.as_object_mut()?.remove("model");
+    Some(v.to_string())
 }
 
 /// The `event_id` of a message that could not be read as an update.
@@ -433,16 +452,20 @@ impl Tap for SessionTap<'_> {
             Peek::Forward
         }
     }
-    fn on_client_text(&mut self, text: &[u8]) -> Result<(), String> {
+    fn on_client_text(&mut self, text: &[u8]) -> Verdict {
         if let Some(Err(message)) = self.audio.as_ref().map(|a| a.on_client_text(text)) {
-            return Err(self.refused(&Refused {
+            return Verdict::Refuse(self.refused(&Refused {
                 code: "invalid_event",
                 param: None,
                 message: message.into(),
                 event_id: None,
             }));
         }
-        self.policy.check(text).map_err(|r| self.refused(&r))
+        match self.policy.check(text) {
+            Ok(None) => Verdict::Forward,
+            Ok(Some(replaced)) => Verdict::Replace(replaced),
+            Err(r) => Verdict::Refuse(self.refused(&r)),
+        }
     }
     /// A fragmented session update is refused; a fragmented message whose
     /// type is not in its leading bytes goes through (the backstop covers
@@ -521,9 +544,12 @@ mod tests {
         assert_eq!(event["error"]["event_id"], "evt_1");
 
         let p = policy(Some(&["gpt-realtime-mini", WHISPER]), false);
-        assert_eq!(p.check(ga_update(WHISPER).as_bytes()), Ok(()));
+        assert_eq!(p.check(ga_update(WHISPER).as_bytes()), Ok(None));
         // No list: every model.
-        assert_eq!(policy(None, false).check(ga_update("x").as_bytes()), Ok(()));
+        assert_eq!(
+            policy(None, false).check(ga_update("x").as_bytes()),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -534,26 +560,36 @@ mod tests {
         let r = policy(None, true).check(beta.as_bytes()).unwrap_err();
         assert_eq!(r.code, "model_not_priced");
         assert_eq!(r.param, Some("session.input_audio_transcription.model"));
-        assert_eq!(policy(None, false).check(beta.as_bytes()), Ok(()));
+        assert_eq!(policy(None, false).check(beta.as_bytes()), Ok(None));
         // Priced per minute: a price for either usage shape will do.
         assert_eq!(
             policy(None, true).check(ga_update(WHISPER).as_bytes()),
-            Ok(())
+            Ok(None)
         );
     }
 
     #[test]
-    fn session_model_may_only_name_the_sessions_own_model() {
+    fn another_session_model_is_taken_out_of_the_update_and_the_rest_forwarded() {
         let p = policy(None, false);
-        let update =
-            |m: &str| json!({"type": "session.update", "session": {"model": m}}).to_string();
-        assert_eq!(p.check(update("gpt-realtime-mini").as_bytes()), Ok(()));
-        assert_eq!(p.check(update("gpt-realtime-mini-2").as_bytes()), Ok(()));
-        let r = p.check(update("gpt-realtime").as_bytes()).unwrap_err();
+        let update = |m: &str| {
+            json!({"type": "session.update", "session": {"model": m, "instructions": "x"}})
+                .to_string()
+        };
+        assert_eq!(p.check(update("gpt-realtime-mini").as_bytes()), Ok(None));
+        assert_eq!(p.check(update("gpt-realtime-mini-2").as_bytes()), Ok(None));
+        let replaced = p.check(update("gpt-realtime").as_bytes()).unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&replaced).unwrap();
         assert_eq!(
-            (r.code, r.param),
-            ("model_not_allowed", Some("session.model"))
+            v,
+            json!({"type": "session.update", "session": {"instructions": "x"}})
         );
+        // The rest is still checked.
+        let both = json!({"type": "session.update", "session": {"model": "gpt-realtime",
+            "audio": {"input": {"transcription": {"model": WHISPER}}}}});
+        let r = policy(Some(&["gpt-realtime-mini"]), false)
+            .check(both.to_string().as_bytes())
+            .unwrap_err();
+        assert_eq!(r.code, "model_not_allowed");
     }
 
     #[test]
@@ -582,7 +618,7 @@ mod tests {
             r#"{"type":"session.update"}"#,
             "not json",
         ] {
-            assert_eq!(p.check(ok.as_bytes()), Ok(()), "{ok}");
+            assert_eq!(p.check(ok.as_bytes()), Ok(None), "{ok}");
         }
     }
 

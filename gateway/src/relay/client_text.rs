@@ -11,6 +11,9 @@
 //! `input_audio_buffer.append` costs a 256-byte XOR, not a copy of its
 //! audio.
 //!
+//! A message read whole may also be replaced ([`Verdict::Replace`]): the
+//! tap's text goes upstream instead, as one frame of the gateway's own.
+//!
 //! The relay never holds fragments back: a fragmented message the tap
 //! wants whole is refused or let through by
 //! [`super::Tap::on_client_fragmented`] from its first frame; a refused
@@ -31,6 +34,18 @@ pub enum Peek {
     Forward,
     /// Show it whole before it is forwarded.
     Whole,
+}
+
+/// What becomes of a client message a tap read whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Forwarded as received.
+    Forward,
+    /// Forwarded as this text instead (a message the tap changed; sent as
+    /// one frame of the gateway's own, masked).
+    Replace(String),
+    /// Dropped; the client gets this `error` event.
+    Refuse(String),
 }
 
 /// The first bytes (at most [`PEEK_BYTES`]) of `f`'s payload, unmasked.

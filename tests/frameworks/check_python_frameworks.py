@@ -1,0 +1,163 @@
+"""Python voice-agent frameworks, unchanged, through the gateway against its
+simulator, each configured only through its own documented settings:
+
+- openai-agents (`RealtimeRunner`, `model_config={"url", "api_key"}`): a
+  tool-call round trip with the framework's own `@function_tool`, the
+  answer after it, and a clean close.
+
+Every turn is a request-log row on the gateway's stdout: the check asserts
+their count, key and cost, and that a client's close is answered at once.
+
+Usage: python check_python_frameworks.py <patchbay-gateway binary>
+Starts `sim` and `serve` on free 127.0.0.1 ports; everything started is
+stopped on exit. Prints `python frameworks: N passed, N failed`.
+"""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+CLIENT_KEY = "pb-frameworks"
+UPSTREAM_KEY = "sk-sim-frameworks"
+MODEL = "gpt-realtime"
+DEADLINE_S = 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str) -> None:
+    deadline = time.time() + DEADLINE_S
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} never answered 200")
+
+
+def rows(rows_file: str) -> list:
+    out = []
+    with open(rows_file) as f:
+        for line in f:
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    return out
+
+
+async def openai_agents_tool_round_trip(ws_base: str) -> float:
+    """Returns how long the session's close took."""
+    from agents import function_tool
+    from agents.realtime import RealtimeAgent, RealtimeRunner
+
+    called_with = []
+
+    @function_tool
+    def lookup_order(order_id: str) -> str:
+        """Looks an order up by its id."""
+        called_with.append(order_id)
+        return "shipped yesterday"
+
+    agent = RealtimeAgent(name="Support", instructions="Help with orders.", tools=[lookup_order])
+    runner = RealtimeRunner(agent)
+    session = await runner.run(
+        model_config={"url": f"{ws_base}/realtime?model={MODEL}", "api_key": CLIENT_KEY}
+    )
+    responses = 0
+    tool_ended = False
+    async with session:
+        await session.send_message("Please lookup_order 42 for me.")
+        async for event in session:
+            if event.type == "error":
+                raise AssertionError(f"error event: {event.error}")
+            if event.type == "tool_end":
+                tool_ended = True
+            if event.type == "raw_model_event" and getattr(event.data, "type", "") == "raw_server_event":
+                if event.data.data.get("type") == "response.done":
+                    responses += 1
+            if tool_ended and responses >= 2:
+                break
+        started = time.monotonic()
+    closed_in = time.monotonic() - started
+    assert called_with == ["sim"], called_with
+    return closed_in
+
+
+def main() -> int:
+    binary = sys.argv[1]
+    sim_port, gw_port, admin_port = free_port(), free_port(), free_port()
+    tmp = tempfile.mkdtemp(prefix="patchbay-frameworks-")
+    config = os.path.join(tmp, "gateway.toml")
+    rows_file = os.path.join(tmp, "rows.jsonl")
+    with open(config, "w") as f:
+        f.write(
+            f'[server]\nlisten = "127.0.0.1:{gw_port}"\nadmin_listen = "127.0.0.1:{admin_port}"\n'
+            f'[[routes]]\nmodel = "{MODEL}"\nupstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime"\n'
+            f'api_key_env = "FW_UPSTREAM_KEY"\n[metering]\nflush_secs = 0\n'
+            f'[[prices]]\nmodel = "{MODEL}"\ntext_input = 4.0\naudio_input = 32.0\n'
+            f"text_output = 16.0\naudio_output = 64.0\n"
+        )
+    env = dict(os.environ, FW_UPSTREAM_KEY=UPSTREAM_KEY, PATCHBAY_MASTER_KEY=CLIENT_KEY)
+    procs = [
+        subprocess.Popen(
+            [binary, "sim", "--listen", f"127.0.0.1:{sim_port}", "--keys", UPSTREAM_KEY],
+            stdout=subprocess.DEVNULL,
+        ),
+        subprocess.Popen([binary, "serve", "--config", config], env=env, stdout=open(rows_file, "w")),
+    ]
+    passed = failed = 0
+    try:
+        wait_ready(f"http://127.0.0.1:{admin_port}/readyz")
+        ws_base = f"ws://127.0.0.1:{gw_port}/v1"
+
+        def agents_check():
+            closed_in = asyncio.run(asyncio.wait_for(openai_agents_tool_round_trip(ws_base), DEADLINE_S))
+            # The gateway answers a client's close and ends the connection
+            # at once (it does not wait on the upstream's cancel and close).
+            assert closed_in < 1.0, f"close took {closed_in:.3f} s"
+            deadline = time.time() + DEADLINE_S
+            while time.time() < deadline:
+                billed = [r for r in rows(rows_file) if r["key_id"] == "master" and r["cost_usd"] > 0]
+                if len(billed) >= 2:
+                    return
+                time.sleep(0.1)
+            raise AssertionError(f"rows: {rows(rows_file)}")
+
+        for name, check in [
+            ("openai-agents: a tool-call round trip, every turn billed, a prompt close", agents_check),
+        ]:
+            try:
+                check()
+                passed += 1
+                print(f"ok      {name}")
+            except Exception:
+                failed += 1
+                print(f"FAILED  {name}")
+                traceback.print_exc()
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    print(f"python frameworks: {passed} passed, {failed} failed")
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
