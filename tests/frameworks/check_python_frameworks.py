@@ -3,7 +3,12 @@ simulator, each configured only through its own documented settings:
 
 - openai-agents (`RealtimeRunner`, `model_config={"url", "api_key"}`): a
   tool-call round trip with the framework's own `@function_tool`, the
-  answer after it, and a clean close.
+  answer after it, and a clean close;
+- LiveKit Agents (`livekit-plugins-openai` `RealtimeModel(base_url=…,
+  api_key=…)`, its session used directly, no room): `generate_reply`
+  streams the answer's audio (it matches its own item ids and
+  `response.metadata.client_event_id`, and needs `response.output_item.added`
+  before the deltas).
 
 Every turn is a request-log row on the gateway's stdout: the check asserts
 their count, key and cost, and that a client's close is answered at once.
@@ -96,6 +101,25 @@ async def openai_agents_tool_round_trip(ws_base: str) -> float:
     return closed_in
 
 
+async def livekit_reply(http_base: str) -> int:
+    """Returns the audio frames of one generated reply."""
+    import aiohttp
+    from livekit.plugins.openai import realtime
+
+    async with aiohttp.ClientSession() as http:
+        model = realtime.RealtimeModel(
+            model=MODEL, base_url=http_base, api_key=CLIENT_KEY, http_session=http
+        )
+        session = model.session()
+        generation = await session.generate_reply(instructions="Say hello.")
+        frames = 0
+        async for message in generation.message_stream:
+            async for _ in message.audio_stream:
+                frames += 1
+        await session.aclose()
+    return frames
+
+
 def main() -> int:
     binary = sys.argv[1]
     sim_port, gw_port, admin_port = free_port(), free_port(), free_port()
@@ -136,8 +160,22 @@ def main() -> int:
                 time.sleep(0.1)
             raise AssertionError(f"rows: {rows(rows_file)}")
 
+        def livekit_check():
+            before = len(rows(rows_file))
+            frames = asyncio.run(
+                asyncio.wait_for(livekit_reply(f"http://127.0.0.1:{gw_port}/v1"), DEADLINE_S)
+            )
+            assert frames > 0, "no audio"
+            deadline = time.time() + DEADLINE_S
+            while time.time() < deadline:
+                if len(rows(rows_file)) > before:
+                    return
+                time.sleep(0.1)
+            raise AssertionError("the reply was not billed")
+
         for name, check in [
             ("openai-agents: a tool-call round trip, every turn billed, a prompt close", agents_check),
+            ("LiveKit Agents: a generated reply streams audio and is billed", livekit_check),
         ]:
             try:
                 check()
