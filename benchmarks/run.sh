@@ -71,15 +71,27 @@
 #    longer than the relay's RELEASE_IDLE_AFTER, 30 s: the ramp, 8 s, plus
 #    the answer, ~4.3 s, plus 30 s), and the difference divided by IDLE_N
 #    is its memory per idle call (calls-idle.txt).
+# 9. Translation run (stage "translation", only when named; issue 34):
+#    translation sessions instead of conversations. TRANSLATION_N sessions
+#    at once per target, each streaming TRANSLATION_SECS of 24 kHz PCM16 in
+#    session.input_audio_buffer.append frames of TRANSLATION_CHUNK_MS at
+#    real time while reading the simulator's translated audio (a delta of
+#    the same length per append), against direct, tcp-relay and a gateway
+#    (pool off) whose one route is a translations route priced per minute
+#    (TRANSLATION_USD_PER_MINUTE), so it measures the audio of every append;
+#    with AB_BIN, also the same gateway from a second binary. Its report:
+#    each append's round trip (and added over direct and tcp-relay), CPU-s
+#    per session-minute and × tcp-relay, RSS per session.
 # Every bench reports the CPU of tcp-relay and both gateways over its
 # window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
 # tcp-relay); the simulator's is printed after each report.
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
-# all; "cpu-runtime", "cpu-ab", "many", "calls" and "calls-idle" only when
-# named) AB_BIN
-# (cpu-ab's second gateway binary, and calls' optional one)
+# all; "cpu-runtime", "cpu-ab", "many", "calls", "calls-idle" and
+# "translation" only when named) AB_BIN (cpu-ab's second gateway binary, and
+# calls' and translation's optional one)
+# TRANSLATION_N TRANSLATION_SECS TRANSLATION_CHUNK_MS TRANSLATION_USD_PER_MINUTE
 # CALLS_N CALLS_SECS CALLS_SPEECH_MS CALLS_MODEL_MS CALLS_SILENCE_MS
 # CALLS_DELTA_MS CALLS_INFERENCE_MS CALLS_POOL_SIZE CALLS_STEPS
 # CALLS_STEP_SECS CALLS_LIMIT_MS IDLE_N IDLE_SECS IDLE_READ_SECS
@@ -128,6 +140,12 @@ CALLS_LIMIT_MS=${CALLS_LIMIT_MS:-5}
 IDLE_N=${IDLE_N:-1000}
 IDLE_SECS=${IDLE_SECS:-60}
 IDLE_READ_SECS=${IDLE_READ_SECS:-50}
+TRANSLATION_N=${TRANSLATION_N:-100}
+TRANSLATION_SECS=${TRANSLATION_SECS:-60}
+# 100 ms of 24 kHz PCM16 per append: 4,800 bytes, 6,400 base64 characters.
+TRANSLATION_CHUNK_MS=${TRANSLATION_CHUNK_MS:-100}
+# gpt-realtime-translate's published rate.
+TRANSLATION_USD_PER_MINUTE=${TRANSLATION_USD_PER_MINUTE:-0.034}
 # Descriptors a process needs besides its sessions' sockets.
 FD_SPARE=256
 BASE_PORT=${BASE_PORT:-18000}
@@ -182,8 +200,35 @@ wait_http() {
   return 1
 }
 
+# routes_toml UPSTREAM_URL: the gateway's one route, gpt-realtime; with
+# TRANSLATION=1, gpt-realtime-translate at the translations endpoint and its
+# per-minute price.
+routes_toml() {
+  if [ "${TRANSLATION:-0}" = 1 ]; then
+    cat <<EOF
+[[routes]]
+model = "gpt-realtime-translate"
+endpoint = "translations"
+upstream_url = "$1"
+api_key_env = "BENCH_UPSTREAM_KEY"
+
+[[prices]]
+model = "gpt-realtime-translate"
+usd_per_minute = $TRANSLATION_USD_PER_MINUTE
+EOF
+  else
+    cat <<EOF
+[[routes]]
+model = "gpt-realtime"
+upstream_url = "$1"
+api_key_env = "BENCH_UPSTREAM_KEY"
+EOF
+  fi
+}
+
 # gateway NAME PORT ADMIN_PORT POOL UPSTREAM_URL [VAR=VALUE...]: the
-# extra variables go to the gateway's environment.
+# extra variables go to the gateway's environment (TRANSLATION=1 before
+# the call: routes_toml).
 gateway() {
   local name=$1 port=$2 admin=$3 pool=$4 upstream=$5
   shift 5
@@ -198,10 +243,7 @@ max_size = $((POOL_SIZE > 512 ? POOL_SIZE : 512))
 [limits]
 max_sessions = $((2 * C > 1000 ? 2 * C : 1000))
 
-[[routes]]
-model = "gpt-realtime"
-upstream_url = "$upstream"
-api_key_env = "BENCH_UPSTREAM_KEY"
+$(routes_toml "$upstream")
 EOF
   start "$name" env PATCHBAY_MASTER_KEY="$CLIENT_KEY" BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" \
     REALTIME_POOL_SIZE="$pool" "$@" "$GATEWAY_BIN" serve --config "$tmp/$name.toml"
@@ -545,6 +587,42 @@ if stage calls; then
     python3 benchmarks/calls_capacity.py --limit-ms "$CALLS_LIMIT_MS" "${steps[@]}" |
       tee "$OUT_DIR/calls-capacity.txt"
   fi
+  stop_pids
+  echo
+fi
+
+if stage translation; then
+  POOL_SIZE=0 C=$TRANSLATION_N
+  STACK=translation
+  start sim "$BIN/patchbay-gateway" sim --listen "127.0.0.1:$SIM_PORT" --keys "$UPSTREAM_KEY"
+  wait_port "$SIM_PORT"
+  start relay "$BIN/tcp-relay" "127.0.0.1:$RELAY_PORT" "127.0.0.1:$SIM_PORT"
+  up="ws://127.0.0.1:$SIM_PORT/v1/realtime/translations"
+  TRANSLATION=1 gateway gw-off "$GW_OFF_PORT" "$ADMIN_OFF_PORT" 0 "$up"
+  ab=()
+  if [ -n "${AB_BIN:-}" ]; then
+    [ -x "$AB_BIN" ] || { echo "AB_BIN=$AB_BIN is not an executable" >&2; exit 1; }
+    TRANSLATION=1 GATEWAY_BIN=$AB_BIN gateway gw-off-b "$GW_OFF_B_PORT" "$ADMIN_OFF_B_PORT" 0 "$up"
+    wait_http "http://127.0.0.1:$ADMIN_OFF_B_PORT/readyz"
+    ab=(--target "gateway-b=ws://127.0.0.1:$GW_OFF_B_PORT/v1/realtime/translations"
+      --cpu-pid "gateway-b=$PID_gw_off_b" --against gateway)
+    echo "== translation: A = $GATEWAY_BIN, B = $AB_BIN"
+  fi
+  wait_port "$RELAY_PORT"
+  wait_http "http://127.0.0.1:$ADMIN_OFF_PORT/readyz"
+  echo "== translation: $TRANSLATION_N sessions per target, ${TRANSLATION_SECS} s of audio each in ${TRANSLATION_CHUNK_MS} ms appends"
+  sim_before=$(cpu_ticks "$PID_sim")
+  PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
+    --target "direct=$up@$UPSTREAM_KEY" \
+    --target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime/translations@$UPSTREAM_KEY" \
+    --target "gateway=ws://127.0.0.1:$GW_OFF_PORT/v1/realtime/translations" \
+    "${ab[@]}" --against tcp-relay \
+    --cpu-pid "tcp-relay=$PID_relay" --cpu-pid "gateway=$PID_gw_off" \
+    --calls "$TRANSLATION_N" --translation --call-secs "$TRANSLATION_SECS" \
+    --chunk-ms "$TRANSLATION_CHUNK_MS" \
+    --threads "$BENCH_THREADS" --out "$OUT_DIR/translation.json" | tee "$OUT_DIR/translation.txt"
+  awk -v t=$(($(cpu_ticks "$PID_sim") - sim_before)) -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { printf "simulator CPU during this bench: %.1f s\n", t / hz }' | tee -a "$OUT_DIR/translation.txt"
   stop_pids
   echo
 fi

@@ -13,6 +13,8 @@ use clap::Parser;
 use patchbay_gateway::secret::Secret;
 
 pub const DEFAULT_MODEL: &str = "gpt-realtime";
+/// The model a `--translation` run asks for unless `--model` names another.
+pub const TRANSLATION_MODEL: &str = "gpt-realtime-translate";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -27,7 +29,8 @@ pub struct Cli {
     /// Client key sent as `Authorization: Bearer` to targets without their own.
     #[arg(long, env = "PATCHBAY_BENCH_KEY", hide_env_values = true)]
     pub key: Option<String>,
-    /// Model put in `?model=` (unless the URL already has one).
+    /// Model put in `?model=` (unless the URL already has one); with
+    /// `--translation`, the default is `gpt-realtime-translate`.
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Speak the beta protocol (`OpenAI-Beta: realtime=v1`).
@@ -84,6 +87,13 @@ pub struct Cli {
     /// set of calls is not in step).
     #[arg(long, default_value_t = 8)]
     pub ramp_secs: u64,
+    /// Calls mode: translation sessions instead of conversations (the
+    /// targets' URLs name `/v1/realtime/translations`): each streams
+    /// `session.input_audio_buffer.append` at real time for `--call-secs`
+    /// and reads the translated audio meanwhile (benchmarks/README.md,
+    /// "translation").
+    #[arg(long, requires = "calls")]
+    pub translation: bool,
 }
 
 /// A process to account CPU for, as given on the command line.
@@ -219,6 +229,17 @@ impl Cli {
             return Err("--model must not be empty".into());
         }
         Ok(())
+    }
+
+    /// The model every session asks for: `--model`, or the translation
+    /// model when `--translation` is given and `--model` is left at its
+    /// default.
+    pub fn session_model(&self) -> &str {
+        if self.translation && self.model == DEFAULT_MODEL {
+            TRANSLATION_MODEL
+        } else {
+            &self.model
+        }
     }
 
     pub fn timeout(&self) -> Duration {
@@ -390,6 +411,28 @@ mod tests {
             args.extend_from_slice(bad);
             assert!(cli(&args).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn translation_mode_asks_for_the_translation_model_and_needs_calls() {
+        let t = "a=ws://127.0.0.1:1/v1/realtime/translations";
+        let c = cli(&["--target", t, "--calls", "100", "--translation"]).unwrap();
+        assert!(c.translation);
+        assert_eq!(c.session_model(), TRANSLATION_MODEL);
+        let c = cli(&[
+            "--target",
+            t,
+            "--calls",
+            "1",
+            "--translation",
+            "--model",
+            "my-translate",
+        ])
+        .unwrap();
+        assert_eq!(c.session_model(), "my-translate");
+        let c = cli(&["--target", t, "--calls", "1"]).unwrap();
+        assert_eq!(c.session_model(), DEFAULT_MODEL);
+        assert!(cli(&["--target", t, "--translation"]).is_err());
     }
 
     #[test]

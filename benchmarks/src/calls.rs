@@ -58,6 +58,9 @@ pub struct CallShape {
     pub timeout: Duration,
     /// The base64 of one chunk of silence, made once.
     pub audio_b64: Arc<str>,
+    /// Translation sessions instead of conversations ([`crate::translation`]):
+    /// appends for the whole length, no turns.
+    pub translation: bool,
 }
 
 impl CallShape {
@@ -82,7 +85,15 @@ impl CallShape {
             chunk_bytes,
             timeout,
             audio_b64: audio_b64.into(),
+            translation: false,
         }
+    }
+
+    /// Appends over the whole length, for a session that streams all the
+    /// time (at least one).
+    pub fn chunks_per_length(&self) -> u64 {
+        let n = self.length.as_nanos() / self.chunk.as_nanos().max(1);
+        u64::try_from(n).unwrap_or(u64::MAX).max(1)
     }
 
     /// Appends per user turn (at least one).
@@ -112,6 +123,10 @@ pub struct CallRecord {
     pub up_ns: Vec<u64>,
     /// Transit times (ns) of the audio deltas.
     pub down_ns: Vec<u64>,
+    /// Translation: output audio deltas received, and each append's round
+    /// trip (ns, written → its translated audio read).
+    pub audio_deltas: u64,
+    pub round_trip_ns: Vec<u64>,
 }
 
 /// Runs one call against `endpoint`, filling `rec` as it goes.

@@ -52,7 +52,6 @@ fn added_cells(t: Option<&Transit>, b: Option<&Transit>) -> String {
 
 impl CallsResult {
     pub fn render(&self) -> String {
-        let s = &self.shape;
         let mut w = String::new();
         let width = self
             .targets
@@ -61,6 +60,91 @@ impl CallsResult {
             .max()
             .unwrap_or(6)
             .max(6);
+        if self.shape.translation {
+            self.translation_tables(&mut w, width);
+        } else {
+            self.call_tables(&mut w, width);
+        }
+        self.cpu_table(&mut w, width);
+        let failed: Vec<_> = self
+            .targets
+            .iter()
+            .flat_map(|t| t.failures.iter().map(move |(k, n)| (&t.name, k, n)))
+            .collect();
+        if !failed.is_empty() {
+            let _ = writeln!(w, "\nfailures:");
+            for (name, kind, n) in failed {
+                let _ = writeln!(w, "  {name:<width$} {n:>6} × {kind}");
+            }
+        }
+        w
+    }
+
+    /// Translation sessions: appends and deltas, and each append's round
+    /// trip, per target and added over each baseline's.
+    fn translation_tables(&self, w: &mut String, width: usize) {
+        let s = &self.shape;
+        let _ = writeln!(
+            w,
+            "translation: {} sessions per target × {} targets, {} s of audio each in {} appends of {} ms \
+             ({} B of PCM16, {} base64 characters) at real time, the translated audio read meanwhile; \
+             wall {:.1} s, bench CPU {:.1} s",
+            self.calls_per_target,
+            self.targets.len(),
+            s.length.as_secs(),
+            s.chunks_per_length(),
+            s.chunk.as_millis(),
+            s.chunk_bytes,
+            s.audio_b64.len(),
+            self.wall.as_secs_f64(),
+            self.bench_cpu.as_secs_f64(),
+        );
+        let _ = writeln!(
+            w,
+            "\n{:<width$} {:>8} {:>6} {:>8} {:>8}   round trip, append → its audio (ms)   close (ms)",
+            "target", "sessions", "failed", "appends", "deltas"
+        );
+        let _ = writeln!(
+            w,
+            "{:<width$} {:>8} {:>6} {:>8} {:>8}   {:>8} {:>7} {:>7} {:>7}          {:>7} {:>7}",
+            "", "", "", "", "", "frames", "p50", "p99", "p99.9", "mean", "max"
+        );
+        for t in &self.targets {
+            let _ = writeln!(
+                w,
+                "{:<width$} {:>8} {:>6} {:>8} {:>8}   {}          {:>7.1} {:>7.1}",
+                t.name,
+                t.calls,
+                t.calls - t.completed,
+                t.appends_sent,
+                t.audio_deltas,
+                transit_cells(t.round_trip.as_ref()),
+                t.close_mean_ms(),
+                t.close_max.as_secs_f64() * 1000.0,
+            );
+        }
+        for &b in &self.baselines {
+            let base = &self.targets[b];
+            let _ = writeln!(
+                w,
+                "\nadded round trip against {} (ms, each percentile minus {}'s):\n{:<width$}   p50/p99/p99.9",
+                base.name, base.name, "target"
+            );
+            for t in self.targets.iter().filter(|t| t.name != base.name) {
+                let _ = writeln!(
+                    w,
+                    "{:<width$}   {}",
+                    t.name,
+                    added_cells(t.round_trip.as_ref(), base.round_trip.as_ref()),
+                );
+            }
+        }
+    }
+
+    /// Voice calls: turns, and each direction's transit per target and
+    /// added over each baseline's.
+    fn call_tables(&self, w: &mut String, width: usize) {
+        let s = &self.shape;
         let _ = writeln!(
             w,
             "calls: {} per target × {} targets, {} s each; turn: {} ms of speech ({} appends of {} B), \
@@ -121,19 +205,6 @@ impl CallsResult {
                 );
             }
         }
-        self.cpu_table(&mut w, width);
-        let failed: Vec<_> = self
-            .targets
-            .iter()
-            .flat_map(|t| t.failures.iter().map(move |(k, n)| (&t.name, k, n)))
-            .collect();
-        if !failed.is_empty() {
-            let _ = writeln!(w, "\nfailures:");
-            for (name, kind, n) in failed {
-                let _ = writeln!(w, "  {name:<width$} {n:>6} × {kind}");
-            }
-        }
-        w
     }
 
     fn cpu_table(&self, w: &mut String, width: usize) {
@@ -146,10 +217,19 @@ impl CallsResult {
             .map(|&b| &self.targets[b])
             .filter(|b| b.cpu_per_call_minute().is_some())
             .collect();
+        // A translation session is what a call is to the calls mode.
+        let (unit, u) = if self.shape.translation {
+            ("session", "s")
+        } else {
+            ("call", "c")
+        };
         let _ = write!(
             w,
-            "\nserving process (--cpu-pid): CPU-s per call-minute, RSS per call\n{:<width$} {:>9} {:>8} {:>10}",
-            "target", "call-min", "CPU-s", "CPU/c-min"
+            "\nserving process (--cpu-pid): CPU-s per {unit}-minute, RSS per {unit}\n{:<width$} {:>9} {:>8} {:>10}",
+            "target",
+            format!("{unit}-min"),
+            "CPU-s",
+            format!("CPU/{u}-min")
         );
         for b in &bases {
             let _ = write!(w, " {:>14}", format!("× {}", b.name));
@@ -157,7 +237,9 @@ impl CallsResult {
         let _ = writeln!(
             w,
             " {:>10} {:>10} {:>10}",
-            "RSS0 MiB", "peak MiB", "KiB/call"
+            "RSS0 MiB",
+            "peak MiB",
+            format!("KiB/{unit}")
         );
         for t in &self.targets {
             let Some(usage) = &t.usage else { continue };
@@ -215,6 +297,8 @@ impl CallsResult {
                     "failures": t.failures,
                     "turns": t.turns,
                     "appends_sent": t.appends_sent,
+                    "audio_deltas": t.audio_deltas,
+                    "round_trip": t.round_trip,
                     "call_minutes": t.call_minutes(),
                     "close_mean_ms": t.close_mean_ms(),
                     "close_max_ms": t.close_max.as_secs_f64() * 1000.0,
@@ -228,7 +312,7 @@ impl CallsResult {
             .collect();
         let s = &self.shape;
         let v = json!({
-            "mode": "calls",
+            "mode": if s.translation { "translation" } else { "calls" },
             "calls_per_target": self.calls_per_target,
             "call_secs": s.length.as_secs_f64(),
             "speech_ms": s.speech.as_millis() as u64,
@@ -342,6 +426,34 @@ mod tests {
         assert!(gw.contains("0.1200"), "{gw}");
         assert!(gw.contains("1.200"), "{gw}");
         assert!(gw.contains("12.0"), "{gw}");
+    }
+
+    #[test]
+    fn a_translation_run_reports_round_trips_and_cpu_per_session_minute() {
+        let mut r = result();
+        r.shape.translation = true;
+        for t in &mut r.targets {
+            t.round_trip = t.up;
+            (t.appends_sent, t.audio_deltas) = (6000, 6000);
+        }
+        let text = r.render();
+        assert!(
+            text.starts_with("translation: 10 sessions per target"),
+            "{text}"
+        );
+        assert!(text.contains("3000 appends of 20 ms"), "{text}");
+        assert!(text.contains("CPU-s per session-minute"), "{text}");
+        assert!(!text.contains("call"), "{text}");
+        let gw: Vec<_> = text.lines().filter(|l| l.starts_with("gw ")).collect();
+        assert!(gw[0].contains(" 6000     6000 "), "{}", gw[0]);
+        // Against direct, then against tcp-relay.
+        assert!(gw[1].contains("+0.100  +0.500  +1.100"), "{}", gw[1]);
+        assert!(gw[2].contains("+0.050  +0.400  +1.000"), "{}", gw[2]);
+        assert!(gw[3].contains("1.200"), "{}", gw[3]);
+        let v: Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(v["mode"], "translation");
+        assert_eq!(v["targets"][2]["round_trip"]["p99_ns"], 900_000);
+        assert_eq!(v["targets"][2]["audio_deltas"], 6000);
     }
 
     #[test]

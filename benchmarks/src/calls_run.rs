@@ -1,5 +1,8 @@
 //! The calls mode's load: `N` calls at once per target, all targets
 //! interleaved in one run, and the figures each target's calls produced.
+//! With `--translation` each "call" is a translation session
+//! ([`crate::translation`]) and the same accounting gives CPU per
+//! session-minute.
 //!
 //! Call `i` goes to target `i mod T` and starts at `i / (N·T)` of the ramp,
 //! so every target's calls start spread over the same ramp and run in the
@@ -25,6 +28,7 @@ use crate::args::Cli;
 use crate::calls::{self, CallRecord, CallShape};
 use crate::process::{self, Usage};
 use crate::run::{self, PlanError, Target};
+use crate::translation;
 
 /// Percentiles of one direction's transit times, in ns (nearest rank).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -69,6 +73,10 @@ pub struct TargetCalls {
     pub failures: BTreeMap<String, usize>,
     pub turns: u64,
     pub appends_sent: u64,
+    /// Translation: output audio deltas received.
+    pub audio_deltas: u64,
+    /// Translation: append written → its translated audio read.
+    pub round_trip: Option<Transit>,
     /// Client → upstream.
     pub up: Option<Transit>,
     /// Upstream → client.
@@ -128,16 +136,20 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
     let mut targets = Vec::with_capacity(cli.targets.len());
     for t in &cli.targets {
         let key = cli.key_for(t);
-        targets.push(Target::resolve(&t.name, &t.url, key.as_ref(), &cli.model, cli.beta).await?);
+        let model = cli.session_model();
+        targets.push(Target::resolve(&t.name, &t.url, key.as_ref(), model, cli.beta).await?);
     }
-    let shape = CallShape::new(
-        Duration::from_secs(cli.call_secs),
-        Duration::from_millis(cli.speech_ms),
-        Duration::from_millis(cli.silence_ms),
-        Duration::from_millis(cli.chunk_ms),
-        cli.sample_rate,
-        cli.timeout(),
-    );
+    let shape = CallShape {
+        translation: cli.translation,
+        ..CallShape::new(
+            Duration::from_secs(cli.call_secs),
+            Duration::from_millis(cli.speech_ms),
+            Duration::from_millis(cli.silence_ms),
+            Duration::from_millis(cli.chunk_ms),
+            cli.sample_rate,
+            cli.timeout(),
+        )
+    };
     let targets = Arc::new(targets);
     let total = per_target * targets.len();
     let ramp = Duration::from_secs(cli.ramp_secs);
@@ -158,7 +170,12 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
             let target = i % targets.len();
             let mut rec = CallRecord::default();
             live.fetch_add(1, Ordering::Relaxed);
-            let r = calls::run(&targets[target].endpoint, &shape, &mut rec).await;
+            let endpoint = &targets[target].endpoint;
+            let r = if shape.translation {
+                translation::run(endpoint, &shape, &mut rec).await
+            } else {
+                calls::run(endpoint, &shape, &mut rec).await
+            };
             live.fetch_sub(1, Ordering::Relaxed);
             (target, rec, r.err())
         });
@@ -178,6 +195,7 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
         .collect();
     let mut up: Vec<Vec<u64>> = vec![Vec::new(); targets.len()];
     let mut down: Vec<Vec<u64>> = vec![Vec::new(); targets.len()];
+    let mut round_trip: Vec<Vec<u64>> = vec![Vec::new(); targets.len()];
     while let Some(r) = calls.join_next().await {
         let (target, rec, error) = match r {
             Ok(v) => v,
@@ -191,11 +209,13 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
         }
         t.turns += u64::from(rec.turns);
         t.appends_sent += rec.appends_sent;
+        t.audio_deltas += rec.audio_deltas;
         t.call_time += rec.live;
         t.close_time += rec.close;
         t.close_max = t.close_max.max(rec.close);
         up[target].extend(rec.up_ns);
         down[target].extend(rec.down_ns);
+        round_trip[target].extend(rec.round_trip_ns);
     }
     let wall = start.elapsed();
     if let Some(r) = reporter {
@@ -209,9 +229,10 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
             t.usage = Some(used);
         }
     }
-    for (t, (u, d)) in out.iter_mut().zip(up.iter_mut().zip(down.iter_mut())) {
-        t.up = Transit::of(u);
-        t.down = Transit::of(d);
+    for (i, t) in out.iter_mut().enumerate() {
+        t.up = Transit::of(&mut up[i]);
+        t.down = Transit::of(&mut down[i]);
+        t.round_trip = Transit::of(&mut round_trip[i]);
     }
     let (user1, sys1, _) = run::cpu_usage();
     Ok(CallsResult {

@@ -13,7 +13,9 @@
 //! With `--calls N` it runs voice calls instead ([`calls`], [`calls_run`],
 //! [`calls_report`]): N calls at once per target, each streaming small
 //! appends and receiving the model's audio at real time, and reports each
-//! frame's transit time per direction.
+//! frame's transit time per direction; with `--calls N --translation`,
+//! translation sessions ([`translation`]) that stream audio for the whole
+//! call, reported the same way per session-minute.
 //!
 //! The bench must not be what it measures: it reads event types from the
 //! leading bytes of each frame and never parses audio, holds no copy of a
@@ -33,6 +35,7 @@ pub mod scrape;
 pub mod session;
 pub mod stats;
 pub mod tcp_relay;
+pub mod translation;
 pub mod ws_relay;
 
 use std::sync::Arc;
