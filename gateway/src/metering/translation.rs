@@ -271,35 +271,11 @@ fn number_after(text: &[u8], key: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::frame::parse_header;
-    use crate::relay::frame::FrameRole;
     use base64::Engine;
-    use bytes::Bytes;
     use std::sync::Arc;
 
     fn masked(text: &str) -> RawFrame {
-        let mask = [0x5a, 0x13, 0xc7, 0x01];
-        let mut bytes = vec![0x81];
-        let n = text.len();
-        if n < 126 {
-            bytes.push(0x80 | n as u8);
-        } else {
-            bytes.push(0x80 | 126);
-            bytes.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        bytes.extend_from_slice(&mask);
-        let mut payload = text.as_bytes().to_vec();
-        unmask(&mut payload, mask, 0);
-        bytes.extend_from_slice(&payload);
-        let header = parse_header(&bytes).unwrap().unwrap();
-        RawFrame {
-            header,
-            role: FrameRole::Data {
-                text: true,
-                last: true,
-            },
-            bytes: Bytes::from(bytes),
-        }
+        crate::relay::testing::masked_text(text.as_bytes(), [0x5a, 0x13, 0xc7, 0x01])
     }
 
     fn peek(audio: &TranslationAudio, text: &str) -> Peek {

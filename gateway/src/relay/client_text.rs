@@ -72,32 +72,7 @@ pub fn unmasked(f: &RawFrame) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::frame::{parse_header, FrameRole};
-    use bytes::Bytes;
-
-    fn masked_text(text: &[u8], mask: [u8; 4]) -> RawFrame {
-        let mut bytes = vec![0x81];
-        match text.len() {
-            n if n < 126 => bytes.push(0x80 | n as u8),
-            n => {
-                bytes.push(0x80 | 126);
-                bytes.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-        }
-        bytes.extend_from_slice(&mask);
-        let mut payload = text.to_vec();
-        unmask(&mut payload, mask, 0);
-        bytes.extend_from_slice(&payload);
-        let header = parse_header(&bytes).unwrap().unwrap();
-        RawFrame {
-            header,
-            role: FrameRole::Data {
-                text: true,
-                last: true,
-            },
-            bytes: Bytes::from(bytes),
-        }
-    }
+    use crate::relay::testing::masked_text;
 
     #[test]
     fn the_peek_is_the_unmasked_start_and_the_whole_is_the_unmasked_payload() {

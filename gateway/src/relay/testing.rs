@@ -1,5 +1,7 @@
-//! Test helpers shared by the relay's tests: a replayable generator, frames
-//! built by tungstenite, random frame streams and the reference decoder.
+//! Test helpers shared by the relay's tests (and the metering's, which read
+//! client frames): a replayable generator, frames built by tungstenite,
+//! random frame streams, the reference decoder, and one masked client text
+//! frame as the reader returns it ([`masked_text`]).
 
 use std::io::Cursor;
 
@@ -119,4 +121,30 @@ pub fn random_stream(rng: &mut Rng, masked: bool) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A whole client text message of `text` in one frame masked with `mask`,
+/// as the reader returns it.
+pub fn masked_text(text: &[u8], mask: [u8; 4]) -> super::reader::RawFrame {
+    let mut bytes = vec![0x81];
+    match text.len() {
+        n if n < 126 => bytes.push(0x80 | n as u8),
+        n => {
+            bytes.push(0x80 | 126);
+            bytes.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
+    bytes.extend_from_slice(&mask);
+    let mut payload = text.to_vec();
+    super::frame::unmask(&mut payload, mask, 0);
+    bytes.extend_from_slice(&payload);
+    let header = super::frame::parse_header(&bytes).unwrap().unwrap();
+    super::reader::RawFrame {
+        header,
+        role: super::frame::FrameRole::Data {
+            text: true,
+            last: true,
+        },
+        bytes: bytes::Bytes::from(bytes),
+    }
 }
