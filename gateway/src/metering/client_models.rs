@@ -22,8 +22,8 @@
 //! `session.update` that cannot be read is refused too
 //! (`invalid_session_update`): forwarding what the gateway could not check
 //! would let a frame the upstream reads differently (a duplicate key, say)
-//! through. So is one sent in fragments (the relay holds no fragments back;
-//! the SDKs never fragment).
+//! through. So is a fragmented one whose first frame names it (the relay
+//! holds no fragments back; the SDKs never fragment).
 //!
 //! Which frames are read whole ([`wants_whole`]): those whose leading bytes
 //! name a session update, and those whose type is not in the leading bytes
@@ -43,6 +43,7 @@ use std::task::{Context, Poll};
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
+use tokio::sync::oneshot;
 
 use super::pricing;
 use super::tracker::{TurnTracker, OUTCOME_MODEL_REFUSED};
@@ -55,7 +56,6 @@ use crate::metrics::{Metrics, ReasonLabels};
 use crate::relay::client_text::{Peek, Verdict};
 use crate::relay::reader::RawFrame;
 use crate::relay::{End, Kill, Tap};
-use tokio::sync::oneshot;
 
 /// Client events that can name a model.
 const UPDATES: [&[u8]; 2] = [b"session.update", b"transcription_session.update"];
