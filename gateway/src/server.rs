@@ -24,6 +24,10 @@
 //! An HTTP/2 prior-knowledge preface is answered `505` and closed (hyper's
 //! HTTP/1 connection would close it silently).
 //!
+//! With TLS on the client listener ([`crate::client_tls`]) each connection's
+//! handshake comes first (bounded by `upgrade_timeout_secs`), and hyper
+//! serves everything after it, upgrades included.
+//!
 //! Checks before the 101, in order: WebSocket handshake (else the request
 //! goes to the router, which answers 400 or 404); draining → 503;
 //! credential → 401 (a client secret: expired, invalid, parent key disabled
