@@ -8,7 +8,10 @@ simulator, each configured only through its own documented settings:
   api_key=…)`, its session used directly, no room): `generate_reply`
   streams the answer's audio (it matches its own item ids and
   `response.metadata.client_event_id`, and needs `response.output_item.added`
-  before the deltas).
+  before the deltas);
+- pipecat (`OpenAIRealtimeLLMService(api_key=…, base_url=…)` in a pipeline
+  with its context aggregators): an `LLMRunFrame` turn's audio reaches the
+  end of the pipeline.
 
 Every turn is a request-log row on the gateway's stdout: the check asserts
 their count, key and cost, and that a client's close is answered at once.
@@ -120,6 +123,57 @@ async def livekit_reply(http_base: str) -> int:
     return frames
 
 
+async def pipecat_reply(ws_base: str) -> int:
+    """Returns the audio frames one run of the pipeline produced."""
+    import warnings
+
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from loguru import logger
+
+    # pipecat logs every frame at DEBUG.
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    from pipecat.frames.frames import EndFrame, LLMFullResponseEndFrame, LLMRunFrame, TTSAudioRawFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.runner import PipelineRunner
+    from pipecat.pipeline.task import PipelineTask
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
+    from pipecat.processors.frame_processor import FrameProcessor
+    from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+
+    class Sink(FrameProcessor):
+        def __init__(self):
+            super().__init__()
+            self.audio = 0
+            self.done = asyncio.Event()
+
+        async def process_frame(self, frame, direction):
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TTSAudioRawFrame):
+                self.audio += 1
+            if isinstance(frame, LLMFullResponseEndFrame):
+                self.done.set()
+            await self.push_frame(frame, direction)
+
+    llm = OpenAIRealtimeLLMService(
+        api_key=CLIENT_KEY,
+        base_url=f"{ws_base}/realtime",
+        settings=OpenAIRealtimeLLMService.Settings(model=MODEL),
+    )
+    aggregators = LLMContextAggregatorPair(LLMContext([{"role": "user", "content": "Say hello."}]))
+    sink = Sink()
+    task = PipelineTask(Pipeline([aggregators.user(), llm, sink, aggregators.assistant()]))
+
+    async def drive():
+        await task.queue_frames([LLMRunFrame()])
+        await sink.done.wait()
+        await task.queue_frame(EndFrame())
+
+    await asyncio.gather(PipelineRunner(handle_sigint=False).run(task), drive())
+    return sink.audio
+
+
 def main() -> int:
     binary = sys.argv[1]
     sim_port, gw_port, admin_port = free_port(), free_port(), free_port()
@@ -173,9 +227,21 @@ def main() -> int:
                 time.sleep(0.1)
             raise AssertionError("the reply was not billed")
 
+        def pipecat_check():
+            before = len(rows(rows_file))
+            frames = asyncio.run(asyncio.wait_for(pipecat_reply(ws_base), DEADLINE_S))
+            assert frames > 0, "no audio"
+            deadline = time.time() + DEADLINE_S
+            while time.time() < deadline:
+                if len(rows(rows_file)) > before:
+                    return
+                time.sleep(0.1)
+            raise AssertionError("the turn was not billed")
+
         for name, check in [
             ("openai-agents: a tool-call round trip, every turn billed, a prompt close", agents_check),
             ("LiveKit Agents: a generated reply streams audio and is billed", livekit_check),
+            ("pipecat: a pipeline's turn streams audio and is billed", pipecat_check),
         ]:
             try:
                 check()
