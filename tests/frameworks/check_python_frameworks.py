@@ -3,7 +3,8 @@ simulator, each configured only through its own documented settings:
 
 - openai-agents (`RealtimeRunner`, `model_config={"url", "api_key"}`): a
   tool-call round trip with the framework's own `@function_tool`, the
-  answer after it, and a clean close;
+  answer after it, an answer it interrupts (`session.interrupt()`: the
+  cancelled response is billed as `cancelled`, 499), and a clean close;
 - LiveKit Agents (`livekit-plugins-openai` `RealtimeModel(base_url=…,
   api_key=…)`, its session used directly, no room): `generate_reply`
   streams the answer's audio (it matches its own item ids and
@@ -98,6 +99,20 @@ async def openai_agents_tool_round_trip(ws_base: str) -> float:
                     responses += 1
             if tool_ended and responses >= 2:
                 break
+        # An interrupted answer: the framework cancels it mid-audio.
+        await session.send_message("Tell me a long story.")
+        interrupted = False
+        async for event in session:
+            if event.type != "raw_model_event" or getattr(event.data, "type", "") != "raw_server_event":
+                continue
+            kind = event.data.data.get("type")
+            if kind == "response.output_audio.delta" and not interrupted:
+                await session.interrupt()
+                interrupted = True
+            if kind == "response.done":
+                status = event.data.data["response"]["status"]
+                assert interrupted and status == "cancelled", status
+                break
         started = time.monotonic()
     closed_in = time.monotonic() - started
     assert called_with == ["sim"], called_with
@@ -191,7 +206,9 @@ def main() -> int:
     env = dict(os.environ, FW_UPSTREAM_KEY=UPSTREAM_KEY, PATCHBAY_MASTER_KEY=CLIENT_KEY)
     procs = [
         subprocess.Popen(
-            [binary, "sim", "--listen", f"127.0.0.1:{sim_port}", "--keys", UPSTREAM_KEY],
+            # Answers of 1 s (25 deltas 40 ms apart), long enough to interrupt.
+            [binary, "sim", "--listen", f"127.0.0.1:{sim_port}", "--keys", UPSTREAM_KEY,
+             "--audio-deltas", "25", "--delta-interval-ms", "40"],
             stdout=subprocess.DEVNULL,
         ),
         subprocess.Popen([binary, "serve", "--config", config], env=env, stdout=open(rows_file, "w")),
@@ -209,7 +226,8 @@ def main() -> int:
             deadline = time.time() + DEADLINE_S
             while time.time() < deadline:
                 billed = [r for r in rows(rows_file) if r["key_id"] == "master" and r["cost_usd"] > 0]
-                if len(billed) >= 2:
+                cancelled = [r for r in billed if r["end_reason"] == "cancelled" and r["status"] == 499]
+                if len(billed) >= 3 and cancelled:
                     return
                 time.sleep(0.1)
             raise AssertionError(f"rows: {rows(rows_file)}")
@@ -239,7 +257,7 @@ def main() -> int:
             raise AssertionError("the turn was not billed")
 
         for name, check in [
-            ("openai-agents: a tool-call round trip, every turn billed, a prompt close", agents_check),
+            ("openai-agents: a tool-call round trip, an interrupted answer, every turn billed, a prompt close", agents_check),
             ("LiveKit Agents: a generated reply streams audio and is billed", livekit_check),
             ("pipecat: a pipeline's turn streams audio and is billed", pipecat_check),
         ]:
