@@ -162,10 +162,13 @@ struct Transcription {
 
 /// From a client message's leading bytes: whether it must be read whole.
 pub fn wants_whole(leading: &[u8]) -> bool {
-    match leading_event_type_bytes(leading) {
-        Some(t) => UPDATES.contains(&t),
-        None => true,
-    }
+    whole_for(leading_event_type_bytes(leading))
+}
+
+/// [`wants_whole`] on the type read from the leading bytes (`None`: not
+/// there).
+fn whole_for(kind: Option<&[u8]>) -> bool {
+    kind.is_none_or(|t| UPDATES.contains(&t))
 }
 
 impl ModelPolicy {
@@ -443,10 +446,14 @@ impl Tap for SessionTap<'_> {
         true
     }
     fn peek_client(&mut self, leading: &[u8], frame: &RawFrame) -> Peek {
-        self.peeked_update =
-            leading_event_type_bytes(leading).is_some_and(|t| UPDATES.contains(&t));
-        let audio = self.audio.as_ref().map(|a| a.peek_client(leading, frame));
-        if wants_whole(leading) || audio == Some(Peek::Whole) {
+        // The type is read once per frame, for every check below.
+        let kind = leading_event_type_bytes(leading);
+        self.peeked_update = kind.is_some_and(|t| UPDATES.contains(&t));
+        let audio = self
+            .audio
+            .as_ref()
+            .map(|a| a.peek_typed(kind, leading, frame));
+        if whole_for(kind) || audio == Some(Peek::Whole) {
             Peek::Whole
         } else {
             Peek::Forward

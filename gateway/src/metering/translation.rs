@@ -111,6 +111,13 @@ pub fn base64_decoded_len(len: usize, padding: usize) -> u64 {
     bytes.saturating_sub(padding.min(2) as u64)
 }
 
+/// Bytes the base64 text `b64` decodes to (its `=` padding read from its
+/// end).
+fn decoded_len_of(b64: &[u8]) -> u64 {
+    let padding = b64.iter().rev().take(2).filter(|&&b| b == b'=').count();
+    base64_decoded_len(b64.len(), padding)
+}
+
 /// The audio of a translation session, measured as its frames pass.
 #[derive(Debug)]
 pub struct TranslationAudio {
@@ -134,8 +141,14 @@ impl TranslationAudio {
     /// A client message's first frame: an append is counted from the frame
     /// in place (`Forward`), or asked for whole.
     pub fn peek_client(&self, leading: &[u8], f: &RawFrame) -> Peek {
+        self.peek_typed(crate::event::leading_event_type_bytes(leading), leading, f)
+    }
+
+    /// [`Self::peek_client`] with the message's type already read from
+    /// `leading` (`None`: not there), so a tap reads it once per frame.
+    pub fn peek_typed(&self, kind: Option<&[u8]>, leading: &[u8], f: &RawFrame) -> Peek {
         let payload = f.payload();
-        match crate::event::leading_event_type_bytes(leading) {
+        match kind {
             Some(APPEND) => {}
             Some(_) if payload.len() <= OTHER_MAX_BYTES => return Peek::Forward,
             _ => return Peek::Whole,
@@ -165,9 +178,7 @@ impl TranslationAudio {
         match serde_json::from_slice::<Whole<'_>>(text) {
             Ok(w) if w.kind.as_deref().map(str::as_bytes) == Some(APPEND) => {
                 let audio = w.audio.unwrap_or_default();
-                let padding = audio.bytes().rev().take(2).filter(|&b| b == b'=').count();
-                self.counters
-                    .add_input(base64_decoded_len(audio.len(), padding));
+                self.counters.add_input(decoded_len_of(audio.as_bytes()));
                 Ok(())
             }
             Ok(_) => Ok(()),
@@ -189,13 +200,7 @@ impl TranslationAudio {
         let Some(len) = memchr::memchr(b'"', &text[start..]) else {
             return;
         };
-        let padding = text[start..start + len]
-            .iter()
-            .rev()
-            .take(2)
-            .filter(|&&b| b == b'=')
-            .count();
-        let bytes = base64_decoded_len(len, padding);
+        let bytes = decoded_len_of(&text[start..start + len]);
         let rate = number_after(text, b"\"sample_rate\":").unwrap_or(DEFAULT_OUTPUT_RATE);
         let channels = number_after(text, b"\"channels\":").unwrap_or(1);
         let per_sec = 2 * rate.max(1) * channels.max(1);
