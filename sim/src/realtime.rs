@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{SimConfig, SimFault, AUDIO_TOKENS_PER_DELTA, TEXT_OUTPUT_TOKENS};
 use crate::handle::{Command, SimHandle};
 use crate::stamp;
-use crate::wire::{event_type, mask_key, short_id, SimIo};
+use crate::wire::{event_text, event_type, mask_key, short_id, SimIo};
 
 mod response;
 
@@ -346,8 +346,6 @@ impl Session {
             _ => String::new(),
         };
         let rest = event.to_string();
-        let rest = rest.strip_prefix('{').unwrap_or("}");
-        let sep = if rest == "}" { "" } else { "," };
         let mut id = self.event_id();
         // The stamp is read last, after serialising, just before the write.
         if self.config.stamp_frames
@@ -355,7 +353,7 @@ impl Session {
         {
             id = stamp::stamped_id(&id, stamp::now_ns());
         }
-        let text = format!(r#"{{"type":"{kind}","event_id":"{id}"{sep}{rest}"#);
+        let text = event_text(&kind, &id, &rest);
         if self.config.record {
             if let Ok(mut sent) = self.handle.stats.sent.lock() {
                 sent.push(text.clone());

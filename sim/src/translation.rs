@@ -34,7 +34,7 @@ use tokio_tungstenite::WebSocketStream;
 
 use crate::config::SimConfig;
 use crate::handle::SimHandle;
-use crate::wire::{short_id, SimIo};
+use crate::wire::{event_text, short_id, SimIo};
 
 /// Bytes per second of the only input format a WebSocket translation
 /// session takes: 24 kHz PCM16 mono.
@@ -89,16 +89,8 @@ impl Translation {
 
     async fn send(&mut self, ws: &mut WebSocketStream<SimIo>, kind: &str, rest: Value) -> bool {
         self.seq += 1;
-        // OpenAI writes `type` first, then `event_id` (serde_json's map is
-        // sorted, so they are written by hand).
-        let rest = rest.to_string();
-        let rest = rest.strip_prefix('{').unwrap_or("}");
-        let sep = if rest == "}" { "" } else { "," };
-        let text = format!(
-            r#"{{"type":"{kind}","event_id":"event_{}_{}"{sep}{rest}"#,
-            &self.id[5..13],
-            self.seq
-        );
+        let id = format!("event_{}_{}", &self.id[5..13], self.seq);
+        let text = event_text(kind, &id, &rest.to_string());
         if self.config.record {
             if let Ok(mut sent) = self.handle.stats.sent.lock() {
                 sent.push(text.clone());

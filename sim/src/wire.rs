@@ -43,6 +43,15 @@ pub fn event_type(text: &str) -> Option<String> {
 }
 
 /// A fresh 16-hex-digit id (as OpenAI's ids end: `sess_…`, `rtc_…`).
+/// An event's text as OpenAI writes it: `type` first, then `event_id`, then
+/// the members of `rest`, an object already serialised (serde_json's map is
+/// sorted, so the two are put in front by hand).
+pub fn event_text(kind: &str, event_id: &str, rest: &str) -> String {
+    let rest = rest.strip_prefix('{').unwrap_or("}");
+    let sep = if rest == "}" { "" } else { "," };
+    format!(r#"{{"type":"{kind}","event_id":"{event_id}"{sep}{rest}"#)
+}
+
 pub fn short_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     static SEED: OnceLock<RandomState> = OnceLock::new();
