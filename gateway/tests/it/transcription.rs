@@ -36,6 +36,28 @@ async fn answer_to_update(ws: &mut Client) -> serde_json::Value {
     }
 }
 
+/// Commits the input audio, waits for its transcription, closes, and gives
+/// what the gateway charged on the transcription model once it shows.
+async fn transcribe_and_close(ws: &mut Client, admin: std::net::SocketAddr) -> f64 {
+    send_json(ws, json!({"type": "input_audio_buffer.commit"})).await;
+    loop {
+        let t = recv_text(ws).await;
+        if kind(&t) == "conversation.item.input_audio_transcription.completed" {
+            break;
+        }
+    }
+    ws.close(None).await.unwrap();
+    let label = format!("model=\"{WHISPER}\"");
+    let cost = || metric(admin, "patchbay_cost_usd_total", &label);
+    for _ in 0..100 {
+        if cost().await > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cost().await
+}
+
 /// The `session.update`s the simulator received, by the transcription
 /// model each names.
 fn updates_received(sim: &SimHandle) -> Vec<String> {
@@ -207,24 +229,9 @@ async fn a_transcription_session_naming_no_model_reaches_the_intent_route_and_is
     )
     .await;
     assert_eq!(answer_to_update(&mut ws).await["type"], "session.updated");
-    send_json(&mut ws, json!({"type": "input_audio_buffer.commit"})).await;
-    loop {
-        let t = recv_text(&mut ws).await;
-        if kind(&t) == "conversation.item.input_audio_transcription.completed" {
-            break;
-        }
-    }
-    ws.close(None).await.unwrap();
-    let label = format!("model=\"{WHISPER}\"");
-    let cost = || metric(gw.admin_addr, "patchbay_cost_usd_total", &label);
-    for _ in 0..100 {
-        if cost().await > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let cost = transcribe_and_close(&mut ws, gw.admin_addr).await;
     // 30 s at $0.017 per minute.
-    assert!((cost().await - 0.0085).abs() < 1e-9, "{}", cost().await);
+    assert!((cost - 0.0085).abs() < 1e-9, "{cost}");
     drop(gw);
 
     // Without a route for the intent, the refusal says what to configure.
@@ -321,23 +328,8 @@ async fn a_transcription_client_secret_mints_checked_and_connects_to_the_intent_
         Some(WHISPER),
         "the minted config was applied"
     );
-    send_json(&mut ws, json!({"type": "input_audio_buffer.commit"})).await;
-    loop {
-        let t = recv_text(&mut ws).await;
-        if kind(&t) == "conversation.item.input_audio_transcription.completed" {
-            break;
-        }
-    }
-    ws.close(None).await.unwrap();
-    let label = format!("model=\"{WHISPER}\"");
-    let cost = || metric(gw.admin_addr, "patchbay_cost_usd_total", &label);
-    for _ in 0..100 {
-        if cost().await > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!((cost().await - 0.017).abs() < 1e-9, "{}", cost().await);
+    let cost = transcribe_and_close(&mut ws, gw.admin_addr).await;
+    assert!((cost - 0.017).abs() < 1e-9, "{cost}");
 
     // The key loses the model after minting: the secret is refused at
     // connect, before the config reaches the upstream.
