@@ -155,6 +155,7 @@ pub fn row_of(text: &[u8], session_id: &str, n: u64) -> Option<String> {
         client_secret_id: None,
         transport: "websocket".into(),
         call_id: None,
+        live_session_id: None,
         team: None,
         model: "gpt-realtime".into(),
         upstream_model: "gpt-realtime".into(),
@@ -184,6 +185,7 @@ pub fn row_of(text: &[u8], session_id: &str, n: u64) -> Option<String> {
         cost_usd: 0.0,
         usage_unknown: usage.is_none(),
         usage_implausible: false,
+        usage_estimated: false,
         end_reason: "completed".into(),
     };
     let mut line = row.to_json_line();

@@ -37,7 +37,8 @@ impl Intent {
 }
 
 // Which OpenAI endpoint a route serves: `realtime` (`/v1/realtime`: conversations, transcription
-// sessions) or `translations` (`/v1/realtime/translations`: `gpt-realtime-translate`).
+// sessions), `translations` (`/v1/realtime/translations`: `gpt-realtime-translate`) or `live`
+// (`/v1/live/sessions`: GPT-Live, `gpt-live-1`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
@@ -45,6 +46,27 @@ pub enum Endpoint {
     #[default]
     Realtime,
     Translations,
+    Live,
+}
+
+impl Endpoint {
+    /// The path OpenAI serves it at (an upstream URL's path ends so).
+    pub fn openai_path(self) -> &'static str {
+        match self {
+            Endpoint::Realtime => "/v1/realtime",
+            Endpoint::Translations => "/v1/realtime/translations",
+            Endpoint::Live => "/v1/live/sessions",
+        }
+    }
+
+    /// Its value in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Realtime => "realtime",
+            Endpoint::Translations => "translations",
+            Endpoint::Live => "live",
+        }
+    }
 }
 
 // The Realtime API's event names: the GA ones, or the beta ones (`OpenAI-Beta: realtime=v1`).

@@ -7,34 +7,62 @@
 
 use std::path::Path;
 
-use patchbay_config::{Endpoint, RouteConfig};
+use patchbay_config::{Endpoint, Protocol, RouteConfig};
 
 /// The key at fault and what is wrong.
 pub type Fault = (String, String);
 
+/// The endpoint an upstream URL's path is: translations and Live by their
+/// own paths, any other a Realtime one.
+fn endpoint_of_path(path: &str) -> Endpoint {
+    if path.ends_with("/realtime/translations") {
+        Endpoint::Translations
+    } else if path.ends_with("/live/sessions") {
+        Endpoint::Live
+    } else {
+        Endpoint::Realtime
+    }
+}
+
 /// A translations route (`endpoint = "translations"`) dials OpenAI's
-/// translation endpoint and takes no intent; any other route dials a
-/// Realtime URL.
+/// translation endpoint, a Live route (`endpoint = "live"`) OpenAI's Live
+/// sessions; neither takes an intent, and a Live route speaks no beta.
+/// Any other route dials a Realtime URL.
 pub fn endpoint_fits<K: Clone>(route: &RouteConfig<K>, i: usize) -> Result<(), Fault> {
-    let translations = route.endpoint == Endpoint::Translations;
-    if translations && route.intent.is_some() {
+    let endpoint = route.endpoint;
+    if endpoint != Endpoint::Realtime && route.intent.is_some() {
         return Err((
             format!("routes[{i}].intent"),
-            "a translations route takes no intent".into(),
+            format!("a {} route takes no intent", endpoint.as_str()),
+        ));
+    }
+    if endpoint == Endpoint::Live && route.protocol != Protocol::Ga {
+        return Err((
+            format!("routes[{i}].protocol"),
+            "GPT-Live has no beta protocol: leave protocol out on a live route".into(),
         ));
     }
     for u in route.upstream_list().iter() {
         let path = url::Url::parse(&u.upstream_url)
             .map(|url| url.path().trim_end_matches('/').to_string())
             .unwrap_or_default();
-        let on_translations = path.ends_with("/realtime/translations");
-        if translations != on_translations {
-            let message = if translations {
-                "a route with endpoint = \"translations\" dials OpenAI's translation endpoint (wss://api.openai.com/v1/realtime/translations)"
+        let dials = endpoint_of_path(&path);
+        if dials != endpoint {
+            let message = if endpoint == Endpoint::Realtime {
+                format!(
+                    "this URL is OpenAI's {} endpoint: set endpoint = \"{}\" on the route",
+                    dials.as_str(),
+                    dials.as_str()
+                )
             } else {
-                "this URL is a translation endpoint: set endpoint = \"translations\" on the route"
+                format!(
+                    "a route with endpoint = \"{}\" dials OpenAI's {} endpoint (wss://api.openai.com{})",
+                    endpoint.as_str(),
+                    endpoint.as_str(),
+                    endpoint.openai_path()
+                )
             };
-            return Err((format!("routes[{i}].upstream_url"), message.into()));
+            return Err((format!("routes[{i}].upstream_url"), message));
         }
     }
     Ok(())
@@ -77,7 +105,7 @@ mod tests {
         assert!(endpoint_fits(&route(Endpoint::Realtime, r), 0).is_ok());
         let (key, why) = endpoint_fits(&route(Endpoint::Translations, r), 2).unwrap_err();
         assert_eq!(key, "routes[2].upstream_url");
-        assert!(why.contains("translation endpoint"), "{why}");
+        assert!(why.contains("translations endpoint"), "{why}");
         let (_, why) = endpoint_fits(&route(Endpoint::Realtime, t), 0).unwrap_err();
         assert!(why.contains("endpoint = \"translations\""), "{why}");
         let mut with_intent = route(Endpoint::Translations, t);
@@ -86,5 +114,20 @@ mod tests {
             endpoint_fits(&with_intent, 1).unwrap_err().0,
             "routes[1].intent"
         );
+    }
+
+    #[test]
+    fn a_live_route_dials_live_sessions_and_speaks_no_beta() {
+        let l = "wss://api.openai.com/v1/live/sessions";
+        let r = "wss://api.openai.com/v1/realtime";
+        assert!(endpoint_fits(&route(Endpoint::Live, l), 0).is_ok());
+        let (key, why) = endpoint_fits(&route(Endpoint::Live, r), 1).unwrap_err();
+        assert_eq!(key, "routes[1].upstream_url");
+        assert!(why.contains("/v1/live/sessions"), "{why}");
+        let (_, why) = endpoint_fits(&route(Endpoint::Realtime, l), 0).unwrap_err();
+        assert!(why.contains("endpoint = \"live\""), "{why}");
+        let mut beta = route(Endpoint::Live, l);
+        beta.protocol = Protocol::Beta;
+        assert_eq!(endpoint_fits(&beta, 0).unwrap_err().0, "routes[0].protocol");
     }
 }

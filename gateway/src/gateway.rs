@@ -122,7 +122,12 @@ impl Route {
         self.rebalance();
     }
 
+    /// Warm sockets the route keeps: none for a Live route, whose socket
+    /// is of no use before `session.start` names the model and config.
     pub fn pool_size(&self) -> usize {
+        if self.config.endpoint == crate::config::Endpoint::Live {
+            return 0;
+        }
         self.pool_size.load(Ordering::Acquire)
     }
 
@@ -277,7 +282,12 @@ impl Gateway {
                 };
                 let list = r.upstream_list().into_owned();
                 let several = list.len() > 1;
-                let shares = initial_shares(&list, pool_size);
+                let pooled = if r.endpoint == crate::config::Endpoint::Live {
+                    0
+                } else {
+                    pool_size
+                };
+                let shares = initial_shares(&list, pooled);
                 let upstreams = list
                     .into_iter()
                     .zip(shares)

@@ -28,6 +28,7 @@ pub mod http_error;
 pub mod ids;
 pub mod lane;
 pub mod linger;
+pub mod live;
 pub mod logging;
 pub mod logs;
 pub mod metering;

@@ -7,8 +7,8 @@
 //!   stderr, so stdout carries nothing else);
 //! - the Redis stream `{prefix}request_logs`, when Redis is configured: one
 //!   flat stream field per row field, every value a string (`ttft_ms`,
-//!   `team`, `client_secret_id` and `call_id` are empty when absent, `usage_unknown` and
-//!   `usage_implausible` are `true`/`false`). The
+//!   `team`, `client_secret_id`, `call_id` and `live_session_id` are empty when absent,
+//!   `usage_unknown`, `usage_implausible` and `usage_estimated` are `true`/`false`). The
 //!   stream write rides in the meter's flush round trip
 //!   ([`crate::store::Store::flush`]), and waits in the outbox
 //!   ([`crate::metering::outbox`]) while the store fails.
@@ -49,13 +49,14 @@ pub const LINGER: Duration = Duration::from_millis(100);
 pub const LINGER_BYTES: usize = 256 * 1024;
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 32] = [
+pub const FIELDS: [&str; 34] = [
     "request_id",
     "session_id",
     "key_id",
     "client_secret_id",
     "transport",
     "call_id",
+    "live_session_id",
     "team",
     "model",
     "upstream_model",
@@ -81,6 +82,7 @@ pub const FIELDS: [&str; 32] = [
     "cost_usd",
     "usage_unknown",
     "usage_implausible",
+    "usage_estimated",
     "end_reason",
 ];
 
@@ -117,6 +119,8 @@ pub struct RequestLogRow {
     pub transport: String,
     /// The call a WebRTC or SIP row belongs to (metered over its sideband).
     pub call_id: Option<String>,
+    /// The Live session a Live row belongs to (its id upstream).
+    pub live_session_id: Option<String>,
     pub team: Option<String>,
     pub model: String,
     pub upstream_model: String,
@@ -154,6 +158,10 @@ pub struct RequestLogRow {
     /// ([`crate::metering::pricing::charge`]): the token counts are as
     /// reported, `cost_usd` is capped.
     pub usage_implausible: bool,
+    /// The session's last figure never came (a Live session closed without
+    /// `session.closed`): `audio_seconds` is the last figure seen plus the
+    /// time since it ([`crate::metering::live`]).
+    pub usage_estimated: bool,
     pub end_reason: String,
 }
 
@@ -171,6 +179,7 @@ impl RequestLogRow {
         w.field("client_secret_id", &self.client_secret_id);
         w.field("transport", &self.transport);
         w.field("call_id", &self.call_id);
+        w.field("live_session_id", &self.live_session_id);
         w.field("team", &self.team);
         w.field("model", &self.model);
         w.field("upstream_model", &self.upstream_model);
@@ -196,6 +205,7 @@ impl RequestLogRow {
         w.field("cost_usd", &self.cost_usd);
         w.field("usage_unknown", &self.usage_unknown);
         w.field("usage_implausible", &self.usage_implausible);
+        w.field("usage_estimated", &self.usage_estimated);
         w.field("end_reason", &self.end_reason);
         out.push(b'}');
         // serde_json writes UTF-8 only.
@@ -209,6 +219,7 @@ impl RequestLogRow {
             + self.key_id.len()
             + self.team.as_ref().map_or(0, String::len)
             + self.call_id.as_ref().map_or(0, String::len)
+            + self.live_session_id.as_ref().map_or(0, String::len)
             + self.model.len()
             + self.upstream_model.len()
             + self.provider.len()
@@ -230,6 +241,10 @@ impl RequestLogRow {
             ),
             ("transport", self.transport.clone()),
             ("call_id", self.call_id.clone().unwrap_or_default()),
+            (
+                "live_session_id",
+                self.live_session_id.clone().unwrap_or_default(),
+            ),
             ("team", self.team.clone().unwrap_or_default()),
             ("model", self.model.clone()),
             ("upstream_model", self.upstream_model.clone()),
@@ -265,6 +280,7 @@ impl RequestLogRow {
             ("cost_usd", self.cost_usd.to_string()),
             ("usage_unknown", self.usage_unknown.to_string()),
             ("usage_implausible", self.usage_implausible.to_string()),
+            ("usage_estimated", self.usage_estimated.to_string()),
             ("end_reason", self.end_reason.clone()),
         ]
     }
@@ -530,6 +546,7 @@ mod tests {
             client_secret_id: None,
             transport: "websocket".into(),
             call_id: None,
+            live_session_id: None,
             team: Some("support".into()),
             model: "gpt-realtime".into(),
             upstream_model: "gpt-realtime-2025-08-28".into(),
@@ -555,6 +572,7 @@ mod tests {
             cost_usd: 0.0065,
             usage_unknown: false,
             usage_implausible: false,
+            usage_estimated: false,
             end_reason: "completed".into(),
         }
     }

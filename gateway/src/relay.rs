@@ -144,6 +144,11 @@ pub trait Tap {
     fn responses_in_flight(&self) -> Vec<Option<String>> {
         Vec::new()
     }
+    /// The event that asks the upstream to finish one of
+    /// [`Tap::responses_in_flight`] (a `response.cancel` by default).
+    fn cancel_text(&self, response_id: Option<&str>) -> String {
+        cancel_event(response_id)
+    }
     /// Called once, when the session starts ending and before anything is
     /// cancelled: the `response.done` events that follow answer the
     /// teardown's cancels.
@@ -929,8 +934,10 @@ pub(crate) async fn cancel_in_flight<L: EventLeg, T: Tap>(leg: &mut L, tap: &mut
                 .filter(|id| !cancelled.contains(id))
                 .collect();
             if !fresh.is_empty() {
-                let events: Vec<String> =
-                    fresh.iter().map(|id| cancel_event(id.as_deref())).collect();
+                let events: Vec<String> = fresh
+                    .iter()
+                    .map(|id| tap.cancel_text(id.as_deref()))
+                    .collect();
                 if !leg.send_texts(&events).await {
                     return;
                 }

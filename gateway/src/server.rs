@@ -68,6 +68,7 @@ use crate::config::{Endpoint, Protocol};
 use crate::descriptors;
 use crate::gateway::Gateway;
 use crate::http_error::{count_refusal, refusal_parts, refusal_response};
+use crate::live::LivePending;
 use crate::session::{ClientStart, Session};
 
 type Body = Full<Bytes>;
@@ -429,9 +430,25 @@ fn is_websocket_upgrade(method: &Method, headers: &HeaderMap) -> bool {
 /// An upgrade that passed every check: its session, ready to run, and what
 /// its `101` says.
 struct Accepted {
-    session: Session,
+    session: Upgrade,
     accept: String,
     wants_realtime: bool,
+}
+
+/// What runs after an accepted upgrade's `101`.
+enum Upgrade {
+    Session(Box<Session>),
+    /// A Live session, admitted once its `session.start` is read.
+    Live(LivePending),
+}
+
+impl Upgrade {
+    fn run(self, start: ClientStart) -> impl Future<Output = ()> {
+        match self {
+            Upgrade::Session(s) => futures_util::future::Either::Left((*s).run(start)),
+            Upgrade::Live(l) => futures_util::future::Either::Right(l.run(start)),
+        }
+    }
 }
 
 impl Accepted {
@@ -647,6 +664,38 @@ async fn admit_upgrade(
     let wants_realtime = presented.wants_realtime_subprotocol;
     let speaks_beta = presented.speaks_beta;
     drop(presented);
+    let accept = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| derive_accept_key(k.as_bytes()))
+        .unwrap_or_default();
+    let bare_path = refused.path.split('?').next().unwrap_or_default();
+    if crate::session::LIVE_PATHS.contains(&bare_path) {
+        // The model and the admission come with `session.start`
+        // ([`crate::live`]).
+        if grant.is_some() {
+            refused.key_id = Some(key.id);
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                "client_secret_not_accepted",
+                "OpenAI's Live API takes no client secrets: connect a Live session with an API key",
+            ));
+        }
+        let pending = LivePending {
+            gateway: gw.clone(),
+            key,
+            started,
+            origin: Box::new(Origin {
+                path: std::mem::take(&mut refused.path),
+                client: refused.client,
+            }),
+        };
+        return Ok(Accepted {
+            session: Upgrade::Live(pending),
+            accept,
+            wants_realtime,
+        });
+    }
     let mut params = crate::upstream::dial::session_params(query);
     let model_name = requested_model.or_else(|| grant.as_ref().map(|g| g.model.clone()));
     let route = match &model_name {
@@ -684,10 +733,6 @@ async fn admit_upgrade(
         }
     };
 
-    let accept = headers
-        .get(header::SEC_WEBSOCKET_KEY)
-        .map(|k| derive_accept_key(k.as_bytes()))
-        .unwrap_or_default();
     let session = Session {
         id: session_id,
         gateway: gw.clone(),
@@ -701,9 +746,10 @@ async fn admit_upgrade(
             path: std::mem::take(&mut refused.path),
             client: refused.client,
         }),
+        live_start: None,
     };
     Ok(Accepted {
-        session,
+        session: Upgrade::Session(Box::new(session)),
         accept,
         wants_realtime,
     })

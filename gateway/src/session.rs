@@ -42,6 +42,7 @@ use crate::config::Endpoint;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
 use crate::metering::client_models::{ModelPolicy, SessionTap};
+use crate::metering::live::LiveUsage;
 use crate::metering::translation::{AudioCounters, TranslationAudio};
 use crate::metering::{EndReason, InlineMeter, SessionMeta};
 use crate::metrics::{model, FailoverLabels};
@@ -61,9 +62,15 @@ pub const TRANSLATION_PATHS: [&str; 2] = [
     "/openai/v1/realtime/translations",
 ];
 
-/// Whether `path` takes session upgrades (Realtime or translation).
+/// Paths a GPT-Live client's primary WebSocket may use (openai-python
+/// `resources/live/live.py`, `_prepare_url`: `…/live/sessions`).
+pub const LIVE_PATHS: [&str; 2] = ["/v1/live/sessions", "/openai/v1/live/sessions"];
+
+/// Whether `path` takes session upgrades (Realtime, translation or Live).
 pub fn is_session_path(path: &str) -> bool {
-    REALTIME_PATHS.contains(&path) || TRANSLATION_PATHS.contains(&path)
+    REALTIME_PATHS.contains(&path)
+        || TRANSLATION_PATHS.contains(&path)
+        || LIVE_PATHS.contains(&path)
 }
 
 /// Client frames held while the upstream is dialled; past either bound the
@@ -73,7 +80,7 @@ pub fn is_session_path(path: &str) -> bool {
 const MAX_PENDING_FRAMES: usize = 64;
 const MAX_PENDING_BYTES: usize = 1 << 20;
 
-type ClientSocket = Leg<ClientIo>;
+pub(crate) type ClientSocket = Leg<ClientIo>;
 
 /// How a session gets its client socket.
 pub enum ClientStart {
@@ -88,6 +95,45 @@ pub enum ClientStart {
         already_read: Bytes,
         response: Bytes,
     },
+    /// Already upgraded (a Live session, whose first frame was read before
+    /// its admission: [`crate::live`]).
+    Open(Box<ClientSocket>),
+}
+
+/// The client's socket once its upgrade is complete; `None` when the
+/// upgrade failed or timed out.
+pub(crate) async fn open_client(gw: &Gateway, start: ClientStart) -> Option<ClientSocket> {
+    let max_message_bytes = gw.config.relay.max_message_bytes;
+    match start {
+        ClientStart::Hyper(on_upgrade) => {
+            let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
+            match tokio::time::timeout(timeout, on_upgrade).await {
+                Ok(Ok(u)) => Some(Leg::new(
+                    Either::Right(TokioIo::new(u)),
+                    &[],
+                    Side::Server,
+                    max_message_bytes,
+                )),
+                _ => None,
+            }
+        }
+        ClientStart::Raw {
+            tcp,
+            already_read,
+            response,
+        } => {
+            let mut leg = Leg::new(
+                Either::Left(tcp),
+                &already_read,
+                Side::Server,
+                max_message_bytes,
+            );
+            // Before any frame: the leg writes its queue in order.
+            leg.queue(response);
+            Some(leg)
+        }
+        ClientStart::Open(leg) => Some(*leg),
+    }
 }
 
 /// Client frames held until the upstream is ready, and their size.
@@ -108,7 +154,12 @@ enum Hold<T> {
 /// Ends a session that never started: the `error` event, the close, and the
 /// client's close reply read (so the close is not lost to a reset), all
 /// within [`relay::CLOSE_GRACE`].
-async fn end_before_session(client: &mut ClientSocket, event: String, code: u16, reason: &str) {
+pub(crate) async fn end_before_session(
+    client: &mut ClientSocket,
+    event: String,
+    code: u16,
+    reason: &str,
+) {
     let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
         client.queue_text(&event);
         client.close(Some(relay::close(code, reason)), |_| {}).await;
@@ -118,14 +169,14 @@ async fn end_before_session(client: &mut ClientSocket, event: String, code: u16,
 
 /// Answers a client that left before its session started (its close, or
 /// nothing if the connection is gone), within [`relay::CLOSE_GRACE`].
-async fn client_left(client: &mut ClientSocket) {
+pub(crate) async fn client_left(client: &mut ClientSocket) {
     let _ = tokio::time::timeout(relay::CLOSE_GRACE, client.close(None, |_| {})).await;
 }
 
 /// Closes a client 1001 because the gateway is shutting down before its
 /// session started, within [`relay::CLOSE_GRACE`] (a client that stopped
 /// reading must not hold the drain).
-async fn going_away(client: &mut ClientSocket) {
+pub(crate) async fn going_away(client: &mut ClientSocket) {
     let frame = relay::close(relay::code::GOING_AWAY, "server shutting down");
     client.queue_close(Some(frame));
     let _ = tokio::time::timeout(relay::CLOSE_GRACE, client.flush()).await;
@@ -133,7 +184,7 @@ async fn going_away(client: &mut ClientSocket) {
 
 /// The client's next data frame, its pings answered meanwhile; `None` when
 /// it closed, broke the protocol or left.
-async fn next_client_data(client: &mut ClientSocket) -> Option<RawFrame> {
+pub(crate) async fn next_client_data(client: &mut ClientSocket) -> Option<RawFrame> {
     loop {
         let next = std::future::poll_fn(|cx| {
             // Pongs leave while the client is read; a failed write shows
@@ -200,6 +251,10 @@ pub struct Session {
     /// Its path and client, for the access line at its end (boxed: the
     /// session's future stays small).
     pub origin: Box<crate::access::Origin>,
+    /// A Live session's `session.start` as the client sent it (parsed),
+    /// sent upstream by the dial with the upstream's model; such a session
+    /// takes no pooled socket.
+    pub live_start: Option<Box<serde_json::Value>>,
 }
 
 /// What the set-up hands the splice: the client, the upstream chosen (its
@@ -250,16 +305,25 @@ impl Session {
             ),
         };
         let upstream = &route.upstreams[chosen];
+        // A Live session is metered by the cumulative seconds its upstream
+        // reports, from its `session.started` on.
+        let live = (route.config.endpoint == Endpoint::Live)
+            .then(|| Arc::new(LiveUsage::new(std::time::Instant::now())));
         let meta = SessionMeta::new(self.id.clone(), &self.key, &route.config)
             .on_upstream(&upstream.config, &route.config)
-            .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()));
+            .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()))
+            .for_live_session(
+                live.as_ref()
+                    .and_then(|_| crate::metering::live::started_id(&warm.session_created)),
+            );
         let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
         // A translation session is metered by the audio it carries.
         let audio = (route.config.endpoint == Endpoint::Translations)
             .then(|| Arc::new(AudioCounters::default()));
-        let meter = match &audio {
-            Some(counters) => meter.measuring_audio(counters.clone()),
-            None => meter,
+        let meter = match (&audio, &live) {
+            (Some(counters), _) => meter.measuring_audio(counters.clone()),
+            (None, Some(usage)) => meter.measuring_live(usage.clone()),
+            (None, None) => meter,
         };
         let mut meter = InlineMeter::new(meter);
         // Taken: the text is not needed past this, and the session's
@@ -293,6 +357,9 @@ impl Session {
         if let Some(counters) = audio {
             tap.measure(TranslationAudio::new(counters));
         }
+        if let Some(usage) = &live {
+            tap.measure_live(usage.clone());
+        }
         let spliced = {
             let splice = pin!(relay::splice(
                 client,
@@ -304,7 +371,12 @@ impl Session {
             ));
             meter.beside(splice).await
         };
-        tracker.finish(EndReason::from_end(&spliced.end));
+        let reason = EndReason::from_end(&spliced.end);
+        if let Some(usage) = &live {
+            // Before the tracker finishes: the meter's last row carries it.
+            usage.ended(reason.status(), reason.as_str());
+        }
+        tracker.finish(reason);
         meter.finish(&gw.tasks);
         if spliced.end == relay::End::ClientGone {
             gw.metrics
@@ -326,38 +398,9 @@ impl Session {
     /// config. `None` when the session ended here (closed and logged).
     async fn set_up(&self, start: ClientStart) -> Option<Ready> {
         let gw = self.gateway.clone();
-        let max_message_bytes = gw.config.relay.max_message_bytes;
-        let mut client = match start {
-            ClientStart::Hyper(on_upgrade) => {
-                let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
-                match tokio::time::timeout(timeout, on_upgrade).await {
-                    Ok(Ok(u)) => Leg::new(
-                        Either::Right(TokioIo::new(u)),
-                        &[],
-                        Side::Server,
-                        max_message_bytes,
-                    ),
-                    _ => {
-                        self.log_end("upgrade_failed", None, None, None);
-                        return None;
-                    }
-                }
-            }
-            ClientStart::Raw {
-                tcp,
-                already_read,
-                response,
-            } => {
-                let mut leg = Leg::new(
-                    Either::Left(tcp),
-                    &already_read,
-                    Side::Server,
-                    max_message_bytes,
-                );
-                // Before any frame: the leg writes its queue in order.
-                leg.queue(response);
-                leg
-            }
+        let Some(mut client) = open_client(&gw, start).await else {
+            self.log_end("upgrade_failed", None, None, None);
+            return None;
         };
 
         let mut held = Held::default();
@@ -395,7 +438,7 @@ impl Session {
                     })
                     .inc();
             }
-            let pooled = if self.params.is_empty() {
+            let pooled = if self.params.is_empty() && self.live_start.is_none() {
                 up.pool.take().ok()
             } else {
                 None
@@ -404,7 +447,20 @@ impl Session {
                 Some(w) => Ok(w),
                 None => {
                     let dial_started = Instant::now();
-                    let dial = pin!(up.upstream.dial_with(&self.params));
+                    let dial = pin!(async {
+                        match &self.live_start {
+                            Some(start) => {
+                                let model = up.config.upstream_model(&route.config);
+                                match crate::metering::live::with_model(start, model) {
+                                    Some(text) => up.upstream.dial_live(&text).await,
+                                    None => Err(DialError::Handshake {
+                                        message: "session.start has no session object".into(),
+                                    }),
+                                }
+                            }
+                            None => up.upstream.dial_with(&self.params).await,
+                        }
+                    });
                     let result =
                         match hold_client_while(&mut client, dial, &mut held, &shutdown).await {
                             Hold::Done(r) => r,
@@ -828,6 +884,7 @@ mod tests {
             params: Vec::new(),
             started: Instant::now(),
             origin: Box::default(),
+            live_start: None,
         };
         let mut request = http::Request::new(());
         let run = session.run(ClientStart::Hyper(hyper::upgrade::on(&mut request)));

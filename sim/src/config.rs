@@ -81,6 +81,42 @@ impl TranscriptionUsage {
     }
 }
 
+/// What goes wrong with a Live session's usage reports (openai-python
+/// `types/live/session_usage.py`: cumulative, "Do not sum values across
+/// usage events"; `session_closed_event.py`: "A connection closing without
+/// this event does not confirm successful finalization").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveFault {
+    /// Every other `session.usage.updated` is never sent.
+    UsageLost,
+    /// Every `session.usage.updated` is sent twice.
+    UsageRepeated,
+    /// Reports go out in pairs, the newer figure first.
+    UsageReordered,
+    /// `session.close` closes the socket without `session.closed`.
+    NoClosed,
+}
+
+/// How a simulated Live session reports its usage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveSim {
+    /// Real time between `session.usage.updated` events.
+    pub usage_interval: Duration,
+    /// Billed seconds per real second (1.0: real time).
+    pub time_scale: f64,
+    pub fault: Option<LiveFault>,
+}
+
+impl Default for LiveSim {
+    fn default() -> Self {
+        Self {
+            usage_interval: Duration::from_secs(1),
+            time_scale: 1.0,
+            fault: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Accepted upstream keys; empty accepts any non-empty key.
@@ -114,6 +150,8 @@ pub struct SimConfig {
     pub stamp_frames: bool,
     /// What each input-audio transcription's usage reports.
     pub transcription_usage: TranscriptionUsage,
+    /// How Live sessions report usage.
+    pub live: LiveSim,
 }
 
 impl Default for SimConfig {
@@ -135,6 +173,7 @@ impl Default for SimConfig {
             accept_answer_delay: Duration::ZERO,
             stamp_frames: false,
             transcription_usage: TranscriptionUsage::Tokens,
+            live: LiveSim::default(),
         }
     }
 }

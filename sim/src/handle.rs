@@ -49,6 +49,11 @@ pub struct SimStats {
     /// Decoded audio bytes translation sessions sent
     /// (`session.output_audio.delta`).
     pub translation_output_bytes: AtomicU64,
+    /// Live sessions started (`session.started` sent).
+    pub live_sessions: AtomicU64,
+    /// The final cumulative billed seconds of every Live session that
+    /// ended: what the simulated upstream bills.
+    pub live_seconds: AtomicU64,
 }
 
 #[derive(Debug, Clone)]

@@ -32,6 +32,9 @@
 //! (the close is answered, nothing more is sent), a cancel as above, and
 //! other events wait until the response is done, in order.
 //!
+//! GPT-Live sessions (`GET /v1/live/sessions`, cumulative usage by the
+//! second) are in [`live`].
+//!
 //! Calls (WebRTC and SIP, `POST /v1/realtime/calls…` and the `?call_id=`
 //! sideband) are in [`calls_api`].
 //!
@@ -49,6 +52,7 @@ mod calls_api;
 pub mod cli;
 mod config;
 mod handle;
+mod live;
 mod offer;
 mod realtime;
 mod server;
@@ -60,10 +64,11 @@ mod wire;
 pub use calls::{CallAction, CallKind, CreatedCall, SimCalls};
 pub use calls_api::answer_for;
 pub use config::{
-    SimConfig, SimFault, TranscriptionUsage, AUDIO_TOKENS_PER_DELTA, TEXT_OUTPUT_TOKENS,
-    TRANSCRIPTION_MODEL,
+    LiveFault, LiveSim, SimConfig, SimFault, TranscriptionUsage, AUDIO_TOKENS_PER_DELTA,
+    TEXT_OUTPUT_TOKENS, TRANSCRIPTION_MODEL,
 };
 pub use handle::{SimHandle, SimStats};
+pub use live::LIVE_PATH_SUFFIX;
 pub use realtime::{usage_for, usage_max};
 pub use server::start;
 pub use translation::TRANSLATION_BYTES_PER_SEC;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{SimConfig, TRANSCRIPTION_MODEL};
 use crate::handle::SimHandle;
+use crate::live::Live;
 use crate::realtime::Session;
 use crate::translation::Translation;
 use crate::upgrade::UpgradeCheck;
@@ -84,6 +85,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     let mut beta = false;
     let mut transcription = false;
     let mut translation = None;
+    let mut live = false;
     let mut call = None;
     let mut slot = false;
     let check = UpgradeCheck {
@@ -92,6 +94,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         beta: &mut beta,
         transcription: &mut transcription,
         translation: &mut translation,
+        live: &mut live,
         call: &mut call,
         slot: &mut slot,
     };
@@ -104,6 +107,14 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         Ok(ws) => {
             handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
             handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
+            if live {
+                Live::new(config, handle.clone()).run(ws).await;
+                handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
+                if slot {
+                    handle.stats.limited.fetch_sub(1, Ordering::Relaxed);
+                }
+                return;
+            }
             if let Some(model) = translation {
                 Translation::new(config, handle.clone(), model)
                     .run(ws)

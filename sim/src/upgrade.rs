@@ -24,6 +24,8 @@ pub(crate) struct UpgradeCheck<'a> {
     pub(crate) transcription: &'a mut bool,
     /// A translation session (`…/realtime/translations`) and its model.
     pub(crate) translation: &'a mut Option<String>,
+    /// A Live session's primary WebSocket (`…/live/sessions`).
+    pub(crate) live: &'a mut bool,
     /// The call a sideband (`?call_id=`) attached to.
     pub(crate) call: &'a mut Option<(String, CancellationToken)>,
     /// Set when the upgrade took a [`SimFault::SessionLimit`] slot.
@@ -79,7 +81,13 @@ impl Callback for UpgradeCheck<'_> {
         // model (SDK: `resources/realtime/translations/translations.py`,
         // `connect(model=…)`: "The WebSocket URL requires a `model` query
         // parameter").
-        if req.uri().path().ends_with("/realtime/translations") {
+        // A Live session names its model in `session.start`, never in the
+        // URL (SDK: `types/live/session_resource.py`, `model`).
+        let live = req.uri().path().ends_with(crate::live::LIVE_PATH_SUFFIX);
+        *self.live = live;
+        if live {
+            // Nothing in the URL to check.
+        } else if req.uri().path().ends_with("/realtime/translations") {
             let Some(model) = model else {
                 return Err(refusal(400, "Missing required parameter: 'model'."));
             };
@@ -91,7 +99,7 @@ impl Callback for UpgradeCheck<'_> {
                 "Invalid URL: no WebSocket endpoint here.",
             ));
         }
-        if !names_what {
+        if !names_what && !live {
             return Err(refusal(400, "Missing required parameter: 'model'."));
         }
         if self.stats.refusing.load(Ordering::Relaxed) {

@@ -45,6 +45,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use super::live::{LiveUsage, CLOSE_EVENT as LIVE_CLOSE_EVENT};
 use super::pricing;
 use super::tracker::{TurnTracker, OUTCOME_MODEL_REFUSED};
 use super::translation::TranslationAudio;
@@ -119,6 +120,9 @@ impl Refused {
                 "message": self.message,
                 "param": self.param,
                 "event_id": self.event_id,
+                // The name Live's errors give it (openai-python
+                // `types/live/error.py`).
+                "client_event_id": self.event_id,
             }
         })
         .to_string()
@@ -297,6 +301,18 @@ fn without_session_model(text: &[u8]) -> Option<String> {
 }
 
 /// The `event_id` of a message that could not be read as an update.
+/// A Live client's `session.start` (`types/live/session_start_event.py`).
+const LIVE_START: &[u8] = b"session.start";
+
+/// Whether a whole client message is a `session.start`, its type anywhere.
+fn is_live_start(text: &[u8]) -> bool {
+    match leading_event_type_bytes(text) {
+        Some(kind) => kind == LIVE_START,
+        None => serde_json::from_slice::<TypeOnly>(text)
+            .is_ok_and(|t| t.kind.as_deref() == Some("session.start")),
+    }
+}
+
 fn event_id_of(text: &[u8]) -> Option<String> {
     #[derive(Deserialize)]
     struct Id {
@@ -332,6 +348,8 @@ pub struct SessionTap<'a> {
     end: Option<oneshot::Sender<Kill>>,
     /// A translation session's audio, measured as it passes.
     audio: Option<Box<TranslationAudio>>,
+    /// A Live session's cumulative usage, kept as it passes.
+    live: Option<Arc<LiveUsage>>,
 }
 
 impl<'a> SessionTap<'a> {
@@ -356,7 +374,15 @@ impl<'a> SessionTap<'a> {
             peeked_update: false,
             end: Some(end),
             audio: None,
+            live: None,
         }
+    }
+
+    /// Also keeps a Live session's usage figures; the teardown asks a Live
+    /// upstream to close (`session.close`) and waits (bounded) for
+    /// `session.closed`, which carries the final figure.
+    pub fn measure_live(&mut self, usage: Arc<LiveUsage>) {
+        self.live = Some(usage);
     }
 
     /// Also measures a translation session's audio.
@@ -434,10 +460,24 @@ impl Tap for SessionTap<'_> {
         if let Some(a) = &self.audio {
             a.on_upstream(text);
         }
+        if let Some(l) = &self.live {
+            l.on_upstream(text);
+        }
         self.after_upstream();
     }
     fn responses_in_flight(&self) -> Vec<Option<String>> {
-        self.tracker.responses_in_flight()
+        match &self.live {
+            // A Live session is "in flight" until its `session.closed`.
+            Some(l) if l.closed() => Vec::new(),
+            Some(_) => vec![None],
+            None => self.tracker.responses_in_flight(),
+        }
+    }
+    fn cancel_text(&self, response_id: Option<&str>) -> String {
+        match &self.live {
+            Some(_) => LIVE_CLOSE_EVENT.to_string(),
+            None => crate::relay::cancel_event(response_id),
+        }
     }
     fn ending(&mut self, end: &End) {
         self.tracker.ending(end)
@@ -449,6 +489,9 @@ impl Tap for SessionTap<'_> {
         // The type is read once per frame, for every check below.
         let kind = leading_event_type_bytes(leading);
         self.peeked_update = kind.is_some_and(|t| UPDATES.contains(&t));
+        if self.live.is_some() && kind == Some(LIVE_START) {
+            return Peek::Whole;
+        }
         let audio = self
             .audio
             .as_ref()
@@ -460,6 +503,15 @@ impl Tap for SessionTap<'_> {
         }
     }
     fn on_client_text(&mut self, text: &[u8]) -> Verdict {
+        if self.live.is_some() && is_live_start(text) {
+            // The session started with the model it was admitted for.
+            return Verdict::Refuse(self.refused(&Refused {
+                code: "session_already_started",
+                param: None,
+                message: "this Live session has already started; a second session.start was not forwarded".into(),
+                event_id: event_id_of(text),
+            }));
+        }
         if let Some(Err(message)) = self.audio.as_ref().map(|a| a.on_client_text(text)) {
             return Verdict::Refuse(self.refused(&Refused {
                 code: "invalid_event",

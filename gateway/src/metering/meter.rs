@@ -60,6 +60,7 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use tokio_util::task::TaskTracker;
 
 use super::budgets::{applicable_budgets, budget_message};
+use super::live::{LiveUsage, LiveWindows};
 use super::outbox::{Queued, QueuedState};
 use super::pricing::{self, Usage};
 use super::shared::{bounded, SessionMeta, Shared};
@@ -172,6 +173,8 @@ pub struct MeterTask {
     /// Windows of audio taken so far, and when the current one began.
     audio_windows: u64,
     audio_since: SystemTime,
+    /// A Live session's cumulative seconds, charged by their increase.
+    live: Option<LiveWindows>,
 }
 
 impl MeterTask {
@@ -199,7 +202,16 @@ impl MeterTask {
             audio: None,
             audio_windows: 0,
             audio_since: SystemTime::now(),
+            live: None,
         }
+    }
+
+    /// Meters the cumulative seconds a Live session's upstream reports
+    /// ([`super::live`]): every flush charges their increase, the last one
+    /// the rest of the final figure.
+    pub fn measuring_live(mut self, usage: Arc<LiveUsage>) -> Self {
+        self.live = Some(LiveWindows::new(usage));
+        self
     }
 
     /// Meters the audio `counters` measure ([`super::translation`]): every
@@ -330,9 +342,14 @@ impl MeterTask {
         self.keyset_seen = Some(set);
     }
 
+    /// Writes the window. `check_budgets` is false only for the session's
+    /// last flush, which also takes a Live session's final figure.
     async fn flush(&mut self, check_budgets: bool) {
         self.check_key();
         self.take_audio_window();
+        if let Some(rec) = self.live.as_mut().and_then(|l| l.take(!check_budgets)) {
+            self.window.push(rec);
+        }
         let prices = self.shared.prices();
         let max_turn_usd = self.shared.config().max_turn_usd;
         let mut rows = Vec::with_capacity(self.window.len());
@@ -566,7 +583,7 @@ pub fn build_row(
     max_turn_usd: f64,
 ) -> PricedRow {
     let (row_model, upstream_model, transcription) = match &rec.kind {
-        TurnKind::Response | TurnKind::Translation { .. } => {
+        TurnKind::Response | TurnKind::Translation { .. } | TurnKind::Live { .. } => {
             (meta.model.as_str(), meta.upstream_model.as_str(), false)
         }
         TurnKind::Transcription { model } => {
@@ -595,6 +612,7 @@ pub fn build_row(
         client_secret_id: meta.client_secret_id.clone(),
         transport: meta.transport.to_string(),
         call_id: meta.call_id.clone(),
+        live_session_id: meta.live_session_id.clone(),
         team: meta.team.clone(),
         model: row_model.to_string(),
         upstream_model: upstream_model.to_string(),
@@ -623,6 +641,7 @@ pub fn build_row(
         cost_usd: charge.cost_usd,
         usage_unknown: rec.usage.is_none(),
         usage_implausible: charge.implausible,
+        usage_estimated: matches!(rec.kind, TurnKind::Live { estimated: true }),
         end_reason: rec.end_reason.to_string(),
     };
     PricedRow {

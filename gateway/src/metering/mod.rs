@@ -72,6 +72,7 @@ use outbox::Outbox;
 
 mod budgets;
 pub mod client_models;
+pub mod live;
 pub mod meter;
 pub mod outbox;
 pub mod pricing;

@@ -396,6 +396,7 @@ mod tests {
             client_secret_id: None,
             transport: "websocket".into(),
             call_id: None,
+            live_session_id: None,
             team: None,
             model: "m".into(),
             upstream_model: "m".into(),
@@ -421,6 +422,7 @@ mod tests {
             cost_usd,
             usage_unknown: false,
             usage_implausible: false,
+            usage_estimated: false,
             end_reason: "completed".into(),
         };
         FlushBatch {

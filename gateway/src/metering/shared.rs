@@ -80,6 +80,8 @@ pub struct SessionMeta {
     pub transport: &'static str,
     /// The call metered over a sideband.
     pub call_id: Option<String>,
+    /// A Live session's id upstream (`session.started`'s `session.id`).
+    pub live_session_id: Option<String>,
     pub team: Option<String>,
     /// The route's client-facing model.
     pub model: String,
@@ -98,6 +100,7 @@ impl SessionMeta {
             client_secret_id: None,
             transport: "websocket",
             call_id: None,
+            live_session_id: None,
             team: key.team.clone(),
             model: route.model.clone(),
             upstream_model: route.upstream_model().to_string(),
@@ -110,6 +113,12 @@ impl SessionMeta {
     /// Marks the session as opened with client secret `id`.
     pub fn with_client_secret(mut self, id: Option<String>) -> Self {
         self.client_secret_id = id;
+        self
+    }
+
+    /// Marks the session as Live session `id` upstream.
+    pub fn for_live_session(mut self, id: Option<String>) -> Self {
+        self.live_session_id = id;
         self
     }
 

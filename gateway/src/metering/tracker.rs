@@ -226,6 +226,12 @@ pub enum TurnKind {
     Translation {
         output_seconds: f64,
     },
+    /// A Live session's window of billed seconds, from the upstream's
+    /// cumulative figures ([`super::live`]); `estimated` when the last
+    /// figure never came and the time since the one before is charged.
+    Live {
+        estimated: bool,
+    },
 }
 
 /// A closed turn, on its way to the meter.

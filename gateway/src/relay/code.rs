@@ -7,3 +7,4 @@ pub const INVALID_PAYLOAD: u16 = 1007;
 pub const POLICY: u16 = 1008;
 pub const TOO_BIG: u16 = 1009;
 pub const INTERNAL: u16 = 1011;
+pub const TRY_AGAIN_LATER: u16 = 1013;

@@ -29,7 +29,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::either::Either;
 use url::Url;
 
-use crate::config::{Protocol, Provider, RouteConfig, UpstreamConfig};
+use crate::config::{Endpoint, Protocol, Provider, RouteConfig, UpstreamConfig};
 use crate::event::event_type;
 use crate::relay::frame::FrameRole;
 use crate::relay::leg::{Control, Leg, Side};
@@ -58,7 +58,13 @@ pub const SESSION_PARAMS: [&str; 1] = ["intent"];
 /// First events that start a session: `session.created` (both protocols;
 /// a GA transcription session is one with `type: transcription`), and the
 /// beta protocol's `transcription_session.created`.
-pub const SESSION_STARTED: [&str; 2] = ["session.created", "transcription_session.created"];
+/// A Live session's `session.started` answers the `session.start` the
+/// gateway sends first ([`Upstream::dial_live`]).
+pub const SESSION_STARTED: [&str; 3] = [
+    "session.created",
+    "transcription_session.created",
+    "session.started",
+];
 
 /// The session-selecting parameters of a client's query string, in the
 /// order given, each at most once (the first occurrence wins).
@@ -291,6 +297,24 @@ impl Upstream {
     pub async fn dial_with(&self, params: &[(String, String)]) -> Result<Warm, DialError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let leg = self.connect(deadline, params).await?;
+        read_session_created(leg, deadline).await
+    }
+
+    /// A Live session's dial: connects, sends the client's `session.start`
+    /// (`start`, its model already the upstream's) and reads
+    /// `session.started`, all within the route's `upgrade_timeout`.
+    pub async fn dial_live(&self, start: &str) -> Result<Warm, DialError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut leg = self.connect(deadline, &[]).await?;
+        leg.queue_text(start);
+        tokio::time::timeout_at(deadline, leg.flush())
+            .await
+            .map_err(|_| DialError::Timeout {
+                phase: "session.start",
+            })?
+            .map_err(|e| DialError::Handshake {
+                message: e.to_string(),
+            })?;
         read_session_created(leg, deadline).await
     }
 
@@ -528,6 +552,11 @@ pub fn upstream_url(up: &UpstreamConfig, upstream_model: &str) -> Result<Url, St
 /// `upstream_model` is set (OpenAI's own form, `?intent=transcription`,
 /// names none: the client picks the model in `session.update`).
 pub fn route_upstream_url(route: &RouteConfig, up: &UpstreamConfig) -> Result<Url, String> {
+    if route.endpoint == Endpoint::Live {
+        // The model goes in `session.start`, never in the URL (openai-python
+        // `types/live/session_resource.py`, `model`).
+        return url_with(up, None, None);
+    }
     match route.intent {
         None => upstream_url(up, up.upstream_model(route)),
         Some(intent) => url_with(

@@ -15,6 +15,7 @@ mod first_request;
 mod fleet;
 mod keys;
 mod live_config;
+mod live_sessions;
 mod log_pipe;
 mod log_secrets;
 mod metering;

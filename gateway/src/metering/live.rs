@@ -1,0 +1,378 @@
+//! Metering a GPT-Live session (`/v1/live/sessions`) by the cumulative
+//! seconds its upstream reports.
+//!
+//! OpenAI's Live API bills by the second and reports it cumulatively:
+//! `session.usage.updated` carries `usage.seconds`, "the cumulative billable
+//! duration in whole seconds ... Do not sum values across usage events"
+//! (openai-python `types/live/session_usage.py`), and `session.closed`
+//! carries "the final cumulative Live audio usage after session
+//! finalization"; "a connection closing without this event does not confirm
+//! successful finalization" (`types/live/session_closed_event.py`).
+//!
+//! The rule, one pure function each ([`charge_increase`], [`final_figure`]):
+//! - the relay keeps the **highest** figure seen (a repeated or
+//!   out-of-order event lowers nothing and adds nothing; a lost one is
+//!   caught up by the next), and when it was seen;
+//! - every flush window the meter charges the increase of that figure
+//!   since it last charged, as one row (`end_reason` `window`), never a
+//!   decrease;
+//! - at the end the meter charges the rest of the final figure:
+//!   `session.closed`'s `usage.seconds` when it came (never below the
+//!   highest figure seen), else the highest figure seen plus the time since
+//!   it was seen (or since the session started, if none came), that last
+//!   row marked `usage_estimated`. A session that ran is never charged $0.
+//!
+//! The figures cross from the relay's task to the meter's through relaxed
+//! atomics written only by the session's own task ([`LiveUsage`]); the
+//! final state is published with release/acquire before the tracker's
+//! channel closes, which the meter waits for before its last flush.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime};
+
+use memchr::memmem;
+use serde::Deserialize;
+
+use super::pricing::Usage;
+use super::tracker::{TurnKind, TurnRecord};
+
+const USAGE_UPDATED: &[u8] = b"session.usage.updated";
+const CLOSED: &[u8] = b"session.closed";
+/// The close a gateway-ended Live session asks its upstream for, so the
+/// final usage comes back in `session.closed` (`session_close_event.py`).
+pub const CLOSE_EVENT: &str = r#"{"type":"session.close"}"#;
+
+/// What the relay saw of a Live session's usage.
+#[derive(Debug)]
+pub struct LiveUsage {
+    /// When the session started (the upstream's `session.started`).
+    started: Instant,
+    /// The highest cumulative figure seen, in milliseconds.
+    seen_ms: AtomicU64,
+    /// When a figure was last seen, in milliseconds since `started`.
+    seen_at_ms: AtomicU64,
+    /// `session.closed` came; its figure is in `seen_ms`.
+    closed: AtomicBool,
+    /// How the session ended (`EndReason`'s status and name), set before
+    /// the tracker finishes: the last row carries it.
+    end: OnceLock<(u16, &'static str)>,
+}
+
+impl LiveUsage {
+    pub fn new(started: Instant) -> Self {
+        Self {
+            started,
+            seen_ms: AtomicU64::new(0),
+            seen_at_ms: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            end: OnceLock::new(),
+        }
+    }
+
+    /// A cumulative figure (seconds), from a usage event or the close.
+    fn saw(&self, seconds: f64, closed: bool) {
+        let ms = seconds_to_ms(seconds);
+        self.seen_ms.fetch_max(ms, Ordering::Relaxed);
+        let at = self.started.elapsed().as_millis() as u64;
+        self.seen_at_ms.fetch_max(at, Ordering::Relaxed);
+        if closed {
+            self.closed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether `session.closed` came.
+    pub fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// How the session ended, for its last row.
+    pub fn ended(&self, status: u16, reason: &'static str) {
+        let _ = self.end.set((status, reason));
+    }
+
+    /// An upstream text message: a usage figure is kept.
+    pub fn on_upstream(&self, text: &[u8]) {
+        let kind = crate::event::leading_event_type_bytes(text);
+        let read = match kind {
+            Some(k) => k == USAGE_UPDATED || k == CLOSED,
+            // The type is not first: only events naming one of the two
+            // anywhere are read whole.
+            None => {
+                memmem::find(text, USAGE_UPDATED).is_some() || memmem::find(text, CLOSED).is_some()
+            }
+        };
+        if !read {
+            return;
+        }
+        #[derive(Deserialize)]
+        struct Event {
+            #[serde(rename = "type")]
+            kind: String,
+            usage: Option<SessionUsage>,
+        }
+        // openai-python `types/live/session_usage.py`.
+        #[derive(Deserialize)]
+        struct SessionUsage {
+            seconds: f64,
+        }
+        let Ok(event) = serde_json::from_slice::<Event>(text) else {
+            return;
+        };
+        let is_closed = event.kind.as_bytes() == CLOSED;
+        if !is_closed && event.kind.as_bytes() != USAGE_UPDATED {
+            return;
+        }
+        match event.usage {
+            Some(u) => self.saw(u.seconds, is_closed),
+            // A close without usage still ends the session; its figure is
+            // the last one seen.
+            None if is_closed => self.saw(0.0, true),
+            None => {}
+        }
+    }
+}
+
+/// The Live session id in a `session.started` text
+/// (`types/live/session_started_event.py`: `session.id`).
+pub fn started_id(text: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Started {
+        session: Option<Resource>,
+    }
+    #[derive(Deserialize)]
+    struct Resource {
+        id: Option<String>,
+    }
+    serde_json::from_str::<Started>(text).ok()?.session?.id
+}
+
+/// A client's `session.start` with its model set to `model` (the one the
+/// upstream serves the route's model as): written anew from the parsed
+/// event, so the upstream reads exactly one model (a duplicate key the
+/// client sent is gone). `None` when `start` is not a JSON object with a
+/// `session` object.
+pub fn with_model(start: &serde_json::Value, model: &str) -> Option<String> {
+    let mut start = start.clone();
+    let session = start.get_mut("session")?.as_object_mut()?;
+    session.insert("model".into(), serde_json::Value::from(model));
+    Some(start.to_string())
+}
+
+/// Milliseconds of a reported figure: negative, NaN and absurd figures
+/// count as nothing or saturate (a figure is whole seconds by the SDK's
+/// type; its bound is the one every usage has, [`super::pricing`]).
+fn seconds_to_ms(seconds: f64) -> u64 {
+    if seconds.is_finite() && seconds > 0.0 {
+        (seconds * 1000.0).min(u64::MAX as f64 / 2.0) as u64
+    } else {
+        0
+    }
+}
+
+/// The seconds a window charges: the increase of the highest figure since
+/// the last charge, never a decrease.
+pub fn charge_increase(charged_ms: u64, seen_ms: u64) -> u64 {
+    seen_ms.saturating_sub(charged_ms)
+}
+
+/// The session's final figure and whether it is an estimate:
+/// `session.closed`'s (already the highest seen) when it came, else the
+/// highest seen plus the time since it was seen.
+pub fn final_figure(seen_ms: u64, closed: bool, since_seen_ms: u64) -> (u64, bool) {
+    if closed {
+        (seen_ms, false)
+    } else {
+        (seen_ms.saturating_add(since_seen_ms), true)
+    }
+}
+
+/// The meter's side: what it has charged, and the windows it wrote.
+#[derive(Debug)]
+pub struct LiveWindows {
+    usage: std::sync::Arc<LiveUsage>,
+    charged_ms: u64,
+    windows: u64,
+    since: SystemTime,
+}
+
+impl LiveWindows {
+    pub fn new(usage: std::sync::Arc<LiveUsage>) -> Self {
+        Self {
+            usage,
+            charged_ms: 0,
+            windows: 0,
+            since: SystemTime::now(),
+        }
+    }
+
+    /// The window's record: the increase since the last one (none when
+    /// nothing rose), or at the end (`last`) the rest of the final figure,
+    /// always written.
+    pub fn take(&mut self, last: bool) -> Option<TurnRecord> {
+        let u = &self.usage;
+        let closed = last && u.closed();
+        let seen = u.seen_ms.load(Ordering::Relaxed);
+        let (target, estimated) = if last {
+            let since = (u.started.elapsed().as_millis() as u64)
+                .saturating_sub(u.seen_at_ms.load(Ordering::Relaxed));
+            final_figure(seen, closed, since)
+        } else {
+            (seen, false)
+        };
+        let ms = charge_increase(self.charged_ms, target);
+        if ms == 0 && !last {
+            return None;
+        }
+        self.charged_ms += ms;
+        let now = SystemTime::now();
+        let started_at = std::mem::replace(&mut self.since, now);
+        self.windows += 1;
+        let (status, end_reason) = match (last, u.end.get()) {
+            (true, Some(&(status, reason))) => (status, reason),
+            _ => (200, "window"),
+        };
+        Some(TurnRecord {
+            n: self.windows,
+            kind: TurnKind::Live { estimated },
+            started_at,
+            ended_at: now,
+            latency: now.duration_since(started_at).unwrap_or_default(),
+            ttft: None,
+            status,
+            end_reason,
+            usage: Some(Usage {
+                audio_seconds: Some(ms as f64 / 1000.0),
+                ..Usage::default()
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn usage(s: f64) -> String {
+        format!(r#"{{"type":"session.usage.updated","event_id":"e","usage":{{"seconds":{s}}}}}"#)
+    }
+
+    fn closed(s: f64) -> String {
+        format!(
+            r#"{{"type":"session.closed","event_id":"e","reason":"close_requested","session":{{}},"usage":{{"seconds":{s}}}}}"#
+        )
+    }
+
+    fn seconds(rec: &TurnRecord) -> f64 {
+        rec.usage.unwrap().audio_seconds.unwrap()
+    }
+
+    #[test]
+    fn increases_are_charged_whatever_the_order_repetition_or_loss_of_events() {
+        // The same 60 s session reported four ways; each charges 60 s.
+        let ways: [&[f64]; 4] = [
+            &[10.0, 20.0, 30.0, 40.0, 50.0, 60.0],
+            &[10.0, 10.0, 20.0, 20.0, 30.0, 60.0, 60.0],
+            &[20.0, 10.0, 40.0, 30.0, 60.0, 50.0],
+            &[30.0, 60.0],
+        ];
+        for figures in ways {
+            let u = Arc::new(LiveUsage::new(Instant::now()));
+            let mut w = LiveWindows::new(u.clone());
+            let mut total = 0.0;
+            for (i, s) in figures.iter().enumerate() {
+                u.on_upstream(usage(*s).as_bytes());
+                if i % 2 == 1 {
+                    total += w.take(false).map_or(0.0, |r| seconds(&r));
+                }
+            }
+            u.on_upstream(closed(60.0).as_bytes());
+            let last = w.take(true).unwrap();
+            assert_eq!(last.kind, TurnKind::Live { estimated: false });
+            total += seconds(&last);
+            assert_eq!(total, 60.0, "{figures:?}");
+        }
+    }
+
+    #[test]
+    fn a_window_without_a_rise_writes_nothing_and_a_decrease_charges_nothing() {
+        let u = Arc::new(LiveUsage::new(Instant::now()));
+        let mut w = LiveWindows::new(u.clone());
+        assert!(w.take(false).is_none());
+        u.on_upstream(usage(5.0).as_bytes());
+        assert_eq!(seconds(&w.take(false).unwrap()), 5.0);
+        u.on_upstream(usage(3.0).as_bytes());
+        assert!(w.take(false).is_none());
+        // A final figure below the highest seen lowers nothing.
+        u.on_upstream(closed(4.0).as_bytes());
+        assert_eq!(seconds(&w.take(true).unwrap()), 0.0);
+    }
+
+    #[test]
+    fn without_session_closed_the_end_is_the_last_figure_plus_the_time_since_it() {
+        let u = Arc::new(LiveUsage::new(
+            Instant::now() - std::time::Duration::from_secs(30),
+        ));
+        u.ended(499, "client_gone");
+        let mut w = LiveWindows::new(u.clone());
+        u.on_upstream(usage(12.0).as_bytes());
+        // Seen just now: the estimate adds (almost) nothing to 12 s.
+        let last = w.take(true).unwrap();
+        assert_eq!(last.kind, TurnKind::Live { estimated: true });
+        assert!((12.0..12.5).contains(&seconds(&last)), "{last:?}");
+        assert_eq!((last.status, last.end_reason), (499, "client_gone"));
+
+        // No figure at all: the time since the session started.
+        let u = Arc::new(LiveUsage::new(
+            Instant::now() - std::time::Duration::from_secs(30),
+        ));
+        let last = LiveWindows::new(u).take(true).unwrap();
+        assert!((30.0..31.0).contains(&seconds(&last)), "{last:?}");
+        assert_eq!(final_figure(5_000, false, 2_000), (7_000, true));
+        assert_eq!(final_figure(5_000, true, 2_000), (5_000, false));
+    }
+
+    #[test]
+    fn the_start_is_rewritten_with_one_model_and_the_started_id_is_read() {
+        let start: serde_json::Value = serde_json::from_str(
+            r#"{"type":"session.start","event_id":"e1","session":{"model":"voice","model":"gpt-live-1.1","instructions":"hi"}}"#,
+        )
+        .unwrap();
+        let out = with_model(&start, "gpt-live-1").unwrap();
+        assert_eq!(out.matches("\"model\"").count(), 1, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["session"]["model"], "gpt-live-1");
+        assert_eq!(v["session"]["instructions"], "hi");
+        assert_eq!(v["event_id"], "e1");
+        assert!(with_model(&serde_json::json!({"type": "session.start"}), "m").is_none());
+        assert_eq!(
+            started_id(r#"{"type":"session.started","session":{"id":"live_1","model":"m"}}"#)
+                .as_deref(),
+            Some("live_1")
+        );
+        assert_eq!(started_id("{}"), None);
+    }
+
+    #[test]
+    fn odd_events_and_figures_never_raise_the_count_wrongly() {
+        let u = LiveUsage::new(Instant::now());
+        // Type elsewhere than first, still read.
+        u.on_upstream(br#"{"usage":{"seconds":7},"type":"session.usage.updated"}"#);
+        assert_eq!(u.seen_ms.load(Ordering::Relaxed), 7_000);
+        // Another event that mentions the name is not a usage event.
+        u.on_upstream(br#"{"type":"session.output_transcript.delta","delta":"session.usage.updated","usage":{"seconds":900}}"#);
+        u.on_upstream(br#"{"delta":"session.usage.updated","usage":{"seconds":900},"type":"x"}"#);
+        for odd in ["-5", "1e400", "\"9\"", "null"] {
+            u.on_upstream(
+                format!(r#"{{"type":"session.usage.updated","usage":{{"seconds":{odd}}}}}"#)
+                    .as_bytes(),
+            );
+        }
+        assert_eq!(u.seen_ms.load(Ordering::Relaxed), 7_000);
+        assert!(!u.closed());
+        u.on_upstream(br#"{"type":"session.closed","reason":"expired","session":{}}"#);
+        assert!(u.closed());
+        assert_eq!(charge_increase(7_000, 5_000), 0);
+    }
+}
