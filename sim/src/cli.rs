@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::config::{SimConfig, SimFault, TranscriptionUsage};
+use crate::config::{LiveSim, SimConfig, SimFault, TranscriptionUsage};
 
 /// Exit code for bad flags.
 pub const EXIT_USAGE: u8 = 2;
@@ -53,6 +53,13 @@ pub struct SimArgs {
     /// `duration:SECONDS` (`{"type": "duration", "seconds": SECONDS}`).
     #[arg(long, default_value = "tokens")]
     pub transcription_usage: String,
+    /// Time between a Live session's `session.usage.updated` events.
+    #[arg(long, default_value_t = 1000)]
+    pub live_usage_interval_ms: u64,
+    /// Billed seconds a Live session counts per real second (1: real
+    /// time; 60: a minute a second, for quick checks).
+    #[arg(long, default_value_t = 1.0)]
+    pub live_time_scale: f64,
 }
 
 impl SimArgs {
@@ -60,7 +67,21 @@ impl SimArgs {
     pub fn config(&self) -> Result<SimConfig, String> {
         let fault = self.fault.as_deref().map(parse_fault).transpose()?;
         let transcription_usage = parse_transcription_usage(&self.transcription_usage)?;
+        if !(self.live_time_scale.is_finite() && self.live_time_scale > 0.0) {
+            return Err(format!(
+                "--live-time-scale needs a number > 0, got {}",
+                self.live_time_scale
+            ));
+        }
+        if self.live_usage_interval_ms == 0 {
+            return Err("--live-usage-interval-ms needs a number > 0".into());
+        }
         Ok(SimConfig {
+            live: LiveSim {
+                usage_interval: Duration::from_millis(self.live_usage_interval_ms),
+                time_scale: self.live_time_scale,
+                fault: None,
+            },
             transcription_usage,
             keys: self.keys.clone(),
             upgrade_delay: Duration::from_millis(self.upgrade_delay_ms),

@@ -18,6 +18,12 @@ appended audio through the gateway, and its rows bill the input seconds
 per minute; `client.realtime.translations.client_secrets.create` mints a
 secret that connects.
 
+GPT-Live: `client.live.connect()` then `session.start` opens a Live session
+through the gateway, its cumulative `session.usage.updated` seconds and the
+final `session.closed` figure become rows that charge exactly that figure
+per minute; a key whose `models` leave the Live model out gets an `error`
+event and the close.
+
 Starts `patchbay-gateway sim` and `patchbay-gateway serve` (the binary given
 as argv[1]) on free 127.0.0.1 ports, waits for /readyz, then drives one
 session with `client.realtime.connect(model=...)`, sync and async. Prints a
@@ -58,6 +64,8 @@ CALLS_KEY, OTHER_KEY, BUDGET_KEY = "pb-calls-a", "pb-calls-b", "pb-calls-budget"
 TRANSCRIBE_KEY = "pb-transcribe-only"
 WHISPER = "gpt-realtime-whisper"
 TRANSLATE = "gpt-realtime-translate"
+LIVE = "gpt-live-1"
+LIVE_USD_PER_MINUTE = 0.05
 # The simulator reports each transcription as 30 s of audio.
 TRANSCRIBED_SECONDS = 30
 # One simulator turn costs $0.006692 at these prices; the budget key can
@@ -76,6 +84,7 @@ PRICES_TOML = (
     "audio_input = 32.0\ncached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n"
     f'[[prices]]\nmodel = "{WHISPER}"\nusd_per_minute = 0.017\n'
     f'[[prices]]\nmodel = "{TRANSLATE}"\nusd_per_minute = 0.034\n'
+    f'[[prices]]\nmodel = "{LIVE}"\nusd_per_minute = {LIVE_USD_PER_MINUTE}\n'
 )
 
 
@@ -332,6 +341,61 @@ def check_translation_client_secret(http_base: str, ws_base: str) -> None:
                 break
 
 
+def check_live_session(ws_base: str, rows_file: str) -> None:
+    client = OpenAI(api_key=CALLS_KEY, websocket_base_url=ws_base, max_retries=0)
+    with client.live.connect() as conn:
+        conn.session.start(session={"model": LIVE, "instructions": "Answer briefly."})
+        started = None
+        seen = 0.0
+        for event in conn:
+            if event.type == "error":
+                raise AssertionError(f"error event: {event}")
+            if event.type == "session.started":
+                started = event
+                assert event.session.model == LIVE and event.session.status == "active", event
+            if event.type == "session.usage.updated":
+                assert event.usage.seconds >= seen, (event.usage, seen)
+                seen = event.usage.seconds
+                if seen >= 60:
+                    break
+        assert started is not None
+        conn.session.close()
+        final = None
+        for event in conn:
+            if event.type == "session.closed":
+                final = event.usage.seconds
+                assert event.reason == "close_requested", event
+                break
+        assert final is not None and final >= seen, (final, seen)
+
+    def rows():
+        got = [r for r in read_rows(rows_file) if r.get("live_session_id") == started.session.id]
+        return got if abs(sum(r["audio_seconds"] for r in got) - final) < 1e-6 else None
+
+    got = wait_for(f"the Live session's rows ({final} s)", rows)
+    assert all(r["key_id"] == "calls-a" and not r["usage_estimated"] for r in got), got
+    cost = sum(r["cost_usd"] for r in got)
+    assert abs(cost - final / 60 * LIVE_USD_PER_MINUTE) < 1e-6, got
+
+
+def check_live_model_refused(ws_base: str) -> None:
+    client = OpenAI(api_key=TRANSCRIBE_KEY, websocket_base_url=ws_base, max_retries=0)
+    with client.live.connect() as conn:
+        conn.session.start(session={"model": LIVE}, event_id="start-1")
+        event = conn.recv()
+        assert event.type == "error", event
+        assert event.error.code == "model_not_allowed", event.error
+        assert event.error.client_event_id == "start-1", event.error
+        try:
+            conn.recv()
+        except openai.OpenAIError:
+            pass
+        except Exception as e:  # the close, as the websockets library raises it
+            assert "1008" in str(e), repr(e)
+        else:
+            raise AssertionError("the session went on")
+
+
 def read_rows(rows_file: str) -> list:
     out = []
     with open(rows_file) as f:
@@ -451,6 +515,8 @@ def main() -> int:
             f'api_key_env = "SDK_UPSTREAM_KEY"\n'
             f'[[routes]]\nmodel = "{TRANSLATE}"\nendpoint = "translations"\n'
             f'upstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime/translations"\napi_key_env = "SDK_UPSTREAM_KEY"\n'
+            f'[[routes]]\nmodel = "{LIVE}"\nendpoint = "live"\n'
+            f'upstream_url = "ws://127.0.0.1:{sim_port}/v1/live/sessions"\napi_key_env = "SDK_UPSTREAM_KEY"\n'
             f'[[routes]]\nmodel = "transcribe"\nintent = "transcription"\n'
             f'upstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime"\napi_key_env = "SDK_UPSTREAM_KEY"\n'
             f'[keys]\nfile = "{keys}"\n[metering]\nflush_secs = 0\n{PRICES_TOML}'
@@ -463,6 +529,8 @@ def main() -> int:
                 binary, "sim", "--listen", f"127.0.0.1:{sim_port}", "--keys", UPSTREAM_KEY,
                 "--caller-turns", str(CALLER_TURNS), "--caller-turn-interval-ms", "100",
                 "--transcription-usage", f"duration:{TRANSCRIBED_SECONDS}",
+                # A Live session bills a minute a second, reported every 50 ms.
+                "--live-usage-interval-ms", "50", "--live-time-scale", "60",
             ],
             stdout=subprocess.DEVNULL,
         ),
@@ -492,6 +560,8 @@ def main() -> int:
             ("the retired beta client is refused with 400", lambda: check_beta_client_is_refused(base)),
             ("a translation session is billed by its input audio", lambda: check_translation_session(base, rows_file)),
             ("a translation client secret mints and connects", lambda: check_translation_client_secret(http_base, base)),
+            ("client.live.connect(): a Live session is billed its cumulative seconds", lambda: check_live_session(base, rows_file)),
+            ("a Live session.start naming a model outside the key's list is refused", lambda: check_live_model_refused(base)),
         ]
         for name, check in checks:
             try:
