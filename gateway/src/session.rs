@@ -374,7 +374,13 @@ impl Session {
         let reason = EndReason::from_end(&spliced.end);
         if let Some(usage) = &live {
             // Before the tracker finishes: the meter's last row carries it.
-            usage.ended(reason.status(), reason.as_str());
+            // A Live upstream closes after `session.closed`: the session's
+            // normal end, not an upstream failure.
+            if usage.closed() && matches!(spliced.end, relay::End::UpstreamClosed(_)) {
+                usage.ended(200, "session_closed");
+            } else {
+                usage.ended(reason.status(), reason.as_str());
+            }
         }
         tracker.finish(reason);
         meter.finish(&gw.tasks);

@@ -176,6 +176,11 @@ async fn a_live_session_is_charged_exactly_the_upstreams_seconds_whatever_its_us
         );
         let expected = billed / 60.0 * USD_PER_MINUTE;
         assert!((cost(&rows) - expected).abs() < 1e-9, "{model}: {rows:?}");
+        let last = rows.last().unwrap();
+        assert_eq!(
+            (&last["end_reason"], &last["status"]),
+            (&json!("session_closed"), &json!(200))
+        );
         for r in &rows {
             assert_eq!(r["live_session_id"], id.as_str());
             assert_eq!(r["transport"], "websocket");
@@ -477,4 +482,46 @@ async fn live_sessions_are_refused_before_any_dial_with_a_live_error() {
         }
         other => panic!("expected a 403, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_revoked_key_ends_its_live_session_with_a_charged_last_row() {
+    let s = live_sim(None).await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &(key_entry("goes", "pb-goes", "") + &key_entry("stays", "pb-stays", "")),
+    );
+    let mut gw = Child::start(
+        &s.url(false),
+        &format!(
+            "{}[metering]\nflush_secs = 1\n[keys]\nfile = \"{}\"\n",
+            live_route(LIVE, &s),
+            keys.0.display()
+        ),
+        &[],
+    )
+    .await;
+    let mut ws = connect_live(gw.addr, "pb-goes").await;
+    assert_eq!(start(&mut ws, LIVE).await["type"], "session.started");
+    listen(&mut ws, Duration::from_millis(300)).await;
+    std::fs::write(&keys.0, key_entry("stays", "pb-stays", "")).unwrap();
+    let (texts, code, _) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008), "{texts:?}");
+    assert!(
+        texts.iter().any(|t| t.contains("invalid_api_key")),
+        "{texts:?}"
+    );
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+    let rows = gw.stdout_rows();
+    let rows = rows_of(&rows, LIVE);
+    let last = rows.last().unwrap();
+    assert_eq!(last["end_reason"], "key_revoked", "{rows:?}");
+    assert_eq!(last["key_id"], "goes");
+    assert_eq!(last["usage_estimated"], false, "{rows:?}");
+    let billed = s.stats.live_seconds.load(Ordering::Relaxed) as f64;
+    assert!(
+        billed > 0.0 && (seconds(&rows) - billed).abs() < 1e-6,
+        "{rows:?} vs {billed}"
+    );
 }

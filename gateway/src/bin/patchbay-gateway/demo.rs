@@ -61,8 +61,12 @@ pub async fn run(listen: SocketAddr, sessions: usize, once: bool) -> Result<(), 
         "[server]\nlisten = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\n\
          [[routes]]\nmodel = \"gpt-realtime\"\nupstream_url = \"{}\"\napi_key_env = \"DEMO_UPSTREAM_KEY\"\n\
          [[prices]]\nmodel = \"gpt-realtime\"\ntext_input = 4.0\ncached_text_input = 0.4\n\
-         audio_input = 32.0\ncached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n",
-        sim.url(false)
+         audio_input = 32.0\ncached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n\
+         [[routes]]\nmodel = \"gpt-live-1\"\nendpoint = \"live\"\n\
+         upstream_url = \"ws://{}/v1/live/sessions\"\napi_key_env = \"DEMO_UPSTREAM_KEY\"\n\
+         [[prices]]\nmodel = \"gpt-live-1\"\nusd_per_minute = 0.05\n",
+        sim.url(false),
+        sim.addr
     );
     let env = |k: &str| match k {
         "DEMO_UPSTREAM_KEY" => Some(DEMO_UPSTREAM_KEY.to_string()),
