@@ -169,7 +169,7 @@ pub(crate) async fn end_before_session(
 
 /// Answers a client that left before its session started (its close, or
 /// nothing if the connection is gone), within [`relay::CLOSE_GRACE`].
-pub(crate) async fn client_left(client: &mut ClientSocket) {
+async fn client_left(client: &mut ClientSocket) {
     let _ = tokio::time::timeout(relay::CLOSE_GRACE, client.close(None, |_| {})).await;
 }
 

@@ -300,7 +300,6 @@ fn without_session_model(text: &[u8]) -> Option<String> {
     Some(v.to_string())
 }
 
-/// The `event_id` of a message that could not be read as an update.
 /// A Live client's `session.start` (`types/live/session_start_event.py`).
 const LIVE_START: &[u8] = b"session.start";
 
@@ -313,6 +312,7 @@ fn is_live_start(text: &[u8]) -> bool {
     }
 }
 
+/// The `event_id` of a message that could not be read as an update.
 fn event_id_of(text: &[u8]) -> Option<String> {
     #[derive(Deserialize)]
     struct Id {
