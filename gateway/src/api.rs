@@ -280,15 +280,55 @@ async fn method_not_allowed(State(gw): State<Arc<Gateway>>, method: http::Method
 }
 
 async fn not_found(State(gw): State<Arc<Gateway>>, uri: http::Uri) -> ApiError {
-    let r = Refusal::new(
+    let r = not_found_for(uri.path());
+    count_refusal(&gw, "", &r);
+    ApiError(r)
+}
+
+/// The 404 for `path`: a GPT-Live endpoint other than the primary
+/// WebSocket (the WebRTC create, the sideband, forks, call control,
+/// recordings) is named as not served.
+fn not_found_for(path: &str) -> Refusal {
+    let live = ["/v1/live/", "/openai/v1/live/"]
+        .iter()
+        .any(|p| path.starts_with(p));
+    if live {
+        return Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "live_endpoint_not_served",
+            format!(
+                "{path} is not served by this gateway: of OpenAI's Live API it serves the primary WebSocket (GET /v1/live/sessions, the model in session.start)"
+            ),
+        );
+    }
+    Refusal::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         "not_found",
-        format!(
-            "no route for {}; use GET /v1/realtime?model=… or POST {CLIENT_SECRETS_PATH}",
-            uri.path()
-        ),
-    );
-    count_refusal(&gw, "", &r);
-    ApiError(r)
+        format!("no route for {path}; use GET /v1/realtime?model=… or POST {CLIENT_SECRETS_PATH}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_endpoints_not_served_say_so_and_others_name_what_is() {
+        for p in [
+            "/v1/live/sessions",
+            "/v1/live/sessions/live_1/hangup",
+            "/openai/v1/live/sessions/x/attach",
+        ] {
+            let r = not_found_for(p);
+            assert_eq!(
+                (r.status, r.code),
+                (StatusCode::NOT_FOUND, "live_endpoint_not_served"),
+                "{p}"
+            );
+            assert!(r.message.contains("GET /v1/live/sessions"), "{}", r.message);
+        }
+        assert_eq!(not_found_for("/v1/nothing").code, "not_found");
+    }
 }
