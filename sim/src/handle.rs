@@ -6,10 +6,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures_util::SinkExt;
 use tokio::sync::broadcast;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::calls::SimCalls;
+use crate::wire::{event_text, SimIo};
 
 /// Counters a test can read.
 #[derive(Debug, Default)]
@@ -74,6 +78,28 @@ pub struct SimHandle {
 }
 
 impl SimHandle {
+    /// Writes one event of session `session_id` (`sess_…`, `live_…`) as
+    /// OpenAI writes it (`type`, then `event_id` `event_<id>_<seq>`, then
+    /// `rest`), kept in [`SimStats::sent`] when `record`; false when the
+    /// connection is gone.
+    pub(crate) async fn send_event(
+        &self,
+        ws: &mut WebSocketStream<SimIo>,
+        record: bool,
+        (session_id, seq): (&str, u64),
+        kind: &str,
+        rest: &serde_json::Value,
+    ) -> bool {
+        let id = format!("event_{}_{seq}", &session_id[5..13]);
+        let text = event_text(kind, &id, &rest.to_string());
+        if record {
+            if let Ok(mut sent) = self.stats.sent.lock() {
+                sent.push(text.clone());
+            }
+        }
+        ws.send(Message::text(text)).await.is_ok()
+    }
+
     /// `ws://addr/v1/realtime` (or `wss://` with TLS).
     pub fn url(&self, tls: bool) -> String {
         let scheme = if tls { "wss" } else { "ws" };

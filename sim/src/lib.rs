@@ -57,6 +57,8 @@ mod offer;
 mod realtime;
 mod server;
 pub mod stamp;
+#[cfg(test)]
+mod testing;
 mod translation;
 mod upgrade;
 mod wire;

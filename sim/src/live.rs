@@ -56,7 +56,7 @@ use tokio_tungstenite::WebSocketStream;
 use crate::config::LiveSim;
 use crate::config::{LiveFault, SimConfig};
 use crate::handle::{Command, SimHandle};
-use crate::wire::{event_text, short_id, SimIo};
+use crate::wire::{short_id, SimIo};
 
 type Ws = WebSocketStream<SimIo>;
 
@@ -124,14 +124,9 @@ impl Live {
 
     async fn send(&mut self, ws: &mut Ws, kind: &str, rest: Value) -> bool {
         self.seq += 1;
-        let id = format!("event_{}_{}", &self.id[5..13], self.seq);
-        let text = event_text(kind, &id, &rest.to_string());
-        if self.config.record {
-            if let Ok(mut sent) = self.handle.stats.sent.lock() {
-                sent.push(text.clone());
-            }
-        }
-        ws.send(Message::text(text)).await.is_ok()
+        self.handle
+            .send_event(ws, self.config.record, (&self.id, self.seq), kind, &rest)
+            .await
     }
 
     async fn error(
@@ -371,35 +366,10 @@ impl Live {
 mod tests {
     use super::*;
     use crate::start;
-    use tokio::net::TcpStream;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-
-    type Client = WebSocketStream<TcpStream>;
-
-    async fn next_json(ws: &mut Client) -> Option<Value> {
-        loop {
-            match tokio::time::timeout(Duration::from_secs(10), ws.next())
-                .await
-                .ok()??
-            {
-                Ok(Message::Text(t)) => return serde_json::from_str(&t).ok(),
-                Ok(Message::Close(_)) | Err(_) => return None,
-                Ok(_) => {}
-            }
-        }
-    }
+    use crate::testing::{next_json, Client};
 
     async fn connect(sim: &crate::SimHandle) -> Client {
-        let url = format!("ws://{}/v1/live/sessions", sim.addr);
-        let mut request = url.into_client_request().unwrap();
-        request
-            .headers_mut()
-            .insert("authorization", "Bearer sk-any".parse().unwrap());
-        let tcp = TcpStream::connect(sim.addr).await.unwrap();
-        tokio_tungstenite::client_async(request, tcp)
-            .await
-            .unwrap()
-            .0
+        crate::testing::connect(sim, "/v1/live/sessions").await
     }
 
     async fn send(ws: &mut Client, v: Value) {

@@ -27,14 +27,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use base64::Engine;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use crate::config::SimConfig;
 use crate::handle::SimHandle;
-use crate::wire::{event_text, short_id, SimIo};
+use crate::wire::{short_id, SimIo};
 
 /// Bytes per second of the only input format a WebSocket translation
 /// session takes: 24 kHz PCM16 mono.
@@ -89,14 +89,9 @@ impl Translation {
 
     async fn send(&mut self, ws: &mut WebSocketStream<SimIo>, kind: &str, rest: Value) -> bool {
         self.seq += 1;
-        let id = format!("event_{}_{}", &self.id[5..13], self.seq);
-        let text = event_text(kind, &id, &rest.to_string());
-        if self.config.record {
-            if let Ok(mut sent) = self.handle.stats.sent.lock() {
-                sent.push(text.clone());
-            }
-        }
-        ws.send(Message::text(text)).await.is_ok()
+        self.handle
+            .send_event(ws, self.config.record, (&self.id, self.seq), kind, &rest)
+            .await
     }
 
     async fn error(
@@ -289,24 +284,8 @@ impl Translation {
 mod tests {
     use super::*;
     use crate::start;
-    use std::time::Duration;
-    use tokio::net::TcpStream;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-
-    type Client = WebSocketStream<TcpStream>;
-
-    async fn next_json(ws: &mut Client) -> Option<Value> {
-        loop {
-            match tokio::time::timeout(Duration::from_secs(10), ws.next())
-                .await
-                .ok()??
-            {
-                Ok(Message::Text(t)) => return serde_json::from_str(&t).ok(),
-                Ok(Message::Close(_)) | Err(_) => return None,
-                Ok(_) => {}
-            }
-        }
-    }
+    use crate::testing::next_json;
+    use futures_util::SinkExt;
 
     #[tokio::test]
     async fn a_translation_session_answers_audio_with_audio_of_its_length_and_counts_what_it_bills()
@@ -314,16 +293,11 @@ mod tests {
         let sim = start("127.0.0.1:0".parse().unwrap(), SimConfig::default())
             .await
             .unwrap();
-        let url = format!(
-            "ws://{}/v1/realtime/translations?model=gpt-realtime-translate",
-            sim.addr
-        );
-        let mut request = url.into_client_request().unwrap();
-        request
-            .headers_mut()
-            .insert("authorization", "Bearer sk-any".parse().unwrap());
-        let tcp = TcpStream::connect(sim.addr).await.unwrap();
-        let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+        let mut ws = crate::testing::connect(
+            &sim,
+            "/v1/realtime/translations?model=gpt-realtime-translate",
+        )
+        .await;
         let created = next_json(&mut ws).await.unwrap();
         assert_eq!(created["type"], "session.created");
         assert_eq!(created["session"]["model"], "gpt-realtime-translate");

@@ -64,6 +64,21 @@ async fn try_live(
         .map(|(ws, _)| ws)
 }
 
+/// A gateway with the Live route on `s`, keys from `keys`, and a flush
+/// every second.
+async fn keyed_gateway(s: &SimHandle, keys: &TempFile) -> Child {
+    Child::start(
+        &s.url(false),
+        &format!(
+            "{}[metering]\nflush_secs = 1\n[keys]\nfile = \"{}\"\n",
+            live_route(LIVE, s),
+            keys.0.display()
+        ),
+        &[],
+    )
+    .await
+}
+
 fn json_of(text: &str) -> Value {
     serde_json::from_str(text).unwrap()
 }
@@ -214,16 +229,7 @@ async fn a_spent_budget_ends_a_live_session_within_a_window_with_a_charged_last_
         "keys.toml",
         &key_entry("small", "pb-small-live", "budget_usd = 0.02"),
     );
-    let mut gw = Child::start(
-        &s.url(false),
-        &format!(
-            "{}[metering]\nflush_secs = 1\n[keys]\nfile = \"{}\"\n",
-            live_route(LIVE, &s),
-            keys.0.display()
-        ),
-        &[],
-    )
-    .await;
+    let mut gw = keyed_gateway(&s, &keys).await;
     let began = tokio::time::Instant::now();
     let mut ws = connect_live(gw.addr, "pb-small-live").await;
     assert_eq!(start(&mut ws, LIVE).await["type"], "session.started");
@@ -491,16 +497,7 @@ async fn a_revoked_key_ends_its_live_session_with_a_charged_last_row() {
         "keys.toml",
         &(key_entry("goes", "pb-goes", "") + &key_entry("stays", "pb-stays", "")),
     );
-    let mut gw = Child::start(
-        &s.url(false),
-        &format!(
-            "{}[metering]\nflush_secs = 1\n[keys]\nfile = \"{}\"\n",
-            live_route(LIVE, &s),
-            keys.0.display()
-        ),
-        &[],
-    )
-    .await;
+    let mut gw = keyed_gateway(&s, &keys).await;
     let mut ws = connect_live(gw.addr, "pb-goes").await;
     assert_eq!(start(&mut ws, LIVE).await["type"], "session.started");
     listen(&mut ws, Duration::from_millis(300)).await;
