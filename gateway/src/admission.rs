@@ -166,10 +166,25 @@ pub struct Permit {
     /// The session's fleet lease (Redis configured and the key capped);
     /// dropped with the permit, which ends it.
     lease: Option<Lease>,
+    /// The slot was given back ([`Permit::release`]).
+    released: bool,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl Permit {
+    /// Gives the slot back and ends the lease now, before the permit is
+    /// dropped (once only): a session whose client is gone frees its slot
+    /// while its upstream leg is still being cancelled and metered.
+    pub fn release(&mut self) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        self.lease = None;
         self.sessions.active.fetch_sub(1, Ordering::AcqRel);
         self.gauge.dec();
         let mut per_key = lock(&self.sessions.per_key);
@@ -180,9 +195,7 @@ impl Drop for Permit {
             }
         }
     }
-}
 
-impl Permit {
     pub fn key_id(&self) -> &str {
         &self.key_id
     }
@@ -270,6 +283,7 @@ impl Sessions {
             key_id: key_id.to_string(),
             gauge,
             lease: None,
+            released: false,
         })
     }
 }

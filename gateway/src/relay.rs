@@ -58,9 +58,13 @@
 //!    gateway learns how much. Only a vanished upstream, or no
 //!    `response.done` within the grace, leaves a turn's usage unknown.
 //!
-//! The client's close never waits on the upstream leg; the session task
-//! ends after both legs, within 3 × [`CLOSE_GRACE`] (a fragmented message
-//! let through to its end first, the cancel's answer, the close).
+//! The client's close never waits on the upstream leg: its connection is
+//! closed, TCP included, once its own handshake is done, and the caller is
+//! told then (`client_done` of [`splice`]) so that what the client held
+//! (its admission slot, its lease) is freed with it. The session task ends
+//! after both legs, within 3 × [`CLOSE_GRACE`] (a fragmented message let
+//! through to its end first, the cancel's answer, the close), holding
+//! only the upstream leg and the tap meanwhile.
 //!
 //! Close codes: a received close is forwarded with its code and reason;
 //! codes that may not be sent on the wire (1005, 1006, 1015) become a bare
@@ -444,19 +448,26 @@ where
     }
 }
 
-pub async fn splice<C, U, T, K>(
+/// Relays until one side ends, then tears down. `client_done` runs once
+/// the client's side is over (its close answered or sent, within
+/// [`CLOSE_GRACE`]), just before its connection is dropped: the caller
+/// frees what the client held (its admission slot, its lease) while the
+/// upstream leg may still be cancelling and metering.
+pub async fn splice<C, U, T, K, D>(
     mut client: Leg<C>,
     mut upstream: Leg<U>,
     pending: Pending,
     limits: Limits,
     tap: &mut T,
     kill: K,
+    client_done: D,
 ) -> Spliced
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
     T: Tap,
     K: std::future::Future<Output = Kill>,
+    D: FnOnce(),
 {
     let started = Instant::now();
     // Milliseconds from `started` (an atomic: the session's future must be
@@ -468,7 +479,7 @@ where
     let mut pump = Pump {
         client: &mut client,
         upstream: &mut upstream,
-        tap,
+        tap: &mut *tap,
         up: Mode::Forward,
         down: Mode::Forward,
         client_close: None,
@@ -595,12 +606,7 @@ where
     if pump.up == Mode::ToBoundary || pump.down == Mode::ToBoundary {
         let _ = tokio::time::timeout(CLOSE_GRACE, std::future::poll_fn(|cx| pump.poll(cx))).await;
     }
-    let Pump {
-        client,
-        upstream,
-        tap,
-        ..
-    } = pump;
+    drop(pump);
     // Asked again: the upstream's message just forwarded to its end may
     // have been a `response.created`.
     let cancels = upstream_answers && !tap.responses_in_flight().is_empty();
@@ -618,12 +624,23 @@ where
         client_event = None;
     }
 
-    let client_leg = close_leg(client, client_event, client_how, |_| {});
+    // The client leg owns its connection: it is closed (TCP too) as soon
+    // as its handshake is done, not when the upstream leg is, so a client
+    // waiting for the server to close first (RFC 6455 §7.1.1) is not held
+    // by the cancel below.
+    let client_leg = async move {
+        close_leg(&mut client, client_event, client_how, |_| {}).await;
+        client_done();
+        drop(client);
+    };
     let upstream_leg = async {
         if upstream_answers {
-            cancel_in_flight(upstream, tap).await;
+            cancel_in_flight(&mut upstream, tap).await;
         }
-        close_leg(upstream, None, upstream_how, |t| tap.on_upstream_frame(t)).await;
+        close_leg(&mut upstream, None, upstream_how, |t| {
+            tap.on_upstream_frame(t)
+        })
+        .await;
     };
     tokio::join!(client_leg, upstream_leg);
     Spliced {
