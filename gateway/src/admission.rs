@@ -8,7 +8,9 @@
 //! then the store-backed checks in [`crate::metering`] (rpm, tpm, budgets,
 //! unpriced). A [`Permit`] is the admitted session's hold on the counters;
 //! dropping it (however the session ends) releases them, so a panic or a
-//! cancelled task cannot leak a slot.
+//! cancelled task cannot leak a slot. A session releases it earlier, once
+//! its client is gone ([`Permit::release`]), while its upstream leg may
+//! still be cancelling and metering.
 //!
 //! The process cap is always per process: it protects a pod's memory. A
 //! key's cap is per process without Redis; with Redis it is counted across
@@ -306,6 +308,22 @@ mod tests {
         drop(a);
         assert_eq!(s.active(), 1);
         assert!(s.admit(2, "k", None, g.clone()).is_ok());
+    }
+
+    #[test]
+    fn a_released_permit_frees_its_slots_once_and_its_drop_frees_nothing_more() {
+        let s = Arc::new(Sessions::default());
+        let g = Gauge::default();
+        let mut a = s.admit(10, "k", Some(1), g.clone()).unwrap();
+        let _b = s.admit(10, "other", None, g.clone()).unwrap();
+        a.release();
+        a.release();
+        assert_eq!((s.active(), s.key_active("k"), g.get()), (1, 0, 1));
+        let c = s.admit(10, "k", Some(1), g.clone()).unwrap();
+        drop(a);
+        assert_eq!((s.active(), s.key_active("k"), g.get()), (2, 1, 2));
+        drop(c);
+        assert_eq!((s.active(), s.key_active("k"), g.get()), (1, 0, 1));
     }
 
     #[test]
