@@ -82,6 +82,15 @@
 #    with AB_BIN, also the same gateway from a second binary. Its report:
 #    each append's round trip (and added over direct and tcp-relay), CPU-s
 #    per session-minute and × tcp-relay, RSS per session.
+# 10. Close run (stage "close", only when named; issue 36): how long a
+#    client's close() takes, its close frame written until the server has
+#    closed the TCP connection (the bench's `close` phase), against direct,
+#    tcp-relay and both gateways, interleaved, CLOSE_N_PER_TARGET sessions
+#    per target at CLOSE_C, in front of a simulator whose responses last
+#    CLOSE_DELTAS × CLOSE_DELTA_INTERVAL_MS. Two benches: each session
+#    closes right after its first audio delta, the response still in flight
+#    (close-mid-response: the gateway cancels it upstream meanwhile), then
+#    after response.done (close-after-done). Read the `close` rows' p95.
 # Every bench reports the CPU of tcp-relay and both gateways over its
 # window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
 # tcp-relay); the simulator's is printed after each report.
@@ -89,8 +98,9 @@
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
 # all; "cpu-runtime", "cpu-ab", "many", "calls", "calls-idle" and
-# "translation" only when named) AB_BIN (cpu-ab's second gateway binary, and
+# "translation" and "close" only when named) AB_BIN (cpu-ab's second gateway binary, and
 # calls' and translation's optional one)
+# CLOSE_N_PER_TARGET CLOSE_C CLOSE_DELTAS CLOSE_DELTA_INTERVAL_MS
 # TRANSLATION_N TRANSLATION_SECS TRANSLATION_CHUNK_MS TRANSLATION_USD_PER_MINUTE
 # CALLS_N CALLS_SECS CALLS_SPEECH_MS CALLS_MODEL_MS CALLS_SILENCE_MS
 # CALLS_DELTA_MS CALLS_INFERENCE_MS CALLS_POOL_SIZE CALLS_STEPS
@@ -140,6 +150,10 @@ CALLS_LIMIT_MS=${CALLS_LIMIT_MS:-5}
 IDLE_N=${IDLE_N:-1000}
 IDLE_SECS=${IDLE_SECS:-60}
 IDLE_READ_SECS=${IDLE_READ_SECS:-50}
+CLOSE_N_PER_TARGET=${CLOSE_N_PER_TARGET:-100}
+CLOSE_C=${CLOSE_C:-20}
+CLOSE_DELTAS=${CLOSE_DELTAS:-50}
+CLOSE_DELTA_INTERVAL_MS=${CLOSE_DELTA_INTERVAL_MS:-20}
 TRANSLATION_N=${TRANSLATION_N:-100}
 TRANSLATION_SECS=${TRANSLATION_SECS:-60}
 # 100 ms of 24 kHz PCM16 per append: 4,800 bytes, 6,400 base64 characters.
@@ -623,6 +637,18 @@ if stage translation; then
     --threads "$BENCH_THREADS" --out "$OUT_DIR/translation.json" | tee "$OUT_DIR/translation.txt"
   awk -v t=$(($(cpu_ticks "$PID_sim") - sim_before)) -v hz="$(getconf CLK_TCK)" \
     'BEGIN { printf "simulator CPU during this bench: %.1f s\n", t / hz }' | tee -a "$OUT_DIR/translation.txt"
+  stop_pids
+  echo
+fi
+
+if stage close; then
+  POOL_SIZE=$CLOSE_C C=$CLOSE_C
+  start_stack "close" --audio-deltas "$CLOSE_DELTAS" --audio-delta-bytes 320 \
+    --delta-interval-ms "$CLOSE_DELTA_INTERVAL_MS"
+  # Four targets, CLOSE_N_PER_TARGET sessions each, in both benches.
+  bench close-mid-response 1 -n $((4 * CLOSE_N_PER_TARGET)) -c "$CLOSE_C" --close-at first-audio
+  echo
+  bench close-after-done 1 -n $((4 * CLOSE_N_PER_TARGET)) -c "$CLOSE_C"
   stop_pids
   echo
 fi

@@ -12,6 +12,8 @@ use std::time::Duration;
 use clap::Parser;
 use patchbay_gateway::secret::Secret;
 
+use crate::session::CloseAt;
+
 pub const DEFAULT_MODEL: &str = "gpt-realtime";
 /// The model a `--translation` run asks for unless `--model` names another.
 pub const TRANSLATION_MODEL: &str = "gpt-realtime-translate";
@@ -52,6 +54,11 @@ pub struct Cli {
     /// after the run for the pool hit rate; repeat.
     #[arg(long = "metrics", value_name = "NAME=URL", value_parser = parse_metrics)]
     pub metrics: Vec<MetricsSpec>,
+    /// When each session closes: after `response.done`, or right after
+    /// its first audio delta (the response still in flight). The `close`
+    /// phase is the client's close until the server closed the connection.
+    #[arg(long, value_enum, default_value_t = CloseAt::Done)]
+    pub close_at: CloseAt,
     /// Runtime worker threads; 1 runs everything on the current thread.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,

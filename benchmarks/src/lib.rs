@@ -100,6 +100,7 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<Outcome, PlanError> {
         concurrency: cli.concurrency,
         timeout: cli.timeout(),
         progress,
+        close_at: cli.close_at,
     });
     let started_unix_secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::session::{self, Endpoint, SessionError, Timings};
+use crate::session::{self, CloseAt, Endpoint, SessionError, Timings};
 use crate::stats::Summary;
 
 /// How often progress is printed to stderr.
@@ -145,6 +145,8 @@ pub struct Plan {
     pub timeout: Duration,
     /// Print progress to stderr.
     pub progress: bool,
+    /// When each session closes.
+    pub close_at: CloseAt,
 }
 
 /// One session's outcome.
@@ -204,9 +206,14 @@ pub async fn run(plan: Arc<Plan>) -> RunResult {
                 let started = start.elapsed();
                 let mut timings = Timings::default();
                 let deadline = Instant::now() + plan.timeout;
-                let error = session::run(&plan.targets[target].endpoint, deadline, &mut timings)
-                    .await
-                    .err();
+                let error = session::run(
+                    &plan.targets[target].endpoint,
+                    deadline,
+                    plan.close_at,
+                    &mut timings,
+                )
+                .await
+                .err();
                 samples.push(Sample {
                     index,
                     target,

@@ -7,13 +7,22 @@
 //! - `first_audio`: `response.create` written → first audio delta received
 //!   (GA `response.output_audio.delta` or beta `response.audio.delta`);
 //! - `turn`: `response.create` written → `response.done` received;
-//! - `total`: TCP connect start → `response.done` received.
+//! - `total`: TCP connect start → `response.done` received;
+//! - `close`: the client's close frame written → the server closed the TCP
+//!   connection (what a client's `close()` waits for: RFC 6455 §7.1.1 has
+//!   the server close TCP first), bounded by [`CLOSE_WAIT`] (a close that
+//!   took longer counts as [`CLOSE_WAIT`]).
+//!
+//! A session closes after `response.done`, or with [`CloseAt::FirstAudio`]
+//! right after its first audio delta, while the response is still in
+//! flight (then `turn` and `total` are not measured): the close an
+//! interrupting client makes, which the gateway answers while it cancels
+//! the response upstream.
 //!
 //! The hot loop reads each frame's type from its leading bytes
 //! ([`patchbay_gateway::event::event_type`]) and never parses audio; it keeps
 //! no copy of a frame, so the only allocation per frame is tungstenite's own
-//! buffer for the message. The close handshake after `response.done` is
-//! bounded by [`CLOSE_WAIT`] and not part of any phase.
+//! buffer for the message.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -44,15 +53,17 @@ pub enum Phase {
     FirstAudio,
     Turn,
     Total,
+    Close,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 5] = [
+    pub const ALL: [Phase; 6] = [
         Phase::Dial,
         Phase::Session,
         Phase::FirstAudio,
         Phase::Turn,
         Phase::Total,
+        Phase::Close,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +73,7 @@ impl Phase {
             Phase::FirstAudio => "first_audio",
             Phase::Turn => "turn",
             Phase::Total => "total",
+            Phase::Close => "close",
         }
     }
 }
@@ -105,6 +117,7 @@ pub struct Timings {
     pub first_audio: Option<Duration>,
     pub turn: Option<Duration>,
     pub total: Option<Duration>,
+    pub close: Option<Duration>,
     /// Audio delta frames received, and their bytes (JSON text, as framed).
     pub audio_frames: u32,
     pub audio_bytes: u64,
@@ -118,6 +131,7 @@ impl Timings {
             Phase::FirstAudio => self.first_audio,
             Phase::Turn => self.turn,
             Phase::Total => self.total,
+            Phase::Close => self.close,
         }
     }
 }
@@ -132,11 +146,23 @@ pub fn is_audio_delta(kind: &str) -> bool {
 
 pub type Ws = WebSocketStream<TcpStream>;
 
+/// When a session closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum CloseAt {
+    /// After `response.done`.
+    #[default]
+    Done,
+    /// Right after the first audio delta, the response still in flight.
+    FirstAudio,
+}
+
 /// Runs one session against `endpoint`, filling `t` as phases complete.
-/// The whole session is bounded by `deadline`.
+/// The whole session is bounded by `deadline` (the close by [`CLOSE_WAIT`]
+/// more).
 pub async fn run(
     endpoint: &Endpoint,
     deadline: Instant,
+    close_at: CloseAt,
     t: &mut Timings,
 ) -> Result<(), SessionError> {
     let t0 = Instant::now();
@@ -144,19 +170,25 @@ pub async fn run(
     let t_upgraded = Instant::now();
     t.dial = Some(t_upgraded - t0);
 
-    let result = turn(&mut ws, deadline, t0, t_upgraded, t).await;
-    close(&mut ws).await;
+    let result = turn(&mut ws, deadline, t0, t_upgraded, close_at, t).await;
+    let closed = close(&mut ws).await;
+    if result.is_ok() {
+        t.close = Some(closed);
+    }
     result
 }
 
-/// Closes politely but never waits longer than [`CLOSE_WAIT`].
-pub async fn close(ws: &mut Ws) {
+/// Closes politely and waits for the server to close the connection, but
+/// never longer than [`CLOSE_WAIT`]; how long that took.
+pub async fn close(ws: &mut Ws) -> Duration {
+    let started = Instant::now();
     let _ = tokio::time::timeout(CLOSE_WAIT, async {
         if ws.close(None).await.is_ok() {
             while let Some(Ok(_)) = ws.next().await {}
         }
     })
     .await;
+    started.elapsed().min(CLOSE_WAIT)
 }
 
 /// TCP connect (`TCP_NODELAY`) and WebSocket upgrade to `endpoint`, by
@@ -192,6 +224,7 @@ async fn turn(
     deadline: Instant,
     t0: Instant,
     t_upgraded: Instant,
+    close_at: CloseAt,
     t: &mut Timings,
 ) -> Result<(), SessionError> {
     wait_for(ws, deadline, Phase::Session, |kind, _| {
@@ -214,11 +247,17 @@ async fn turn(
             }
             t.audio_frames += 1;
             t.audio_bytes += len as u64;
+            if close_at == CloseAt::FirstAudio {
+                return true;
+            }
         }
         kind == "response.done"
     })
     .await
     .map_err(|e| e.in_phase(phase))?;
+    if close_at == CloseAt::FirstAudio {
+        return Ok(());
+    }
     let now = Instant::now();
     t.turn = Some(now - t_create);
     t.total = Some(now - t0);

@@ -222,3 +222,44 @@ async fn ws_relay_sessions(meter: Option<patchbay_bench::metered::Rows>) {
         "the six sessions with the right key reached the upstream, with its key"
     );
 }
+
+/// `--close-at first-audio`: each session closes right after its first
+/// audio delta, the response still in flight; the close is measured and
+/// the turn is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_at_first_audio_measures_the_close_of_a_response_in_flight() {
+    let sim = sim::start(
+        loopback(),
+        SimConfig {
+            keys: vec![UPSTREAM_KEY.into()],
+            audio_deltas: 200,
+            audio_delta_bytes: 100,
+            delta_interval: Duration::from_millis(50),
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let args: Vec<String> = [
+        "--target".into(),
+        format!("direct={}@{UPSTREAM_KEY}", sim.url(false)),
+        "-n".into(),
+        "4".into(),
+        "-c".into(),
+        "2".into(),
+        "--close-at".into(),
+        "first-audio".into(),
+    ]
+    .into();
+    let outcome = patchbay_bench::execute(&cli(&args), false).await.unwrap();
+    for s in &outcome.result.samples {
+        assert!(s.error.is_none(), "{s:?}");
+        assert_eq!(s.timings.audio_frames, 1, "{s:?}");
+        assert!(s.timings.first_audio.is_some() && s.timings.close.is_some());
+        assert_eq!((s.timings.turn, s.timings.total), (None, None), "{s:?}");
+    }
+    assert_eq!(outcome.result.samples.len(), 4);
+    let text = outcome.report().render();
+    assert!(text.contains("close "), "{text}");
+    sim.stop();
+}

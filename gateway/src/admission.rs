@@ -8,7 +8,9 @@
 //! then the store-backed checks in [`crate::metering`] (rpm, tpm, budgets,
 //! unpriced). A [`Permit`] is the admitted session's hold on the counters;
 //! dropping it (however the session ends) releases them, so a panic or a
-//! cancelled task cannot leak a slot.
+//! cancelled task cannot leak a slot. A session releases it earlier, once
+//! its client is gone ([`Permit::release`]), while its upstream leg may
+//! still be cancelling and metering.
 //!
 //! The process cap is always per process: it protects a pod's memory. A
 //! key's cap is per process without Redis; with Redis it is counted across
@@ -166,10 +168,25 @@ pub struct Permit {
     /// The session's fleet lease (Redis configured and the key capped);
     /// dropped with the permit, which ends it.
     lease: Option<Lease>,
+    /// The slot was given back ([`Permit::release`]).
+    released: bool,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl Permit {
+    /// Gives the slot back and ends the lease now, before the permit is
+    /// dropped (once only): a session whose client is gone frees its slot
+    /// while its upstream leg is still being cancelled and metered.
+    pub fn release(&mut self) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        self.lease = None;
         self.sessions.active.fetch_sub(1, Ordering::AcqRel);
         self.gauge.dec();
         let mut per_key = lock(&self.sessions.per_key);
@@ -180,9 +197,7 @@ impl Drop for Permit {
             }
         }
     }
-}
 
-impl Permit {
     pub fn key_id(&self) -> &str {
         &self.key_id
     }
@@ -270,6 +285,7 @@ impl Sessions {
             key_id: key_id.to_string(),
             gauge,
             lease: None,
+            released: false,
         })
     }
 }
@@ -292,6 +308,22 @@ mod tests {
         drop(a);
         assert_eq!(s.active(), 1);
         assert!(s.admit(2, "k", None, g.clone()).is_ok());
+    }
+
+    #[test]
+    fn a_released_permit_frees_its_slots_once_and_its_drop_frees_nothing_more() {
+        let s = Arc::new(Sessions::default());
+        let g = Gauge::default();
+        let mut a = s.admit(10, "k", Some(1), g.clone()).unwrap();
+        let _b = s.admit(10, "other", None, g.clone()).unwrap();
+        a.release();
+        a.release();
+        assert_eq!((s.active(), s.key_active("k"), g.get()), (1, 0, 1));
+        let c = s.admit(10, "k", Some(1), g.clone()).unwrap();
+        drop(a);
+        assert_eq!((s.active(), s.key_active("k"), g.get()), (2, 1, 2));
+        drop(c);
+        assert_eq!((s.active(), s.key_active("k"), g.get()), (1, 0, 1));
     }
 
     #[test]

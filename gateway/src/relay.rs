@@ -58,9 +58,13 @@
 //!    gateway learns how much. Only a vanished upstream, or no
 //!    `response.done` within the grace, leaves a turn's usage unknown.
 //!
-//! The client's close never waits on the upstream leg; the session task
-//! ends after both legs, within 3 × [`CLOSE_GRACE`] (a fragmented message
-//! let through to its end first, the cancel's answer, the close).
+//! The client's close never waits on the upstream leg: its connection is
+//! closed, TCP included, once its own handshake is done, and the caller is
+//! told then (`client_done` of [`splice`]) so that what the client held
+//! (its admission slot, its lease) is freed with it. The session task ends
+//! after both legs, within 3 × [`CLOSE_GRACE`] (a fragmented message let
+//! through to its end first, the cancel's answer, the close), holding
+//! only the upstream leg and the tap meanwhile.
 //!
 //! Close codes: a received close is forwarded with its code and reason;
 //! codes that may not be sent on the wire (1005, 1006, 1015) become a bare
@@ -69,6 +73,7 @@
 
 pub mod client_text;
 pub mod code;
+pub mod end;
 pub mod frame;
 pub mod leg;
 pub(crate) mod on_wake;
@@ -86,12 +91,13 @@ use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use client_text::{Peek, Verdict};
+use end::sendable;
+pub use end::{close, teardown, End, Kill, LegClose, Spliced, Teardown};
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg, Side};
 use on_wake::{OnWake, ReadWake};
@@ -179,67 +185,6 @@ pub trait Tap {
 
 impl Tap for () {}
 
-/// A request, from outside the relay, to end the session now.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Kill {
-    /// Close code for the client (1001 shutdown, 1008 policy).
-    pub code: u16,
-    pub reason: String,
-    /// An `error` event sent to the client before the close.
-    pub error_event: Option<String>,
-    /// Label for `realtime_sessions_total{outcome}`.
-    pub outcome: &'static str,
-}
-
-/// Why a session ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum End {
-    /// The client sent a close (its code); it goes upstream after the
-    /// cancel.
-    ClientClosed(Option<u16>),
-    /// The upstream sent a close (its code); it is forwarded to the client.
-    UpstreamClosed(Option<u16>),
-    /// The client's connection ended without a close handshake.
-    ClientGone,
-    /// The upstream's connection ended without a close handshake.
-    UpstreamGone,
-    /// The client sent a frame or message over `max_message_bytes` (found
-    /// from its header, before its payload is read).
-    ClientTooBig,
-    /// The client broke the WebSocket protocol; the close code it gets
-    /// (1002, or 1007 for invalid UTF-8 in a text message).
-    ClientProtocolError(u16),
-    UpstreamTooBig,
-    IdleTimeout,
-    MaxDuration,
-    Killed(Kill),
-}
-
-impl End {
-    pub fn outcome(&self) -> &'static str {
-        match self {
-            End::ClientClosed(_) => "client_closed",
-            End::UpstreamClosed(_) => "upstream_closed",
-            End::ClientGone => "client_gone",
-            End::UpstreamGone => "upstream_gone",
-            End::ClientTooBig => "client_message_too_big",
-            End::ClientProtocolError(_) => "client_protocol_error",
-            End::UpstreamTooBig => "upstream_message_too_big",
-            End::IdleTimeout => "idle_timeout",
-            End::MaxDuration => "max_session_duration",
-            End::Killed(k) => k.outcome,
-        }
-    }
-}
-
-/// How the session ended and the close code each leg saw (sent or received).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Spliced {
-    pub end: End,
-    pub client_code: Option<u16>,
-    pub upstream_code: Option<u16>,
-}
-
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub idle_timeout: Duration,
@@ -250,128 +195,6 @@ pub struct Limits {
 /// Data frames the client sent before the upstream was ready (as
 /// received), forwarded first (through the tap's client check).
 pub type Pending = Vec<RawFrame>;
-
-/// How one leg is closed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum LegClose {
-    /// The peer closed first and the leg queued the reply: flush it and
-    /// read to the end.
-    Reply,
-    /// Send this close (`None`: a close without a code) and read until the
-    /// peer's reply.
-    Send(Option<CloseFrame>),
-    /// The connection is gone: nothing can be sent.
-    Gone,
-}
-
-impl LegClose {
-    fn code(&self, received: Option<u16>) -> Option<u16> {
-        match self {
-            LegClose::Reply => received,
-            LegClose::Send(f) => f.as_ref().map(|f| u16::from(f.code)),
-            LegClose::Gone => None,
-        }
-    }
-}
-
-/// What ending a session does to each leg.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Teardown {
-    /// An `error` event the client gets before its close.
-    pub client_event: Option<String>,
-    pub client: LegClose,
-    pub upstream: LegClose,
-    /// The upstream can still be asked to cancel and can still answer: it
-    /// neither closed, nor vanished, nor broke the protocol.
-    pub upstream_answers: bool,
-}
-
-/// The teardown of each cause. `client_close` and `upstream_close` are the
-/// close frames received from that side (made sendable), when it closed.
-pub fn teardown(
-    end: &End,
-    client_close: Option<CloseFrame>,
-    upstream_close: Option<CloseFrame>,
-) -> Teardown {
-    use code::*;
-    let both = |client: CloseFrame, upstream: CloseFrame| Teardown {
-        client_event: None,
-        client: LegClose::Send(Some(client)),
-        upstream: LegClose::Send(Some(upstream)),
-        upstream_answers: true,
-    };
-    match end {
-        End::ClientClosed(_) => Teardown {
-            client_event: None,
-            client: LegClose::Reply,
-            upstream: LegClose::Send(client_close),
-            upstream_answers: true,
-        },
-        End::ClientGone => Teardown {
-            client_event: None,
-            client: LegClose::Gone,
-            upstream: LegClose::Send(Some(close(GOING_AWAY, "client disconnected"))),
-            upstream_answers: true,
-        },
-        End::ClientTooBig => both(
-            close(TOO_BIG, "message too big"),
-            close(GOING_AWAY, "client closed"),
-        ),
-        End::ClientProtocolError(c) => both(
-            close(*c, "protocol error"),
-            close(GOING_AWAY, "client closed"),
-        ),
-        End::UpstreamClosed(_) => Teardown {
-            client_event: None,
-            client: LegClose::Send(upstream_close),
-            upstream: LegClose::Reply,
-            upstream_answers: false,
-        },
-        End::UpstreamGone => Teardown {
-            client_event: None,
-            client: LegClose::Send(Some(close(INTERNAL, "upstream connection lost"))),
-            upstream: LegClose::Gone,
-            upstream_answers: false,
-        },
-        End::UpstreamTooBig => Teardown {
-            client_event: None,
-            client: LegClose::Send(Some(close(INTERNAL, "upstream message too big"))),
-            upstream: LegClose::Send(Some(close(TOO_BIG, "message too big"))),
-            // The rest of the oversize message is still on the wire: nothing
-            // after it can be read as frames.
-            upstream_answers: false,
-        },
-        End::IdleTimeout => both(
-            close(GOING_AWAY, "idle timeout"),
-            close(GOING_AWAY, "idle timeout"),
-        ),
-        End::MaxDuration => {
-            let reason = "maximum session duration";
-            Teardown {
-                client_event: Some(crate::event::error_event(
-                    "invalid_request_error",
-                    "session_expired",
-                    "the session reached this gateway's maximum duration",
-                )),
-                ..both(close(GOING_AWAY, reason), close(NORMAL, reason))
-            }
-        }
-        End::Killed(kill) => {
-            let upstream = if kill.code == GOING_AWAY {
-                GOING_AWAY
-            } else {
-                NORMAL
-            };
-            Teardown {
-                client_event: kill.error_event.clone(),
-                ..both(
-                    close(kill.code, &kill.reason),
-                    close(upstream, &kill.reason),
-                )
-            }
-        }
-    }
-}
 
 /// How long a session is quiet (no frame either way) before its legs let
 /// go of the buffers they keep only to be quicker with the next frames
@@ -630,19 +453,26 @@ where
     }
 }
 
-pub async fn splice<C, U, T, K>(
+/// Relays until one side ends, then tears down. `client_done` runs once
+/// the client's side is over (its close answered or sent, within
+/// [`CLOSE_GRACE`]), just before its connection is dropped: the caller
+/// frees what the client held (its admission slot, its lease) while the
+/// upstream leg may still be cancelling and metering.
+pub async fn splice<C, U, T, K, D>(
     mut client: Leg<C>,
     mut upstream: Leg<U>,
     pending: Pending,
     limits: Limits,
     tap: &mut T,
     kill: K,
+    client_done: D,
 ) -> Spliced
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
     T: Tap,
     K: std::future::Future<Output = Kill>,
+    D: FnOnce(),
 {
     let started = Instant::now();
     // Milliseconds from `started` (an atomic: the session's future must be
@@ -654,7 +484,7 @@ where
     let mut pump = Pump {
         client: &mut client,
         upstream: &mut upstream,
-        tap,
+        tap: &mut *tap,
         up: Mode::Forward,
         down: Mode::Forward,
         client_close: None,
@@ -781,12 +611,7 @@ where
     if pump.up == Mode::ToBoundary || pump.down == Mode::ToBoundary {
         let _ = tokio::time::timeout(CLOSE_GRACE, std::future::poll_fn(|cx| pump.poll(cx))).await;
     }
-    let Pump {
-        client,
-        upstream,
-        tap,
-        ..
-    } = pump;
+    drop(pump);
     // Asked again: the upstream's message just forwarded to its end may
     // have been a `response.created`.
     let cancels = upstream_answers && !tap.responses_in_flight().is_empty();
@@ -804,38 +629,29 @@ where
         client_event = None;
     }
 
-    let client_leg = close_leg(client, client_event, client_how, |_| {});
+    // The client leg owns its connection: it is closed (TCP too) as soon
+    // as its handshake is done, not when the upstream leg is, so a client
+    // waiting for the server to close first (RFC 6455 §7.1.1) is not held
+    // by the cancel below.
+    let client_leg = async move {
+        close_leg(&mut client, client_event, client_how, |_| {}).await;
+        client_done();
+        drop(client);
+    };
     let upstream_leg = async {
         if upstream_answers {
-            cancel_in_flight(upstream, tap).await;
+            cancel_in_flight(&mut upstream, tap).await;
         }
-        close_leg(upstream, None, upstream_how, |t| tap.on_upstream_frame(t)).await;
+        close_leg(&mut upstream, None, upstream_how, |t| {
+            tap.on_upstream_frame(t)
+        })
+        .await;
     };
     tokio::join!(client_leg, upstream_leg);
     Spliced {
         end,
         client_code,
         upstream_code,
-    }
-}
-
-pub fn close(code: u16, reason: &str) -> CloseFrame {
-    CloseFrame {
-        code: CloseCode::from(code),
-        reason: reason.to_string().into(),
-    }
-}
-
-/// A received close frame made fit to send on: 1005/1006/1015 may not
-/// appear on the wire.
-fn sendable(frame: Option<CloseFrame>) -> Option<CloseFrame> {
-    match frame {
-        Some(f) => match u16::from(f.code) {
-            1005 => None,
-            1006 | 1015 => Some(close(code::INTERNAL, "upstream connection lost")),
-            _ => Some(f),
-        },
-        None => None,
     }
 }
 
@@ -993,6 +809,7 @@ async fn close_leg<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
     fn kill(code: u16, outcome: &'static str, event: Option<&str>) -> Kill {
         Kill {

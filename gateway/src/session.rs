@@ -273,7 +273,7 @@ struct Ready {
 }
 
 impl Session {
-    pub async fn run(self, start: ClientStart) {
+    pub async fn run(mut self, start: ClientStart) {
         // Boxed: a session's future is allocated at the size of its largest
         // state and held so for the session's life, and the set-up's
         // locals (the dial and its results, moved between several of them
@@ -367,7 +367,10 @@ impl Session {
                 held.frames,
                 limits,
                 &mut *tap,
-                kill
+                kill,
+                // The client is gone: its slot and lease go with it, not
+                // with the upstream leg's cancel and close.
+                || self.permit.release(),
             ));
             meter.beside(splice).await
         };

@@ -106,6 +106,22 @@ pub struct RealtimeRouteSpec {
     /// own, so a secret minted on one pod is refused by the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secrets: Option<ClientSecrets>,
+    /// TLS on the gateway's own client listener, so clients reach the pods with `wss://` (the
+    /// official Node SDK dials nothing else). Without it the listener is plain TCP: TLS usually
+    /// ends at the cluster's Gateway or Ingress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ClientTls>,
+}
+
+/// The certificate of the client listener: a Secret of type `kubernetes.io/tls` (`tls.crt`, the
+/// chain, and `tls.key`), as cert-manager's `Certificate` writes it. It is mounted as a
+/// directory and the gateway re-reads both files, so a renewal reaches new connections without
+/// a restart.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientTls {
+    #[schemars(length(min = 1))]
+    pub secret_name: String,
 }
 
 /// The CEL rule that makes `upstream` and `upstreams` exclusive (and one of them required).

@@ -19,9 +19,9 @@ use tower_test::mock::{self, Handle, SendResponse};
 
 use crate::context::Context;
 use crate::crd::{
-    Autoscaling, ClientSecrets, Drain, GatewayPod, Metering, NamedUpstream, Open, Pool, Price,
-    Protocol, Provider, RealtimeRoute, RealtimeRouteSpec, Replicas, SecretKeyRef, SigningKeysRef,
-    Unpriced, Upstream,
+    Autoscaling, ClientSecrets, ClientTls, Drain, GatewayPod, Metering, NamedUpstream, Open, Pool,
+    Price, Protocol, Provider, RealtimeRoute, RealtimeRouteSpec, Replicas, SecretKeyRef,
+    SigningKeysRef, Unpriced, Upstream,
 };
 use crate::metrics::Metrics;
 
@@ -156,6 +156,9 @@ pub fn full_spec() -> RealtimeRouteSpec {
                 keys: vec!["current".into(), "previous".into()],
             },
             max_ttl_seconds: Some(600),
+        }),
+        tls: Some(ClientTls {
+            secret_name: "voice-tls".into(),
         }),
     }
 }

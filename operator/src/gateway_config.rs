@@ -8,7 +8,8 @@
 //! No secret is ever written here. Secrets reach the pod as files of mounted Secret volumes, which
 //! the gateway re-reads when they change: `api_key_file` (the upstream key, or one per
 //! `[[routes.upstreams]]` entry, with its `ca_file`), `[store] redis_url_file`, `[keys] file` and
-//! `[client_secrets] signing_key_files`.
+//! `[client_secrets] signing_key_files`, and the client listener's certificate
+//! (`[server] tls_cert_file`, `tls_key_file`).
 //!
 //! What is live and what needs a restart follows the gateway: `[metering]`, `[[prices]]` and the
 //! `priority` and `weight` of each listed upstream are re-read from the file, so they are left out
@@ -55,6 +56,14 @@ pub const UPSTREAMS_DIR: &str = "/etc/patchbay/upstreams";
 pub const SIGNING_KEYS_DIR: &str = "/etc/patchbay/signing-keys";
 /// Volume name of the signing keys' Secret.
 pub const SIGNING_KEYS_VOLUME: &str = "signing-keys";
+/// Directory the client listener's certificate Secret (`spec.tls`) is mounted at.
+pub const TLS_DIR: &str = "/etc/patchbay/tls";
+/// Volume name of the certificate Secret.
+pub const TLS_VOLUME: &str = "tls";
+/// The keys of a `kubernetes.io/tls` Secret: the certificate chain and its private key.
+pub const TLS_CERT_KEY: &str = "tls.crt";
+pub const TLS_KEY_KEY: &str = "tls.key";
+
 /// Prefix of the volume names of `spec.upstreams` Secrets (`upstreams-0`, `upstreams-1`, ...).
 pub const UPSTREAMS_VOLUME_PREFIX: &str = "upstreams-";
 
@@ -115,6 +124,17 @@ pub fn signing_keys_mount(spec: &RealtimeRouteSpec) -> Option<SecretMount> {
     })
 }
 
+/// The certificate Secret as a volume, when the route's client listener serves TLS.
+pub fn tls_mount(spec: &RealtimeRouteSpec) -> Option<SecretMount> {
+    let tls = spec.tls.as_ref()?;
+    Some(SecretMount {
+        volume: TLS_VOLUME.into(),
+        secret: tls.secret_name.clone(),
+        keys: vec![TLS_CERT_KEY.into(), TLS_KEY_KEY.into()],
+        dir: TLS_DIR.into(),
+    })
+}
+
 /// `[server] upgrade_timeout_secs`: the gateway's default, written out.
 const UPGRADE_TIMEOUT_SECS: u32 = 10;
 
@@ -156,6 +176,10 @@ struct Server {
     listen: String,
     admin_listen: String,
     upgrade_timeout_secs: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key_file: Option<String>,
 }
 
 /// A count or a number of seconds of the spec (an `int32`) as the gateway's unsigned type. The
@@ -272,6 +296,14 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
             listen: format!("0.0.0.0:{HTTP_PORT}"),
             admin_listen: format!("0.0.0.0:{ADMIN_PORT}"),
             upgrade_timeout_secs: UPGRADE_TIMEOUT_SECS,
+            tls_cert_file: spec
+                .tls
+                .as_ref()
+                .map(|_| format!("{TLS_DIR}/{TLS_CERT_KEY}")),
+            tls_key_file: spec
+                .tls
+                .as_ref()
+                .map(|_| format!("{TLS_DIR}/{TLS_KEY_KEY}")),
         },
         routes: vec![route_entry(spec)],
         pool: PoolConfig {
@@ -506,6 +538,42 @@ mod tests {
         let mut capped = spec.clone();
         capped.client_secrets.as_mut().unwrap().max_ttl_seconds = Some(60);
         assert_ne!(restart_part(&render(&spec)), restart_part(&render(&capped)));
+    }
+
+    #[test]
+    fn a_certificate_secret_turns_on_tls_from_its_mounted_files_and_needs_a_restart() {
+        let mut spec = fixtures::minimal_spec();
+        let plain: toml::Table = toml::from_str(&render(&spec)).unwrap();
+        assert!(plain["server"].get("tls_cert_file").is_none());
+        assert!(plain["server"].get("tls_key_file").is_none());
+        assert_eq!(tls_mount(&spec), None);
+        spec.tls = Some(crate::crd::ClientTls {
+            secret_name: "voice-tls".into(),
+        });
+        let rendered = render(&spec);
+        let doc: toml::Table = toml::from_str(&rendered).unwrap();
+        assert_eq!(
+            doc["server"]["tls_cert_file"].as_str(),
+            Some("/etc/patchbay/tls/tls.crt")
+        );
+        assert_eq!(
+            doc["server"]["tls_key_file"].as_str(),
+            Some("/etc/patchbay/tls/tls.key")
+        );
+        let mount = tls_mount(&spec).expect("mounted");
+        assert_eq!(
+            (mount.secret.as_str(), mount.dir.as_str(), mount.keys),
+            (
+                "voice-tls",
+                TLS_DIR,
+                vec!["tls.crt".into(), "tls.key".into()]
+            )
+        );
+        assert_ne!(
+            restart_part(&rendered),
+            restart_part(&render(&fixtures::minimal_spec())),
+            "turning TLS on restarts the pods (the listener is bound at start)"
+        );
     }
 
     #[test]

@@ -78,13 +78,28 @@ fn rendered_files(doc: &toml::Table) -> Vec<(String, &'static str)> {
     for file in signing.into_iter().flatten() {
         push(Some(file), "signing key");
     }
+    push(doc["server"].get("tls_cert_file"), "TLS certificate");
+    push(doc["server"].get("tls_key_file"), "TLS key");
     files
 }
 
-/// A stand-in for a mounted Secret file. The gateway's loader checks a CA file's PEM framing
-/// and that a signing key has at least 32 bytes.
+/// A self-signed certificate and its key, made once: the gateway's loader checks that the
+/// client listener's pair matches.
+fn tls_pair() -> &'static (String, String) {
+    static PAIR: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    PAIR.get_or_init(|| {
+        let made = rcgen::generate_simple_self_signed(vec!["gateway.example".into()])
+            .expect("a self-signed certificate");
+        (made.cert.pem(), made.signing_key.serialize_pem())
+    })
+}
+
+/// A stand-in for a mounted Secret file. The gateway's loader checks a CA file's PEM framing,
+/// that a signing key has at least 32 bytes and that a TLS certificate and key match.
 fn stand_in(what: &str) -> &'static str {
     match what {
+        "TLS certificate" => &tls_pair().0,
+        "TLS key" => &tls_pair().1,
         "upstream key" => "sk-test-upstream\n",
         "CA" => "-----BEGIN CERTIFICATE-----\nMIIBAA==\n-----END CERTIFICATE-----\n",
         "Redis URL" => "redis://127.0.0.1:6379\n",

@@ -647,6 +647,29 @@ def test_shipped_crd_defines_realtime_route_with_its_short_name_and_status(chart
     assert "status" in v1alpha1["subresources"]
 
 
+def test_a_route_can_name_a_certificate_secret_for_the_gateways_client_listener(chart):
+    """The chart deploys the operator, not the gateways: a route's `spec.tls.secretName`
+    names a `kubernetes.io/tls` Secret (what cert-manager's Certificate writes), which the
+    operator mounts into the route's gateway pods for the client listener's TLS."""
+    import jsonschema
+
+    crd = yaml.safe_load(chart.crds[0]["data"])
+    v1alpha1 = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
+    spec_schema = v1alpha1["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    tls = spec_schema["properties"]["tls"]
+    assert tls["required"] == ["secretName"]
+    assert tls["properties"]["secretName"]["type"] == "string"
+    full = next(
+        d for d in yaml.safe_load_all((REPO / "examples" / "realtimeroute-full.yaml").read_text())
+        if d and d["kind"] == "RealtimeRoute"
+    )
+    assert full["spec"]["tls"] == {"secretName": "voice-tls"}
+    jsonschema.validate(full["spec"], spec_schema)
+    for bad in ({"secretName": ""}, {}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**full["spec"], "tls": bad}, spec_schema)
+
+
 def test_crd_is_not_rendered_as_a_template(chart):
     """Helm installs crds/ before templates and never upgrades or deletes it."""
     kinds_rendered = {o["kind"] for o in render(chart)}

@@ -6,16 +6,21 @@ simulator, each configured only through its own documented settings:
   answer after it, an answer it interrupts (`session.interrupt()`: the
   cancelled response is billed as `cancelled`, 499), and a clean close;
 - LiveKit Agents (`livekit-plugins-openai` `RealtimeModel(base_url=…,
-  api_key=…)`, its session used directly, no room): `generate_reply`
-  streams the answer's audio (it matches its own item ids and
-  `response.metadata.client_event_id`, and needs `response.output_item.added`
-  before the deltas);
+  api_key=…)` in an `AgentSession` without a room, as its test mode runs
+  it): a tool-call round trip with an `Agent`'s own `@function_tool` (it
+  matches its own item ids and `response.metadata.client_event_id`, and
+  needs `response.output_item.added` before the deltas), an answer it
+  interrupts (`session.interrupt()`), and `aclose()`;
 - pipecat (`OpenAIRealtimeLLMService(api_key=…, base_url=…)` in a pipeline
-  with its context aggregators): an `LLMRunFrame` turn's audio reaches the
-  end of the pipeline.
+  with its context aggregators): a tool-call round trip with a function
+  registered on the service (`register_function`) and declared in the
+  context's `ToolsSchema`, an answer cancelled by an `InterruptionFrame`
+  (server turn detection off, as with local VAD: the service then sends
+  `response.cancel`), and the pipeline's `EndFrame`.
 
 Every turn is a request-log row on the gateway's stdout: the check asserts
-their count, key and cost, and that a client's close is answered at once.
+their count, key, cost and outcome (the interrupted answer `cancelled`,
+499), and that a client's close is over in under a second.
 
 Usage: python check_python_frameworks.py <patchbay-gateway binary>
 Starts `sim` and `serve` on free 127.0.0.1 ports; everything started is
@@ -119,27 +124,61 @@ async def openai_agents_tool_round_trip(ws_base: str) -> float:
     return closed_in
 
 
-async def livekit_reply(http_base: str) -> int:
-    """Returns the audio frames of one generated reply."""
+async def livekit_agent(http_base: str, billed) -> float:
+    """A tool-call round trip, an interrupted answer and a close through an
+    `AgentSession` (no room: its documented test mode, `session.run`).
+    `billed(n)` waits for the n-th row of this check. Returns how long the
+    close took."""
     import aiohttp
+    from livekit.agents import Agent, AgentSession, function_tool
     from livekit.plugins.openai import realtime
+
+    called_with = []
+
+    class Support(Agent):
+        def __init__(self):
+            super().__init__(instructions="Help with orders.")
+
+        @function_tool
+        async def lookup_order(self, order_id: str) -> str:
+            """Looks an order up by its id."""
+            called_with.append(order_id)
+            return "shipped yesterday"
 
     async with aiohttp.ClientSession() as http:
         model = realtime.RealtimeModel(
             model=MODEL, base_url=http_base, api_key=CLIENT_KEY, http_session=http
         )
-        session = model.session()
-        generation = await session.generate_reply(instructions="Say hello.")
-        frames = 0
-        async for message in generation.message_stream:
-            async for _ in message.audio_stream:
-                frames += 1
+        session = AgentSession(llm=model)
+        await session.start(Support())
+        # The framework runs the tool and answers with its output.
+        result = await session.run(user_input="Please lookup_order 42 for me.")
+        kinds = [e.type for e in result.events]
+        assert kinds == ["function_call", "function_call_output", "message"], kinds
+        assert called_with == ["sim"], called_with
+        await billed(2)
+        # An answer interrupted once it is being spoken: the framework
+        # cancels it (`response.cancel`).
+        speaking = asyncio.Event()
+        session.on("agent_state_changed", lambda ev: ev.new_state == "speaking" and speaking.set())
+        handle = session.generate_reply(user_input="Tell me a long story.")
+        await speaking.wait()
+        await session.interrupt()
+        await handle
+        assert handle.interrupted
+        await billed(3)
+        started = time.monotonic()
         await session.aclose()
-    return frames
+    return time.monotonic() - started
 
 
-async def pipecat_reply(ws_base: str) -> int:
-    """Returns the audio frames one run of the pipeline produced."""
+async def pipecat_agent(ws_base: str, billed) -> float:
+    """A tool-call round trip (a function registered with the service and
+    declared in the context's tools), an interrupted answer (an
+    `InterruptionFrame`, with server turn detection off as for local VAD)
+    and the pipeline's end, through `OpenAIRealtimeLLMService` in a
+    pipeline with its context aggregators. Returns how long the end took,
+    from the `EndFrame` to the runner's return."""
     import warnings
 
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -147,46 +186,98 @@ async def pipecat_reply(ws_base: str) -> int:
 
     # pipecat logs every frame at DEBUG.
     logger.remove()
-    logger.add(sys.stderr, level="WARNING")
-    from pipecat.frames.frames import EndFrame, LLMFullResponseEndFrame, LLMRunFrame, TTSAudioRawFrame
+    logger.add(sys.stderr, level="ERROR")
+    from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
+    from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
+    from pipecat.frames.frames import (
+        EndFrame,
+        InterruptionFrame,
+        LLMFullResponseEndFrame,
+        LLMMessagesAppendFrame,
+        LLMRunFrame,
+        TTSAudioRawFrame,
+    )
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.runner import PipelineRunner
     from pipecat.pipeline.task import PipelineTask
     from pipecat.processors.aggregators.llm_context import LLMContext
     from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
     from pipecat.processors.frame_processor import FrameProcessor
+    from pipecat.services.openai.realtime import events
     from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
     class Sink(FrameProcessor):
         def __init__(self):
             super().__init__()
             self.audio = 0
-            self.done = asyncio.Event()
+            self.answers = 0
+            self.changed = asyncio.Event()
 
         async def process_frame(self, frame, direction):
             await super().process_frame(frame, direction)
             if isinstance(frame, TTSAudioRawFrame):
                 self.audio += 1
+                self.changed.set()
             if isinstance(frame, LLMFullResponseEndFrame):
-                self.done.set()
+                self.answers += 1
+                self.changed.set()
             await self.push_frame(frame, direction)
 
+        async def until(self, done):
+            while not done():
+                self.changed.clear()
+                await self.changed.wait()
+
+    called_with = []
+
+    async def lookup_order(params):
+        called_with.append(params.arguments.get("order_id"))
+        await params.result_callback("shipped yesterday")
+
+    manual_turns = events.SessionProperties(
+        audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=False))
+    )
     llm = OpenAIRealtimeLLMService(
         api_key=CLIENT_KEY,
         base_url=f"{ws_base}/realtime",
-        settings=OpenAIRealtimeLLMService.Settings(model=MODEL),
+        settings=OpenAIRealtimeLLMService.Settings(model=MODEL, session_properties=manual_turns),
     )
-    aggregators = LLMContextAggregatorPair(LLMContext([{"role": "user", "content": "Say hello."}]))
+    llm.register_function("lookup_order", lookup_order)
+    tools = ToolsSchema(
+        standard_tools=[
+            FunctionSchema(
+                name="lookup_order",
+                description="Looks an order up by its id.",
+                properties={"order_id": {"type": "string"}},
+                required=["order_id"],
+            )
+        ]
+    )
+    context = LLMContext([{"role": "user", "content": "Please lookup_order 42 for me."}], tools=tools)
+    aggregators = LLMContextAggregatorPair(context)
     sink = Sink()
     task = PipelineTask(Pipeline([aggregators.user(), llm, sink, aggregators.assistant()]))
+    ended = {}
 
     async def drive():
         await task.queue_frames([LLMRunFrame()])
-        await sink.done.wait()
+        # The call's response, then the answer to the tool's output.
+        await sink.until(lambda: called_with and sink.answers >= 2)
+        assert called_with == ["sim"], called_with
+        assert sink.audio > 0, "no audio"
+        await billed(2)
+        heard = sink.audio
+        await llm.queue_frame(
+            LLMMessagesAppendFrame([{"role": "user", "content": "Tell me a long story."}], run_llm=True)
+        )
+        await sink.until(lambda: sink.audio > heard)
+        await task.queue_frame(InterruptionFrame())
+        await billed(3)
+        ended["at"] = time.monotonic()
         await task.queue_frame(EndFrame())
 
     await asyncio.gather(PipelineRunner(handle_sigint=False).run(task), drive())
-    return sink.audio
+    return time.monotonic() - ended["at"]
 
 
 def main() -> int:
@@ -232,34 +323,37 @@ def main() -> int:
                 time.sleep(0.1)
             raise AssertionError(f"rows: {rows(rows_file)}")
 
-        def livekit_check():
+        def agent_check(name, run):
+            """Runs `run(billed)`; asserts its rows (three, the client's
+            key, each charged, the last cancelled) and its close time."""
             before = len(rows(rows_file))
-            frames = asyncio.run(
-                asyncio.wait_for(livekit_reply(f"http://127.0.0.1:{gw_port}/v1"), DEADLINE_S)
-            )
-            assert frames > 0, "no audio"
-            deadline = time.time() + DEADLINE_S
-            while time.time() < deadline:
-                if len(rows(rows_file)) > before:
-                    return
-                time.sleep(0.1)
-            raise AssertionError("the reply was not billed")
+
+            async def billed(n):
+                deadline = time.monotonic() + DEADLINE_S
+                while len(rows(rows_file)) < before + n:
+                    assert time.monotonic() < deadline, f"{name}: {n} rows expected, {rows(rows_file)[before:]}"
+                    await asyncio.sleep(0.05)
+
+            closed_in = asyncio.run(asyncio.wait_for(run(billed), DEADLINE_S))
+            time.sleep(0.5)
+            mine = rows(rows_file)[before:]
+            assert len(mine) == 3, mine
+            assert all(r["key_id"] == "master" and r["cost_usd"] > 0 for r in mine), mine
+            outcomes = [(r["status"], r["end_reason"]) for r in mine]
+            assert outcomes == [(200, "completed"), (200, "completed"), (499, "cancelled")], outcomes
+            assert closed_in < 1.0, f"close took {closed_in:.3f} s"
+
+        def livekit_check():
+            http_base = f"http://127.0.0.1:{gw_port}/v1"
+            agent_check("livekit", lambda billed: livekit_agent(http_base, billed))
 
         def pipecat_check():
-            before = len(rows(rows_file))
-            frames = asyncio.run(asyncio.wait_for(pipecat_reply(ws_base), DEADLINE_S))
-            assert frames > 0, "no audio"
-            deadline = time.time() + DEADLINE_S
-            while time.time() < deadline:
-                if len(rows(rows_file)) > before:
-                    return
-                time.sleep(0.1)
-            raise AssertionError("the turn was not billed")
+            agent_check("pipecat", lambda billed: pipecat_agent(ws_base, billed))
 
         for name, check in [
             ("openai-agents: a tool-call round trip, an interrupted answer, every turn billed, a prompt close", agents_check),
-            ("LiveKit Agents: a generated reply streams audio and is billed", livekit_check),
-            ("pipecat: a pipeline's turn streams audio and is billed", pipecat_check),
+            ("LiveKit Agents: a tool-call round trip, an interrupted answer, every turn billed, a prompt close", livekit_check),
+            ("pipecat: a tool-call round trip, an interrupted answer, every turn billed, a prompt close", pipecat_check),
         ]:
             try:
                 check()

@@ -85,6 +85,7 @@ async fn rig(tap: Seen) -> Rig {
             limits,
             &mut tap,
             kill,
+            || {},
         )
         .await;
         (spliced, tap)

@@ -372,3 +372,57 @@ async fn a_drain_that_starts_during_an_admission_waits_for_its_session() {
     assert_eq!(exit, Some(0), "{}", child.logs());
     blocked.await.unwrap();
 }
+
+/// A client that closes mid-response gives its fleet lease back when its
+/// connection is closed, not when the upstream leg has cancelled the
+/// response (here an upstream that reads nothing until its three-second
+/// response is over): another gateway admits the key's next session
+/// meanwhile.
+#[tokio::test]
+async fn a_client_closing_mid_response_frees_its_fleet_lease_before_the_upstream_leg_ends() {
+    use futures_util::StreamExt;
+    use std::sync::atomic::Ordering;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    let Some(url) = redis_url("fleet lease at close") else {
+        return;
+    };
+    let sim = sim(SimConfig {
+        audio_deltas: 150,
+        audio_delta_bytes: 16,
+        delta_interval: Duration::from_millis(20),
+        fault: Some(patchbay_sim::SimFault::FinishResponseBeforeClose),
+        ..SimConfig::default()
+    })
+    .await;
+    let key = capped_key(1);
+    let one = fleet_gateway(&sim, &key).await;
+    let two = fleet_gateway(&sim, &key).await;
+    let mut first = open_with(one.addr, &key.secret).await.unwrap();
+    assert_eq!(lease_count(&url, &key.id).await, 1);
+    send_json(&mut first, serde_json::json!({"type": "response.create"})).await;
+    while kind(&recv_text(&mut first).await) != "response.output_audio.delta" {}
+    first
+        .close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "done".into(),
+        }))
+        .await
+        .unwrap();
+    let closed = tokio::time::timeout(WAIT, async {
+        while let Some(Ok(_)) = first.next().await {}
+    });
+    assert!(closed.await.is_ok(), "the connection never closed");
+    assert_eq!(
+        one.gateway.leases.as_ref().unwrap().held(&key.id),
+        0,
+        "the lease is given back with the client's connection"
+    );
+    let (_second, took) = open_when_admitted(two.addr, &key.secret, WAIT).await;
+    println!("the key's next session admitted on the other gateway after {took:?}");
+    assert_eq!(
+        sim.stats.sessions_active.load(Ordering::Relaxed),
+        2,
+        "the first session's upstream leg is still cancelling"
+    );
+}

@@ -197,6 +197,7 @@ async fn session(
         limits,
         &mut tracker,
         kill.fired(),
+        || {},
     )
     .await;
     tracker.finish(EndReason::from_end(&spliced.end));

@@ -724,3 +724,51 @@ async fn a_client_close_is_answered_and_the_connection_closed_at_once() {
         "the gateway closed the connection {took:?} after the client's close"
     );
 }
+
+/// A client that closes mid-response is done at once: its connection is
+/// closed and its admission slot free while the upstream leg is still
+/// cancelling the response (here an upstream that reads nothing until its
+/// three-second response is over). Both used to wait for the upstream
+/// leg: the client's TCP connection stayed open, and a second session
+/// under a cap of one was refused, until the upstream had closed.
+#[tokio::test]
+async fn a_client_closing_mid_response_frees_its_connection_and_slot_before_the_upstream_leg_ends()
+{
+    use futures_util::StreamExt;
+    let sim_config = SimConfig {
+        audio_deltas: 150,
+        audio_delta_bytes: 16,
+        delta_interval: Duration::from_millis(20),
+        fault: Some(SimFault::FinishResponseBeforeClose),
+        ..SimConfig::default()
+    };
+    let (sim, gw) = sim_and_gateway(sim_config, "[limits]\nmax_sessions = 1\n").await;
+    let mut ws = connect(gw.addr).await;
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.created");
+    send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+    while kind(&recv_text(&mut ws).await) != "response.output_audio.delta" {}
+    ws.close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "done".into(),
+    }))
+    .await
+    .unwrap();
+    let closed = tokio::time::timeout(WAIT, async { while let Some(Ok(_)) = ws.next().await {} });
+    assert!(closed.await.is_ok(), "the connection never closed");
+    assert_eq!(
+        sim.stats.sessions_active.load(Ordering::Relaxed),
+        1,
+        "the client's connection closed only once the upstream leg had"
+    );
+    let second = open_with(gw.addr, CLIENT_KEY).await;
+    assert!(
+        second.is_ok(),
+        "refused {:?} under a cap of one",
+        second.err()
+    );
+    assert_eq!(
+        sim.stats.sessions_active.load(Ordering::Relaxed),
+        2,
+        "the first session's upstream leg is still cancelling"
+    );
+}

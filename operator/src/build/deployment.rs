@@ -2,7 +2,8 @@
 //!
 //! The pod runs `patchbay-gateway serve --config /etc/patchbay/config/gateway.toml` with the two
 //! ConfigMaps and the referenced Secrets (upstream key, or one volume per distinct Secret of
-//! `spec.upstreams`; Redis URL; client keys; client-secret signing keys) mounted as
+//! `spec.upstreams`; Redis URL; client keys; client-secret signing keys; the client listener's
+//! certificate) mounted as
 //! directories (never `subPath`: a `subPath` mount is never updated, and these files change live).
 //! The gateway re-reads each file when it changes, so rotating a Secret restarts nothing; the
 //! operator never reads a Secret. A missing Secret keeps the pod in `ContainerCreating` with a
@@ -37,8 +38,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::meta::{child_meta, gateway_name, labels, pool_name, selector_labels};
 use crate::crd::{DrainMode, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef};
 use crate::gateway_config::{
-    config_path, signing_keys_mount, upstream_secret_mounts, SecretMount, ADMIN_PORT, CONFIG_DIR,
-    HTTP_PORT, KEYS_DIR, POOL_DIR, REDIS_URL_DIR, UPSTREAM_KEY_DIR,
+    config_path, signing_keys_mount, tls_mount, upstream_secret_mounts, SecretMount, ADMIN_PORT,
+    CONFIG_DIR, HTTP_PORT, KEYS_DIR, POOL_DIR, REDIS_URL_DIR, UPSTREAM_KEY_DIR,
 };
 
 /// Pod-template annotation carrying the gateway config hash.
@@ -320,11 +321,12 @@ fn secret_volume(name: &str, secret: &SecretKeyRef) -> Volume {
     }
 }
 
-/// The Secrets mounted whole-directory with several keys: those of `spec.upstreams` and the
-/// client-secret signing keys.
+/// The Secrets mounted whole-directory with several keys: those of `spec.upstreams`, the
+/// client-secret signing keys and the client listener's certificate.
 fn secret_mounts(spec: &RealtimeRouteSpec) -> Vec<SecretMount> {
     let mut mounts = upstream_secret_mounts(spec);
     mounts.extend(signing_keys_mount(spec));
+    mounts.extend(tls_mount(spec));
     mounts
 }
 
@@ -451,6 +453,7 @@ mod tests {
                 ("upstreams-0", "openai", "api-key,ca.pem".into()),
                 ("upstreams-1", "azure", "key".into()),
                 ("signing-keys", "signing", "current,previous".into()),
+                ("tls", "voice-tls", "tls.crt,tls.key".into()),
             ]
         );
         let m = mounts(&d);
@@ -518,6 +521,7 @@ mod tests {
                 ("upstream-key", "openai", "api-key".into()),
                 ("redis-url", "redis", "url".into()),
                 ("signing-keys", "signing", "current,previous".into()),
+                ("tls", "voice-tls", "tls.crt,tls.key".into()),
             ]
         );
         let annotations = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
@@ -653,6 +657,7 @@ mod tests {
                 ("upstream-key", "/etc/patchbay/upstream"),
                 ("redis-url", "/etc/patchbay/redis"),
                 ("signing-keys", "/etc/patchbay/signing-keys"),
+                ("tls", "/etc/patchbay/tls"),
                 ("tmp", "/tmp"),
             ]
         );

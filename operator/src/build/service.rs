@@ -1,4 +1,6 @@
-//! Service `<name>`: `http` for clients, `metrics` for scrapers.
+//! Service `<name>`: `http` for clients, `metrics` for scrapers. When the route's pods end TLS
+//! themselves (`spec.tls`), the client port says so with `appProtocol: https`, which is what
+//! Gateway API implementations and meshes read to speak TLS to a backend.
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -13,7 +15,13 @@ pub fn service(route: &RealtimeRoute) -> Service {
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".into()),
             selector: Some(selector_labels(route)),
-            ports: Some(vec![port("http", HTTP_PORT), port("metrics", ADMIN_PORT)]),
+            ports: Some(vec![
+                ServicePort {
+                    app_protocol: route.spec.tls.as_ref().map(|_| "https".into()),
+                    ..port("http", HTTP_PORT)
+                },
+                port("metrics", ADMIN_PORT),
+            ]),
             ..ServiceSpec::default()
         }),
         ..Service::default()
@@ -59,6 +67,20 @@ mod tests {
         assert_eq!(
             spec.selector.unwrap(),
             crate::build::selector_labels(&route)
+        );
+    }
+
+    #[test]
+    fn the_client_port_is_marked_https_only_when_the_pods_end_tls() {
+        let app_protocols = |spec| -> Vec<Option<String>> {
+            let route = fixtures::route(spec);
+            let ports = service(&route).spec.unwrap().ports.unwrap();
+            ports.into_iter().map(|p| p.app_protocol).collect()
+        };
+        assert_eq!(app_protocols(fixtures::minimal_spec()), [None, None]);
+        assert_eq!(
+            app_protocols(fixtures::full_spec()),
+            [Some("https".into()), None]
         );
     }
 }
