@@ -700,6 +700,7 @@ async fn admit_upgrade(
         origin: Box::new(Origin {
             path: std::mem::take(&mut refused.path),
             client: refused.client,
+            trace: gw.telemetry.parent(headers),
         }),
     };
     Ok(Accepted {

@@ -252,7 +252,14 @@ impl Session {
         let upstream = &route.upstreams[chosen];
         let meta = SessionMeta::new(self.id.clone(), &self.key, &route.config)
             .on_upstream(&upstream.config, &route.config)
-            .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()));
+            .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()))
+            .traced(
+                &gw.telemetry,
+                self.origin.trace,
+                &route.config,
+                &self.params,
+            );
+        let trace = meta.trace.clone();
         let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
         // A translation session is metered by the audio it carries.
         let audio = (route.config.endpoint == Endpoint::Translations)
@@ -318,6 +325,13 @@ impl Session {
             spliced.upstream_code,
             Some(setup),
         );
+        if let Some(t) = trace {
+            t.ended(
+                spliced.end.outcome(),
+                spliced.client_code,
+                spliced.upstream_code,
+            );
+        }
     }
 
     /// Everything before the splice: the client's upgrade, an upstream (a

@@ -75,6 +75,7 @@ use crate::metrics::{model, ModelMeters};
 use crate::relay::on_wake::OnWake;
 use crate::relay::Kill;
 use crate::store::{BudgetKey, FlushBatch, FlushId};
+use crate::telemetry::semconv::Turn;
 
 /// How often budgets are re-read when `flush_secs = 0`.
 pub const BUDGET_TICK: Duration = Duration::from_secs(1);
@@ -350,6 +351,17 @@ impl MeterTask {
                 tracing::warn!(session_id = %self.meta.session_id, model = %priced.row.model, "no [[prices]] row for this model: its usage is logged at cost 0");
             }
             self.record_metrics(&priced.row, &priced.usage);
+            if let (Some(trace), TurnKind::Response) = (&self.meta.trace, &rec.kind) {
+                trace.turn(&Turn {
+                    row: &priced.row,
+                    started_at: rec.started_at,
+                    ended_at: rec.ended_at,
+                    ttft: rec.ttft,
+                    cached_text: priced.usage.cached_text,
+                    cached_audio: priced.usage.cached_audio,
+                    cached_image: priced.usage.cached_image,
+                });
+            }
             cost += priced.row.cost_usd;
             tokens = tokens.saturating_add(priced.charge.tokens);
             rows.push(priced.row);
