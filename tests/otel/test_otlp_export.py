@@ -15,6 +15,10 @@ decodes every request with `opentelemetry.proto`'s generated classes:
 - each session has its `gen_ai.client.realtime_session.started` and
   `.ended` events, with the key id (never the key), outcome and close code;
 - the `gen_ai.client.token.usage` histogram counts the rows' tokens;
+- a WebRTC call created with a `traceparent` has its sideband's turns in
+  the client's trace, and its events;
+- a translation session has its events but no `realtime_inference` span
+  (the conventions leave translation and transcription sessions out);
 - with the collector down (refusing connections, or accepting and never
   answering), sessions complete as before and
   `patchbay_telemetry_dropped_total` rises.
@@ -24,6 +28,7 @@ Everything started here listens on 127.0.0.1 and is stopped at the end.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -47,6 +52,7 @@ from websockets.sync.client import connect as ws_connect
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "gpt-realtime"
+TRANSLATE = "gpt-realtime-translate"
 CLIENT_KEY = "pb-otel-check-key"
 KEY_ID = "otel-check"
 UPSTREAM_KEY = "sk-sim-otel-check"
@@ -198,9 +204,13 @@ class Gateway:
             f'[server]\nlisten = "127.0.0.1:{self.port}"\nadmin_listen = "127.0.0.1:{self.admin_port}"\n'
             f'[[routes]]\nmodel = "{MODEL}"\nupstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime"\n'
             'api_key_env = "OTEL_CHECK_UPSTREAM_KEY"\n'
+            f'[[routes]]\nmodel = "{TRANSLATE}"\nendpoint = "translations"\n'
+            f'upstream_url = "ws://127.0.0.1:{sim_port}/v1/realtime/translations"\n'
+            'api_key_env = "OTEL_CHECK_UPSTREAM_KEY"\n'
             f'[pool]\nsize = 1\n[keys]\nfile = "{keys}"\n[metering]\nflush_secs = 0\n'
             f'[[prices]]\nmodel = "{MODEL}"\ntext_input = 4.0\ncached_text_input = 0.4\naudio_input = 32.0\n'
             "cached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n"
+            f'[[prices]]\nmodel = "{TRANSLATE}"\nusd_per_minute = 0.034\n'
             f'[telemetry]\nendpoint = "{endpoint}"\nbatch_delay_ms = 100\nmetrics_interval_ms = 300\n'
         )
         self.rows_path = work / f"rows-{self.port}.jsonl"
@@ -244,6 +254,30 @@ class Gateway:
                         break
         return seen
 
+    def translation_session(self) -> None:
+        """A translation session: two seconds of audio in, some out."""
+        chunk = base64.b64encode(bytes(9600)).decode()  # 200 ms
+        url = f"ws://127.0.0.1:{self.port}/v1/realtime/translations?model={TRANSLATE}"
+        headers = {"Authorization": f"Bearer {CLIENT_KEY}", "traceparent": TRACEPARENT}
+        with ws_connect(url, additional_headers=headers, open_timeout=10) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            for _ in range(10):
+                ws.send(json.dumps({"type": "session.input_audio_buffer.append", "audio": chunk}))
+            while json.loads(ws.recv(timeout=10))["type"] != "session.output_audio.delta":
+                pass
+
+    def call(self, path: str, body: bytes, content_type: str) -> tuple[int, Any]:
+        """POSTs to the calls API with the client key and TRACEPARENT."""
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=body,
+            method="POST",
+            headers={"Authorization": f"Bearer {CLIENT_KEY}", "Content-Type": content_type,
+                     "traceparent": TRACEPARENT},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -260,8 +294,10 @@ class Gateway:
 def sim() -> Iterator[int]:
     port = free_port()
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([gateway_binary(), "sim", "--listen", f"127.0.0.1:{port}"], stdout=log,
-                                stderr=subprocess.STDOUT)
+        # Calls: the simulated caller speaks two turns on each sideband.
+        argv = [gateway_binary(), "sim", "--listen", f"127.0.0.1:{port}", "--caller-turns", "2",
+                "--caller-turn-interval-ms", "100"]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_for("the simulator", lambda: socket.create_connection(("127.0.0.1", port), timeout=1))
             yield port
@@ -427,3 +463,80 @@ def test_with_the_collector_down_sessions_run_unchanged_and_drops_are_counted(si
     finally:
         gw.stop()
         silent.close()
+
+
+def test_a_translation_session_has_its_events_and_no_inference_span(sim, work):
+    received = Received()
+    server = receiver(received)
+    gw = Gateway(work, sim, f"http://127.0.0.1:{server.server_port}", {})
+    try:
+        gw.translation_session()
+        rows = wait_for("a translation row", lambda: [r for r in gw.rows() if r["model"] == TRANSLATE])
+        ended = wait_for(
+            "the translation session's ended event",
+            lambda: [r for r in received.log_records() if r.event_name == "gen_ai.client.realtime_session.ended"],
+        )
+        # A Realtime session afterwards: its span arriving shows the
+        # exporter had sent everything before it.
+        gw.session(turns=1)
+        spans = wait_for("the Realtime session's span", received.spans)
+    except BaseException:
+        gw.dump()
+        raise
+    finally:
+        gw.stop()
+        server.shutdown()
+    session = rows[0]["session_id"]
+    a = attrs(ended[0].attributes)
+    assert a["gen_ai.realtime_session.id"] == session
+    assert a["gen_ai.request.model"] == TRANSLATE
+    assert ended[0].trace_id.hex() == TRACE_ID
+    assert all(attrs(s.attributes)["gen_ai.realtime_session.id"] != session for _, s in spans)
+    assert all(attrs(s.attributes)["gen_ai.request.model"] == MODEL for _, s in spans)
+
+
+OFFER = (
+    "v=0\r\no=- 4611731400430051336 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=ice-ufrag:abcd\r\n"
+    "a=ice-pwd:abcdefghijklmnopqrstuvwx\r\na=setup:actpass\r\na=mid:0\r\na=sendrecv\r\n"
+    "a=rtpmap:111 opus/48000/2\r\n"
+    "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\nc=IN IP4 0.0.0.0\r\na=mid:1\r\n"
+)
+
+
+def test_a_call_created_with_a_traceparent_has_its_turns_in_the_clients_trace(sim, work):
+    received = Received()
+    server = receiver(received)
+    gw = Gateway(work, sim, f"http://127.0.0.1:{server.server_port}", {})
+    try:
+        status, headers = gw.call(f"/v1/realtime/calls?model={MODEL}", OFFER.encode(), "application/sdp")
+        assert status == 201
+        call_id = headers["Location"].rsplit("/", 1)[1]
+        spans = wait_for("the caller's two turns", lambda: len(received.spans()) >= 2 and received.spans())
+        gw.call(f"/v1/realtime/calls/{call_id}/hangup", b"", "application/json")
+        ended = wait_for(
+            "the call's ended event",
+            lambda: [r for r in received.log_records() if r.event_name == "gen_ai.client.realtime_session.ended"],
+        )
+        rows = wait_for("the call's rows", lambda: len(gw.rows()) >= 2 and gw.rows())
+    except BaseException:
+        gw.dump()
+        raise
+    finally:
+        gw.stop()
+        server.shutdown()
+    by_request = {r["request_id"]: r for r in rows}
+    for _, span in spans:
+        a = attrs(span.attributes)
+        assert span.trace_id.hex() == TRACE_ID
+        assert span.parent_span_id.hex() == CLIENT_SPAN_ID
+        assert a["patchbay.transport"] == "webrtc"
+        row = by_request[a["patchbay.request_id"]]
+        assert row["call_id"] == call_id
+        for attribute, field in USAGE_ATTRIBUTES.items():
+            assert a[attribute] == row[field], (attribute, a[attribute], row[field])
+    a = attrs(ended[0].attributes)
+    assert a["patchbay.transport"] == "webrtc"
+    # The hangup, or the upstream closing the call's sideband first.
+    assert a["patchbay.outcome"] in ("client_hangup", "call_ended")
+    assert ended[0].trace_id.hex() == TRACE_ID
