@@ -261,6 +261,14 @@ impl TelemetryConfig {
     }
 }
 
+/// `u` as it may be logged: without a user name or password.
+pub fn shown(u: &url::Url) -> String {
+    let mut u = u.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.to_string()
+}
+
 /// An `http://` or `https://` URL with a host.
 fn parse_http_url(v: &str, key: &str) -> Result<url::Url, SettingError> {
     let u = url::Url::parse(v).map_err(|e| err(key, format!("`{v}` is not a URL: {e}")))?;
@@ -387,6 +395,8 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(s.endpoints.traces.as_str(), "http://env:4318/v1/traces");
+        let with_password = url::Url::parse("https://u:p@c:4318/v1/traces").unwrap();
+        assert_eq!(shown(&with_password), "https://c:4318/v1/traces");
         assert_eq!(resolve(&file, &[("OTEL_SDK_DISABLED", "true")]), Ok(None));
     }
 

@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use super::aggregate::{Aggregates, TurnSample};
-use super::config::Settings;
+use super::config::{shown, Settings};
 use super::proto::{self, LogData, Origin, SpanData};
 use crate::metrics::TelemetryDropLabels;
 
@@ -256,7 +256,7 @@ impl Exporter {
                 self.conns.remove(&conn_key(url));
                 self.drops.add(signal, EXPORT_FAILED, items as u64);
                 if !self.failing {
-                    tracing::warn!(signal = signal.as_str(), url = %url, error = %e, "telemetry export failed: the batch is dropped (counted in patchbay_telemetry_dropped_total); sessions are unaffected");
+                    tracing::warn!(signal = signal.as_str(), url = %shown(url), error = %e, "telemetry export failed: the batch is dropped (counted in patchbay_telemetry_dropped_total); sessions are unaffected");
                 }
                 self.failing = true;
                 false

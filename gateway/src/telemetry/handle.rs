@@ -14,7 +14,7 @@ use http::HeaderMap;
 use tokio::sync::{mpsc, oneshot};
 
 use super::aggregate::TurnSample;
-use super::config::Settings;
+use super::config::{shown, Settings};
 use super::context::{new_trace_id, Sampler, TraceParent, TRACEPARENT};
 use super::export::{Drops, Exporter, Item, Signal, QUEUE_FULL};
 use super::proto::Origin;
@@ -59,9 +59,9 @@ impl Telemetry {
             schema_url: SCHEMA_URL,
         };
         tracing::info!(
-            traces = %settings.endpoints.traces,
-            logs = %settings.endpoints.logs,
-            metrics = %settings.endpoints.metrics,
+            traces = %shown(&settings.endpoints.traces),
+            logs = %shown(&settings.endpoints.logs),
+            metrics = %shown(&settings.endpoints.metrics),
             sampler = ?settings.sampler,
             "exporting OpenTelemetry (OTLP http/protobuf)"
         );
