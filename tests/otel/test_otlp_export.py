@@ -370,6 +370,7 @@ def test_turn_spans_events_and_metrics_reach_the_collector_and_match_the_rows(si
         assert a["gen_ai.response.finish_reasons"] == ["completed"]
         row = by_request[a["patchbay.request_id"]]
         assert a["gen_ai.realtime_session.id"] == row["session_id"]
+        assert a["gen_ai.response.id"].startswith("resp_")
         for attribute, field in USAGE_ATTRIBUTES.items():
             assert a[attribute] == row[field], (attribute, a[attribute], row[field])
         assert sum(a[k] for k in CACHED_BY_MODALITY) == row["input_cached_tokens"]
@@ -382,6 +383,7 @@ def test_turn_spans_events_and_metrics_reach_the_collector_and_match_the_rows(si
         assert [e.name for e in span.events] == ["gen_ai.first_token"]
         (traced if span.trace_id.hex() == TRACE_ID else untraced).append((span, row))
 
+    assert len({attrs(s.attributes)["gen_ai.response.id"] for _, s in spans}) == 3
     # The session with a traceparent: both turns children of the client's span.
     assert len(traced) == 2 and len(untraced) == 1
     for span, _ in traced:

@@ -237,6 +237,7 @@ impl MeterTask {
                 audio_seconds: Some(translation::billed_seconds(input, output)),
                 ..Usage::default()
             }),
+            response_id: None,
         });
     }
 
@@ -357,6 +358,7 @@ impl MeterTask {
                     started_at: rec.started_at,
                     ended_at: rec.ended_at,
                     ttft: rec.ttft,
+                    response_id: rec.response_id.as_deref(),
                     cached_text: priced.usage.cached_text,
                     cached_audio: priced.usage.cached_audio,
                     cached_image: priced.usage.cached_image,
@@ -686,6 +688,7 @@ mod tests {
             status: 200,
             end_reason: "completed",
             usage,
+            response_id: None,
         }
     }
 

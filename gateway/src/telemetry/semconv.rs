@@ -54,6 +54,8 @@ pub struct Turn<'a> {
     pub started_at: SystemTime,
     pub ended_at: SystemTime,
     pub ttft: Option<Duration>,
+    /// The upstream's response id, when its events named one.
+    pub response_id: Option<&'a str>,
     /// Cached input tokens by modality (the row has their sum).
     pub cached_text: u64,
     pub cached_audio: u64,
@@ -106,6 +108,9 @@ pub fn turn_span(
         Value::Str(row.upstream_model.clone()),
     ));
     a.push((SESSION_ID, Value::Str(facts.session_id.clone())));
+    if let Some(id) = turn.response_id {
+        a.push(("gen_ai.response.id", Value::Str(id.to_string())));
+    }
     a.push((
         "gen_ai.response.finish_reasons",
         Value::StrArray(vec![finish.to_string()]),
@@ -309,6 +314,7 @@ mod tests {
             started_at: t0,
             ended_at: t0 + Duration::from_millis(900),
             ttft: Some(Duration::from_millis(120)),
+            response_id: Some("resp_1"),
             cached_text: 3,
             cached_audio: 5,
             cached_image: 0,
