@@ -100,7 +100,7 @@ pub struct Origin {
     pub resource: Vec<(String, String)>,
     pub scope_name: &'static str,
     pub scope_version: &'static str,
-    /// The semantic conventions' schema URL.
+    /// The semantic conventions' schema URL; empty: none.
     pub schema_url: &'static str,
 }
 
@@ -210,7 +210,9 @@ fn resource_and_scope(out: &mut Vec<u8>, origin: &Origin, items: impl FnOnce(&mu
             string(scope, 2, origin.scope_version);
         });
         items(scope_items);
-        string(scope_items, 3, origin.schema_url);
+        if !origin.schema_url.is_empty() {
+            string(scope_items, 3, origin.schema_url);
+        }
     });
 }
 

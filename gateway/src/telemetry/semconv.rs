@@ -8,9 +8,10 @@
 //! open-telemetry/semantic-conventions-genai (`gen-ai-realtime-spans.md`,
 //! Development status) as named in its realtime proposal: the
 //! `realtime_inference` operation, `gen_ai.realtime_session.id`, and the
-//! `gen_ai.client.realtime_session.*` events; schema
-//! [`SCHEMA_URL`]. Later revisions of that document rename the session
-//! words to `live_session`; the names live here as constants only.
+//! `gen_ai.client.realtime_session.*` events. They are in no released
+//! schema yet, so the export names none ([`SCHEMA_URL`] is empty). Later
+//! revisions of that document rename the session words to
+//! `live_session`; the names live here as constants only.
 //!
 //! Every value comes from the row the meter already built (tokens per
 //! modality, cost, status) and the tracker's times: nothing is parsed for
@@ -22,8 +23,8 @@ use super::context::new_span_id;
 use super::proto::{Attribute, EventData, LogData, SpanData, SpanKind, Value};
 use crate::logs::RequestLogRow;
 
-/// The semantic conventions' schema the attributes follow.
-pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.37.0";
+/// The schema the attributes follow: none released has them yet.
+pub const SCHEMA_URL: &str = "";
 /// `gen_ai.operation.name` of a turn.
 pub const OPERATION: &str = "realtime_inference";
 pub const EVENT_STARTED: &str = "gen_ai.client.realtime_session.started";
