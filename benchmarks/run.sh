@@ -39,6 +39,12 @@
 #    six targets: direct, tcp-relay, and two gateway binaries (GATEWAY_BIN
 #    and AB_BIN, e.g. the plain and the profile-guided build of
 #    benchmarks/pgo.sh), each with its pool off and on.
+# 5e. Telemetry run (stage "cpu-otel", only when named): the CPU workload
+#    with six targets: direct, tcp-relay, and the gateway (GATEWAY_BIN) with
+#    its pool off and on, each once with OpenTelemetry off and once
+#    exporting to a stand-in collector (benchmarks/otlp_sink.py) at 100 %
+#    sampling (OTEL_TRACES_SAMPLER=always_on): the CPU table against
+#    pool-off and pool-on is what tracing costs per session.
 # 6. Many-sessions run (stage "many", not in the default STAGES): MANY_N
 #    sessions at once through one gateway (pool MANY_POOL_SIZE), held open
 #    by MANY_MODEL_MS of model time before each one's first audio, one turn
@@ -97,7 +103,7 @@
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
-# all; "cpu-runtime", "cpu-ab", "many", "calls", "calls-idle" and
+# all; "cpu-runtime", "cpu-ab", "cpu-otel", "many", "calls", "calls-idle",
 # "translation" and "close" only when named) AB_BIN (cpu-ab's second gateway binary, and
 # calls' and translation's optional one)
 # CLOSE_N_PER_TARGET CLOSE_C CLOSE_DELTAS CLOSE_DELTA_INTERVAL_MS
@@ -181,6 +187,7 @@ GW_OFF_B_PORT=$((BASE_PORT + 88))
 GW_ON_B_PORT=$((BASE_PORT + 89))
 ADMIN_OFF_B_PORT=$((BASE_PORT + 94))
 ADMIN_ON_B_PORT=$((BASE_PORT + 95))
+OTLP_PORT=$((BASE_PORT + 96))
 ADMIN_OFF_PORT=$((BASE_PORT + 91))
 ADMIN_ON_PORT=$((BASE_PORT + 92))
 
@@ -461,6 +468,46 @@ if stage cpu-ab; then
     --cpu-pid "pool-on=$PID_gw_on" --cpu-pid "pool-on-b=$PID_gw_on_b" \
     --threads "$BENCH_THREADS" --out "$OUT_DIR/cpu-ab.json" \
     -n $((6 * CPU_N_PER_TARGET)) -c "$CPU_C" | tee "$OUT_DIR/cpu-ab.txt"
+  stop_pids
+  echo
+fi
+
+if stage cpu-otel; then
+  # The same gateway binary with OpenTelemetry off and on (100 % sampling,
+  # to a stand-in collector), pool off and on, with tcp-relay and direct.
+  POOL_SIZE=$CPU_POOL_SIZE C=$CPU_C
+  start otlp-sink python3 benchmarks/otlp_sink.py "$OTLP_PORT"
+  wait_port "$OTLP_PORT"
+  start_stack "cpu otel" --upgrade-delay-ms 250 --session-delay-ms 7 \
+    --inference-delay-ms "$CPU_INFERENCE_MS" --audio-deltas "$CPU_DELTAS" \
+    --audio-delta-bytes "$CPU_DELTA_BYTES" --delta-interval-ms "$CPU_DELTA_INTERVAL_MS"
+  up="ws://127.0.0.1:$SIM_PORT/v1/realtime"
+  otel=(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" OTEL_TRACES_SAMPLER=always_on)
+  gateway gw-off-b "$GW_OFF_B_PORT" "$ADMIN_OFF_B_PORT" 0 "$up" "${otel[@]}"
+  gateway gw-on-b "$GW_ON_B_PORT" "$ADMIN_ON_B_PORT" "$POOL_SIZE" "$up" "${otel[@]}"
+  wait_http "http://127.0.0.1:$ADMIN_OFF_B_PORT/readyz"
+  wait_http "http://127.0.0.1:$ADMIN_ON_B_PORT/readyz"
+  echo "== cpu otel: pool-off-otel and pool-on-otel export to 127.0.0.1:$OTLP_PORT, every trace sampled"
+  PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" \
+    --target "direct=ws://127.0.0.1:$SIM_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "pool-off=ws://127.0.0.1:$GW_OFF_PORT/v1/realtime" \
+    --target "pool-off-otel=ws://127.0.0.1:$GW_OFF_B_PORT/v1/realtime" \
+    --target "pool-on=ws://127.0.0.1:$GW_ON_PORT/v1/realtime" \
+    --target "pool-on-otel=ws://127.0.0.1:$GW_ON_B_PORT/v1/realtime" \
+    --against tcp-relay --against pool-off --against pool-on \
+    --cpu-pid "tcp-relay=$PID_relay" \
+    --cpu-pid "pool-off=$PID_gw_off" --cpu-pid "pool-off-otel=$PID_gw_off_b" \
+    --cpu-pid "pool-on=$PID_gw_on" --cpu-pid "pool-on-otel=$PID_gw_on_b" \
+    --threads "$BENCH_THREADS" --out "$OUT_DIR/cpu-otel.json" \
+    -n $((6 * CPU_N_PER_TARGET)) -c "$CPU_C" | tee "$OUT_DIR/cpu-otel.txt"
+  {
+    echo
+    echo "Telemetry dropped (pool-off-otel, pool-on-otel):"
+    for admin in "$ADMIN_OFF_B_PORT" "$ADMIN_ON_B_PORT"; do
+      curl -fsS "http://127.0.0.1:$admin/metrics" | grep '^patchbay_telemetry_dropped_total' || true
+    done
+  } | tee -a "$OUT_DIR/cpu-otel.txt"
   stop_pids
   echo
 fi

@@ -22,6 +22,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::telemetry::context::TraceParent;
+
 /// The `tracing` target of every access line.
 pub const TARGET: &str = "patchbay_gateway::access";
 
@@ -41,6 +43,8 @@ pub struct Origin {
     /// The path with only the kept query parameters ([`logged_path`]).
     pub path: String,
     pub client: Option<SocketAddr>,
+    /// The client's W3C `traceparent`, read when telemetry is on.
+    pub trace: Option<TraceParent>,
 }
 
 impl Origin {
@@ -48,6 +52,7 @@ impl Origin {
         Self {
             path: logged_path(path, query),
             client,
+            trace: None,
         }
     }
 }

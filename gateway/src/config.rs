@@ -6,9 +6,11 @@
 //! 2. the TOML file (`--config`, else `patchbay.toml` when present);
 //! 3. `PATCHBAY_<SECTION>_<KEY>` for the table sections (`server`, `pool`,
 //!    `relay`, `limits`, `metering`, `store`, `keys`, `drain`,
-//!    `client_secrets`), parsed as a TOML value when it is one (`10`,
+//!    `client_secrets`, `telemetry`), parsed as a TOML value when it is one (`10`,
 //!    `true`, `"x"`, `["a", "b"]`), else taken as a string;
-//! 4. the well-known `REALTIME_POOL_SIZE` and `REALTIME_POOL_MAX_IDLE_SECS`.
+//! 4. the well-known `REALTIME_POOL_SIZE` and `REALTIME_POOL_MAX_IDLE_SECS`,
+//!    and the standard `OTEL_*` variables for `[telemetry]`
+//!    ([`crate::telemetry::config`]).
 //!
 //! Unknown keys are errors (`deny_unknown_fields`), so a typo never silently
 //! falls back to a default. Secrets are never in the file: routes name the
@@ -38,6 +40,7 @@ use url::Url;
 use crate::config_checks;
 use crate::config_env;
 use crate::secret::Secret;
+use crate::telemetry::config::{Settings as TelemetrySettings, TelemetryConfig};
 use crate::upstream_key::{key_from_file_text, UpstreamKey};
 
 /// The sections a renderer writes, their enums and bounds, and the upstream-URL rules live in
@@ -91,6 +94,10 @@ pub struct Config {
     pub keys: KeysConfig,
     pub drain: DrainConfig,
     pub client_secrets: ClientSecretsConfig,
+    pub telemetry: TelemetryConfig,
+    /// `[telemetry]` and the `OTEL_*` variables resolved; `None`: export off.
+    #[serde(skip)]
+    pub telemetry_settings: Option<TelemetrySettings>,
     /// `PATCHBAY_MASTER_KEY`, when set.
     #[serde(skip)]
     pub master_key: Option<Secret>,
@@ -121,6 +128,8 @@ impl Default for Config {
             keys: KeysConfig::default(),
             drain: DrainConfig::default(),
             client_secrets: ClientSecretsConfig::default(),
+            telemetry: TelemetryConfig::default(),
+            telemetry_settings: None,
             master_key: None,
             source: None,
             unread_env: Vec::new(),
@@ -484,6 +493,10 @@ impl Config {
                 format!("'{bad}' is not an origin (scheme://host[:port], no path)"),
             ));
         }
+        self.telemetry_settings = self
+            .telemetry
+            .resolve(env)
+            .map_err(|e| ConfigError::new(e.key, e.message))?;
         {
             use patchbay_config::{MAX_CLIENT_SECRET_TTL_SECS, MIN_CLIENT_SECRET_TTL_SECS};
             let ttl = self.client_secrets.max_ttl_secs;

@@ -15,7 +15,7 @@
 pub const ENV_PREFIX: &str = "PATCHBAY_";
 
 /// The sections whose keys the environment can set.
-pub const TABLE_SECTIONS: [&str; 9] = [
+pub const TABLE_SECTIONS: [&str; 10] = [
     "server",
     "pool",
     "relay",
@@ -25,6 +25,7 @@ pub const TABLE_SECTIONS: [&str; 9] = [
     "keys",
     "drain",
     "client_secrets",
+    "telemetry",
 ];
 
 /// `PATCHBAY_*` names the gateway reads that are not section overrides.
@@ -73,6 +74,19 @@ pub fn section_keys(section: &str) -> &'static [&'static str] {
         "keys" => &["file"],
         "drain" => &["wait_secs", "mode", "linger_secs"],
         "client_secrets" => &["signing_key_files", "max_ttl_secs"],
+        "telemetry" => &[
+            "endpoint",
+            "protocol",
+            "service_name",
+            "resource_attributes",
+            "sampler",
+            "sampler_arg",
+            "queue_size",
+            "batch_size",
+            "batch_delay_ms",
+            "export_timeout_ms",
+            "metrics_interval_ms",
+        ],
         _ => &[],
     }
 }

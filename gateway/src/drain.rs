@@ -129,6 +129,9 @@ pub async fn shutdown_signal() -> std::io::Result<()> {
     }
 }
 
+/// The longest the drain waits for queued telemetry to be exported.
+pub const TELEMETRY_FLUSH: Duration = Duration::from_secs(2);
+
 /// Runs the drain sequence and returns when every session ended or the
 /// wait ran out.
 pub async fn drain(gw: &Gateway) {
@@ -167,6 +170,9 @@ pub async fn drain(gw: &Gateway) {
             "drain wait ran out before every request-log row and store write was out"
         ),
     }
+    // The last turns' spans and the sessions' `.ended` events, exported
+    // once more within a bound.
+    gw.telemetry.flush(TELEMETRY_FLUSH).await;
     // The sessions just closed free their fleet slots now rather than when
     // their leases expire: one store call, its wait for a renewal in
     // flight included.

@@ -20,6 +20,8 @@ use crate::metering::Metering;
 use crate::metrics::{FailoverLabels, Metrics, ModelMeters, UpstreamLabels};
 use crate::store::leases::{Acquire, Lease, Leases};
 use crate::store::redis::RedisConn;
+use crate::telemetry::export::Drops;
+use crate::telemetry::handle::Telemetry;
 use crate::upstream::breaker::{Breaker, BreakerConfig};
 use crate::upstream::dial::Upstream;
 use crate::upstream::pool::{parse_size_file, Pool};
@@ -242,6 +244,8 @@ pub struct Gateway {
     pub draining: CancellationToken,
     /// Every session task, from admission to its last close frame.
     pub tasks: TaskTracker,
+    /// OpenTelemetry export (off unless an endpoint is configured).
+    pub telemetry: Telemetry,
     ready: AtomicBool,
     /// The client listener's accepts fail for want of descriptors.
     accepts_failing: AtomicBool,
@@ -350,6 +354,10 @@ impl Gateway {
         let client_secrets = ClientSecrets::with_redis(&config, metrics.clone(), redis.clone())
             .map_err(StartError::ClientSecrets)?;
         let ready = routes.iter().all(|r| r.pool_size() == 0);
+        let telemetry = Telemetry::start(
+            config.telemetry_settings.clone(),
+            Drops(metrics.telemetry_dropped.clone()),
+        );
         Ok(Self {
             config,
             routes,
@@ -363,6 +371,7 @@ impl Gateway {
             shutdown: CancellationToken::new(),
             draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            telemetry,
             ready: AtomicBool::new(ready),
             accepts_failing: AtomicBool::new(false),
         })

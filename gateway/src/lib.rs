@@ -42,6 +42,7 @@ pub mod server;
 pub mod session;
 pub mod status_page;
 pub mod store;
+pub mod telemetry;
 #[cfg(test)]
 mod test_skip;
 pub mod upstream;

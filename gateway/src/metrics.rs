@@ -73,6 +73,15 @@ pub struct SinkLabel {
     pub sink: String,
 }
 
+/// A dropped telemetry item (`patchbay_telemetry_dropped_total`): its
+/// signal (`traces`, `logs`, `metrics`) and why (`queue_full`,
+/// `export_failed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TelemetryDropLabels {
+    pub signal: String,
+    pub reason: String,
+}
+
 pub fn sink(s: &str) -> SinkLabel {
     SinkLabel { sink: s.into() }
 }
@@ -162,6 +171,7 @@ pub struct Metrics {
     pub client_secrets_minted: Family<ModelLabel, Counter>,
     pub client_secrets_refused: Family<SecretRefusalLabels, Counter>,
     pub call_action_refusals: Family<ActionRefusalLabels, Counter>,
+    pub telemetry_dropped: Family<TelemetryDropLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -214,6 +224,7 @@ impl Metrics {
             client_secrets_minted: Family::default(),
             client_secrets_refused: Family::default(),
             call_action_refusals: Family::default(),
+            telemetry_dropped: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -379,6 +390,11 @@ impl Metrics {
             "Call actions (hangup, refer, reject) the gateway refused before forwarding, \
              by action and reason; an accept's refusals are admission refusals",
             Declared(m.call_action_refusals.clone()),
+        );
+        r.register(
+            "telemetry_dropped",
+            "OpenTelemetry items dropped (never waited for), by signal and reason",
+            Declared(m.telemetry_dropped.clone()),
         );
         Self { registry, ..m }
     }

@@ -688,6 +688,7 @@ async fn admit_upgrade(
             origin: Box::new(Origin {
                 path: std::mem::take(&mut refused.path),
                 client: refused.client,
+                trace: gw.telemetry.parent(headers),
             }),
         };
         return Ok(Accepted {
@@ -745,6 +746,7 @@ async fn admit_upgrade(
         origin: Box::new(Origin {
             path: std::mem::take(&mut refused.path),
             client: refused.client,
+            trace: gw.telemetry.parent(headers),
         }),
         live_start: None,
     };

@@ -315,7 +315,14 @@ impl Session {
             .for_live_session(
                 live.as_ref()
                     .and_then(|_| crate::metering::live::started_id(&warm.session_created)),
+            )
+            .traced(
+                &gw.telemetry,
+                self.origin.trace,
+                &route.config,
+                &self.params,
             );
+        let trace = meta.trace.clone();
         let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
         // A translation session is metered by the audio it carries.
         let audio = (route.config.endpoint == Endpoint::Translations)
@@ -399,6 +406,13 @@ impl Session {
             spliced.upstream_code,
             Some(setup),
         );
+        if let Some(t) = trace {
+            t.ended(
+                spliced.end.outcome(),
+                spliced.client_code,
+                spliced.upstream_code,
+            );
+        }
     }
 
     /// Everything before the splice: the client's upgrade, an upstream (a

@@ -45,6 +45,7 @@ use crate::client_secret::{is_client_secret, Grant};
 use crate::gateway::{Gateway, Route};
 use crate::http_error::{count_refusal, ApiError};
 use crate::metrics::ActionRefusalLabels;
+use crate::telemetry::context::TraceParent;
 
 use super::claim::{self, Lost};
 use super::fleet::{unix_ms, CallFleet, CallRecord, ADOPT_POLL, CLAIM_GRACE};
@@ -329,6 +330,7 @@ async fn create(
             route,
             permit,
             started,
+            trace: gw.telemetry.parent(&headers),
         },
     )
     .await;
@@ -455,7 +457,10 @@ async fn act(
         (None, None) => None,
     };
     match decide(&action, owner.as_ref(), &key) {
-        Decision::Accept => accept(&st, key, &call_id, &body, started).await,
+        Decision::Accept => {
+            let trace = gw.telemetry.parent(&headers);
+            accept(&st, key, &call_id, &body, started, trace).await
+        }
         Decision::ForwardUnheld => {
             // A call nobody accepted: declined by the webhook; any route with
             // a calls API can carry it.
@@ -522,6 +527,7 @@ async fn accept(
     call_id: &str,
     body: &[u8],
     started: Instant,
+    trace: Option<TraceParent>,
 ) -> Response {
     let gw = &st.gw;
     if gw.sessions.is_draining() {
@@ -599,6 +605,7 @@ async fn accept(
             route,
             permit,
             started,
+            trace,
         },
     )
     .await;
@@ -698,6 +705,9 @@ async fn adopt(st: &CallsState, fleet: &CallFleet, route: &Arc<Route>, rec: Call
         route: route.clone(),
         permit,
         started,
+        // An adopted call's trace context stayed with the replica that
+        // took it: its turns here start a trace of their own.
+        trace: None,
     };
     tracing::info!(call_id = %call.id, session_id = %call.session_id, key_id = %call.key.id, "call adopted from another replica");
     st.owners.claim(&call.id, rec.owner());

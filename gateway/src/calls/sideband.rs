@@ -44,6 +44,7 @@ use crate::gateway::{Gateway, Route};
 use crate::metering::{EndReason, SessionMeta};
 use crate::metrics::OutcomeLabels;
 use crate::relay::{self, End, Kill, Tap};
+use crate::telemetry::context::TraceParent;
 
 use super::fleet::{CallFleet, HOLD_RENEW};
 use super::ownership::Owners;
@@ -110,6 +111,8 @@ pub struct Call {
     pub route: Arc<Route>,
     pub permit: Permit,
     pub started: Instant,
+    /// The `traceparent` of the client's create or accept (telemetry on).
+    pub trace: Option<TraceParent>,
 }
 
 /// Why a sideband ended.
@@ -176,6 +179,8 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     if let Some(up) = call.route.upstreams.first() {
         meta = meta.on_upstream(&up.config, &route);
     }
+    let meta = meta.traced(&gw.telemetry, call.trace, &route, &[]);
+    let trace = meta.trace.clone();
     let (mut tracker, meter, kill) = gw.metering.start_session(meta);
     gw.tasks.spawn(meter.run());
     let deadline = call.started + Duration::from_secs(gw.config.relay.max_session_secs);
@@ -300,6 +305,9 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
         }
     };
     tracker.finish(end.end_reason());
+    if let Some(t) = trace {
+        t.ended(end.outcome(), None, None);
+    }
     owners.remove(&call.id);
     match (&fleet, &end) {
         (Some(f), SidebandEnd::LetGo | SidebandEnd::TakenOver) => {

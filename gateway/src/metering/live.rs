@@ -245,6 +245,7 @@ impl LiveWindows {
                 audio_seconds: Some(ms as f64 / 1000.0),
                 ..Usage::default()
             }),
+            response_id: None,
         })
     }
 }

@@ -76,6 +76,7 @@ use crate::metrics::{model, ModelMeters};
 use crate::relay::on_wake::OnWake;
 use crate::relay::Kill;
 use crate::store::{BudgetKey, FlushBatch, FlushId};
+use crate::telemetry::semconv::Turn;
 
 /// How often budgets are re-read when `flush_secs = 0`.
 pub const BUDGET_TICK: Duration = Duration::from_secs(1);
@@ -248,6 +249,7 @@ impl MeterTask {
                 audio_seconds: Some(translation::billed_seconds(input, output)),
                 ..Usage::default()
             }),
+            response_id: None,
         });
     }
 
@@ -367,6 +369,18 @@ impl MeterTask {
                 tracing::warn!(session_id = %self.meta.session_id, model = %priced.row.model, "no [[prices]] row for this model: its usage is logged at cost 0");
             }
             self.record_metrics(&priced.row, &priced.usage);
+            if let (Some(trace), TurnKind::Response) = (&self.meta.trace, &rec.kind) {
+                trace.turn(&Turn {
+                    row: &priced.row,
+                    started_at: rec.started_at,
+                    ended_at: rec.ended_at,
+                    ttft: rec.ttft,
+                    response_id: rec.response_id.as_deref(),
+                    cached_text: priced.usage.cached_text,
+                    cached_audio: priced.usage.cached_audio,
+                    cached_image: priced.usage.cached_image,
+                });
+            }
             cost += priced.row.cost_usd;
             tokens = tokens.saturating_add(priced.charge.tokens);
             rows.push(priced.row);
@@ -693,6 +707,7 @@ mod tests {
             status: 200,
             end_reason: "completed",
             usage,
+            response_id: None,
         }
     }
 

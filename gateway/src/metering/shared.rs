@@ -7,12 +7,15 @@ use std::sync::{Arc, RwLock};
 
 use crate::auth::{KeyEntry, KeyStore};
 use crate::config::{
-    BudgetPeriod, MeteringConfig, PriceRow, Provider, RouteConfig, UpstreamConfig,
+    BudgetPeriod, Endpoint, Intent, MeteringConfig, PriceRow, Provider, RouteConfig, UpstreamConfig,
 };
 use crate::logs::RequestLog;
 use crate::metering::outbox::Outbox;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError, CALL_TIMEOUT};
+use crate::telemetry::context::TraceParent;
+use crate::telemetry::handle::{SessionTrace, Telemetry};
+use crate::telemetry::semconv::SessionFacts;
 
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -90,6 +93,9 @@ pub struct SessionMeta {
     /// The upstream's name (a single-upstream route's model).
     pub upstream: String,
     pub route_budget: Option<(f64, BudgetPeriod)>,
+    /// The session's trace, when telemetry is on: its response turns
+    /// become spans when the meter flushes them.
+    pub trace: Option<Arc<SessionTrace>>,
 }
 
 impl SessionMeta {
@@ -107,7 +113,40 @@ impl SessionMeta {
             provider: provider_name(route.provider),
             upstream: route.model.clone(),
             route_budget: route.budget_usd.map(|b| (b, route.budget_period)),
+            trace: None,
         }
+    }
+
+    /// Starts the session's trace (its `.started` event sent) when
+    /// `telemetry` is on, continuing the client's `parent` trace. Its
+    /// response turns become spans unless it is a translation or
+    /// transcription session (`route`'s, or asked for by the client's
+    /// `params`), as the conventions say.
+    pub fn traced(
+        mut self,
+        telemetry: &Telemetry,
+        parent: Option<TraceParent>,
+        route: &RouteConfig,
+        params: &[(String, String)],
+    ) -> Self {
+        if !telemetry.is_on() {
+            return self;
+        }
+        let transcription = route.intent == Some(Intent::Transcription)
+            || params
+                .iter()
+                .any(|(k, v)| k == "intent" && v == Intent::Transcription.as_str());
+        let inference_spans = route.endpoint == Endpoint::Realtime && !transcription;
+        let facts = SessionFacts {
+            session_id: self.session_id.clone(),
+            model: self.model.clone(),
+            upstream_model: self.upstream_model.clone(),
+            provider: self.provider,
+            key_id: self.key.id.clone(),
+            transport: self.transport,
+        };
+        self.trace = telemetry.session(parent, facts, inference_spans);
+        self
     }
 
     /// Marks the session as opened with client secret `id`.

@@ -248,6 +248,9 @@ pub struct TurnRecord {
     pub end_reason: &'static str,
     /// `None`: usage unknown (cut short, or not reported).
     pub usage: Option<Usage>,
+    /// The response's id, as its events named it (moved from the open
+    /// turn, never parsed again); `None` for other kinds of turn.
+    pub response_id: Option<String>,
 }
 
 #[derive(Debug)]
@@ -397,6 +400,7 @@ impl TurnTracker {
                 status: reason.status(),
                 end_reason: reason.as_str(),
                 usage: None,
+                response_id: t.response_id,
             };
             self.emit(rec);
         }
@@ -461,6 +465,7 @@ impl TurnTracker {
                 status: 502,
                 end_reason: "never_done",
                 usage: None,
+                response_id: oldest.response_id,
             };
             self.emit_junk(rec);
         }
@@ -539,6 +544,7 @@ impl TurnTracker {
                     status,
                     end_reason,
                     usage,
+                    response_id: t.response_id,
                 }
             }
             None => TurnRecord {
@@ -551,6 +557,7 @@ impl TurnTracker {
                 status,
                 end_reason,
                 usage,
+                response_id: response.id,
             },
         };
         self.emit(rec);
@@ -573,6 +580,7 @@ impl TurnTracker {
             status: 200,
             end_reason: "completed",
             usage: event.usage.as_ref().map(Usage::from_json),
+            response_id: None,
         };
         self.emit(rec);
     }

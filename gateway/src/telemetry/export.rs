@@ -1,0 +1,368 @@
+//! The exporter: one task that takes finished spans, events and turns from
+//! a bounded queue, batches them, and POSTs them to the collector as OTLP
+//! over HTTP (binary protobuf, [`super::proto`]).
+//!
+//! Guarantees:
+//! - **Never blocks a session.** Producers only `try_send` into the queue
+//!   (`[telemetry] queue_size`, default 2048 items); a full queue drops the
+//!   item and counts it in `patchbay_telemetry_dropped_total{signal,
+//!   reason="queue_full"}`. Nothing here runs on a relay's task.
+//! - **Bounded.** A batch holds at most `batch_size` items per signal;
+//!   every request is bounded by `export_timeout_ms` (connect included).
+//!   A batch the collector refuses, or that cannot reach it, is dropped
+//!   and counted (`reason="export_failed"`): no retry queue grows behind
+//!   an unreachable collector. While a request waits, items queue, and past
+//!   the bound they are dropped: a slow collector costs telemetry, never a
+//!   session's latency.
+//! - Batches leave when full or every `batch_delay_ms`; the metrics every
+//!   `metrics_interval_ms` (cumulative, so a lost export loses no count).
+//!   At shutdown what is queued is exported once more, within a bound.
+//!
+//! One HTTP/1.1 connection per collector address is kept open between
+//! exports; `https://` endpoints use rustls with the webpki roots.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{header, Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{interval, Instant, MissedTickBehavior};
+
+use super::aggregate::{Aggregates, TurnSample};
+use super::config::{shown, Settings};
+use super::proto::{self, LogData, Origin, SpanData};
+use crate::metrics::TelemetryDropLabels;
+
+/// What the queue carries.
+#[derive(Debug)]
+pub enum Item {
+    Span(Box<SpanData>),
+    Log(Box<LogData>),
+    Turn(Box<TurnSample>),
+    /// Export what is queued now, then answer (shutdown).
+    Flush(oneshot::Sender<()>),
+}
+
+/// The three signals, as the drop counter labels them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Traces,
+    Logs,
+    Metrics,
+}
+
+impl Signal {
+    pub const ALL: [Signal; 3] = [Signal::Traces, Signal::Logs, Signal::Metrics];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Traces => "traces",
+            Signal::Logs => "logs",
+            Signal::Metrics => "metrics",
+        }
+    }
+}
+
+/// `reason` of a drop.
+pub const QUEUE_FULL: &str = "queue_full";
+pub const EXPORT_FAILED: &str = "export_failed";
+
+/// Counts dropped items.
+#[derive(Debug, Clone)]
+pub struct Drops(pub Family<TelemetryDropLabels, Counter>);
+
+impl Drops {
+    pub fn add(&self, signal: Signal, reason: &'static str, n: u64) {
+        if n > 0 {
+            self.0
+                .get_or_create(&TelemetryDropLabels {
+                    signal: signal.as_str().into(),
+                    reason: reason.into(),
+                })
+                .inc_by(n);
+        }
+    }
+
+    /// Every series at 0, so the family reads 0 before the first drop.
+    pub fn export_at_zero(&self) {
+        for s in Signal::ALL {
+            for r in [QUEUE_FULL, EXPORT_FAILED] {
+                let _ = self.0.get_or_create(&TelemetryDropLabels {
+                    signal: s.as_str().into(),
+                    reason: r.into(),
+                });
+            }
+        }
+    }
+}
+
+/// Why one export failed (logged at most once per failure streak).
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("cannot connect to {authority}: {message}")]
+    Connect { authority: String, message: String },
+    #[error("tls: {0}")]
+    Tls(String),
+    #[error("http: {0}")]
+    Http(String),
+    #[error("the collector answered {0}")]
+    Status(u16),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+type Conn = SendRequest<Full<Bytes>>;
+
+/// The exporter task's state.
+pub struct Exporter {
+    settings: Settings,
+    origin: Origin,
+    drops: Drops,
+    spans: Vec<SpanData>,
+    logs: Vec<LogData>,
+    aggregates: Aggregates,
+    /// Turns recorded since the last metrics export.
+    metrics_dirty: bool,
+    conns: HashMap<String, Conn>,
+    /// The export is failing (so only the first failure is logged).
+    failing: bool,
+}
+
+impl Exporter {
+    pub fn new(settings: Settings, origin: Origin, drops: Drops) -> Self {
+        Self {
+            spans: Vec::with_capacity(settings.batch_size),
+            logs: Vec::new(),
+            settings,
+            origin,
+            drops,
+            aggregates: Aggregates::new(SystemTime::now()),
+            metrics_dirty: false,
+            conns: HashMap::new(),
+            failing: false,
+        }
+    }
+
+    /// Runs until every sender is gone, exporting what is left at the end.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Item>) {
+        let mut batch_tick = interval(self.settings.batch_delay);
+        batch_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut metrics_tick = tokio::time::interval_at(
+            Instant::now() + self.settings.metrics_interval,
+            self.settings.metrics_interval,
+        );
+        metrics_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                item = rx.recv() => match item {
+                    Some(Item::Span(s)) => {
+                        self.spans.push(*s);
+                        if self.spans.len() >= self.settings.batch_size {
+                            self.export_spans().await;
+                        }
+                    }
+                    Some(Item::Log(l)) => {
+                        self.logs.push(*l);
+                        if self.logs.len() >= self.settings.batch_size {
+                            self.export_logs().await;
+                        }
+                    }
+                    Some(Item::Turn(t)) => {
+                        self.aggregates.record(&t);
+                        self.metrics_dirty = true;
+                    }
+                    Some(Item::Flush(done)) => {
+                        self.export_all().await;
+                        let _ = done.send(());
+                    }
+                    None => break,
+                },
+                _ = batch_tick.tick() => {
+                    self.export_spans().await;
+                    self.export_logs().await;
+                }
+                _ = metrics_tick.tick() => self.export_metrics().await,
+            }
+        }
+        self.export_all().await;
+    }
+
+    async fn export_all(&mut self) {
+        self.export_spans().await;
+        self.export_logs().await;
+        self.export_metrics().await;
+    }
+
+    async fn export_spans(&mut self) {
+        if self.spans.is_empty() {
+            return;
+        }
+        let spans = std::mem::take(&mut self.spans);
+        let body = proto::encode_spans(&self.origin, &spans);
+        let url = self.settings.endpoints.traces.clone();
+        self.send(Signal::Traces, &url, body, spans.len()).await;
+    }
+
+    async fn export_logs(&mut self) {
+        if self.logs.is_empty() {
+            return;
+        }
+        let logs = std::mem::take(&mut self.logs);
+        let body = proto::encode_logs(&self.origin, &logs);
+        let url = self.settings.endpoints.logs.clone();
+        self.send(Signal::Logs, &url, body, logs.len()).await;
+    }
+
+    async fn export_metrics(&mut self) {
+        if !self.metrics_dirty || self.aggregates.is_empty() {
+            return;
+        }
+        self.metrics_dirty = false;
+        let snapshot = self.aggregates.snapshot(SystemTime::now());
+        let body = proto::encode_histograms(&self.origin, &snapshot);
+        let url = self.settings.endpoints.metrics.clone();
+        let points = snapshot.iter().map(|h| h.points.len()).sum();
+        if !self.send(Signal::Metrics, &url, body, points).await {
+            // Cumulative: the next export carries these counts again.
+            self.metrics_dirty = true;
+        }
+    }
+
+    /// POSTs one request; on failure counts `items` dropped. True when the
+    /// collector took it.
+    async fn send(&mut self, signal: Signal, url: &url::Url, body: Vec<u8>, items: usize) -> bool {
+        let timeout = self.settings.export_timeout;
+        let result = match tokio::time::timeout(timeout, self.post(url, body)).await {
+            Ok(r) => r,
+            Err(_) => Err(ExportError::Timeout(timeout)),
+        };
+        match result {
+            Ok(()) => {
+                if self.failing {
+                    tracing::info!(signal = signal.as_str(), "telemetry export works again");
+                }
+                self.failing = false;
+                true
+            }
+            Err(e) => {
+                // The connection may be half-used: start afresh next time.
+                self.conns.remove(&conn_key(url));
+                self.drops.add(signal, EXPORT_FAILED, items as u64);
+                if !self.failing {
+                    tracing::warn!(signal = signal.as_str(), url = %shown(url), error = %e, "telemetry export failed: the batch is dropped (counted in patchbay_telemetry_dropped_total); sessions are unaffected");
+                }
+                self.failing = true;
+                false
+            }
+        }
+    }
+
+    async fn post(&mut self, url: &url::Url, body: Vec<u8>) -> Result<(), ExportError> {
+        let key = conn_key(url);
+        let kept = match self.conns.remove(&key) {
+            Some(mut c) => c.ready().await.is_ok().then_some(c),
+            None => None,
+        };
+        let mut conn = match kept {
+            Some(c) => c,
+            None => connect(url).await?,
+        };
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(url.path())
+            .header(header::HOST, url.authority())
+            .header(header::CONTENT_TYPE, "application/x-protobuf")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| ExportError::Http(e.to_string()))?;
+        for (k, v) in &self.settings.headers {
+            if let (Ok(name), Ok(value)) = (
+                header::HeaderName::from_bytes(k.as_bytes()),
+                header::HeaderValue::from_str(v),
+            ) {
+                req.headers_mut().insert(name, value);
+            }
+        }
+        let resp = conn
+            .send_request(req)
+            .await
+            .map_err(|e| ExportError::Http(e.to_string()))?;
+        let status = resp.status();
+        // Read to the end so the connection can carry the next export; an
+        // answer is a small protobuf (partial success) or an error text.
+        let _ = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await;
+        if !status.is_success() {
+            return Err(ExportError::Status(status.as_u16()));
+        }
+        self.conns.insert(key, conn);
+        Ok(())
+    }
+}
+
+/// The most of a collector's answer that is read.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+fn conn_key(url: &url::Url) -> String {
+    format!("{}://{}", url.scheme(), url.authority())
+}
+
+async fn connect(url: &url::Url) -> Result<Conn, ExportError> {
+    let host = url.host_str().unwrap_or_default().to_string();
+    let port = url.port_or_known_default().unwrap_or(80);
+    let authority = format!("{host}:{port}");
+    let tcp = TcpStream::connect(&authority)
+        .await
+        .map_err(|e| ExportError::Connect {
+            authority: authority.clone(),
+            message: e.to_string(),
+        })?;
+    let _ = tcp.set_nodelay(true);
+    if url.scheme() == "https" {
+        let config = tls_config()?;
+        let name =
+            rustls_pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_string())
+                .map_err(|e| ExportError::Tls(e.to_string()))?;
+        let tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| ExportError::Tls(e.to_string()))?;
+        handshake(tls).await
+    } else {
+        handshake(tcp).await
+    }
+}
+
+/// rustls (ring) trusting the webpki roots.
+fn tls_config() -> Result<std::sync::Arc<rustls::ClientConfig>, ExportError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ExportError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
+}
+
+async fn handshake<T>(io: T) -> Result<Conn, ExportError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| ExportError::Http(e.to_string()))?;
+    // The connection's driver ends when its sender is dropped.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
