@@ -340,7 +340,9 @@ impl Session {
             tracker.on_upstream_text(text);
         }
         let (model_end, model_refused) = tokio::sync::oneshot::channel();
-        let kill = async move {
+        // Boxed: it waits, cold, for the session's whole life (inline, its
+        // three waits put the session's future over its bound).
+        let kill = Box::pin(async move {
             tokio::select! {
                 k = metering_kill.fired() => k,
                 Ok(k) = model_refused => k,
@@ -351,7 +353,7 @@ impl Session {
                     outcome: "shutdown",
                 },
             }
-        };
+        });
         // Boxed: the session's future holds it for the session's life.
         let mut tap = Box::new(SessionTap::new(
             &mut tracker,
