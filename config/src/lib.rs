@@ -27,4 +27,6 @@ pub use sections::{
     PriceRow, RelayConfig, RouteConfig, StoreConfig, UpstreamConfig, DEFAULT_MAX_TURN_USD,
     DEFAULT_UPSTREAM_WEIGHT,
 };
-pub use upstream_url::{validate_upstream_url, UpstreamUrlError, OPENAI_REALTIME_URL};
+pub use upstream_url::{
+    endpoint_of_url, openai_url, validate_upstream_url, UpstreamUrlError, OPENAI_REALTIME_URL,
+};

@@ -5,11 +5,32 @@
 
 use url::Url;
 
-use crate::enums::Provider;
+use crate::enums::{Endpoint, Provider};
 
 /// OpenAI's Realtime endpoint: the default route's upstream, and the URL the operator renders
 /// for an OpenAI upstream that names none.
 pub const OPENAI_REALTIME_URL: &str = "wss://api.openai.com/v1/realtime";
+/// OpenAI's URL of `endpoint` (its WebSocket URL, `wss://api.openai.com` and the endpoint's
+/// path): what the operator renders for an OpenAI upstream of such a route that names none.
+pub fn openai_url(endpoint: Endpoint) -> String {
+    format!("wss://api.openai.com{}", endpoint.openai_path())
+}
+
+/// The endpoint an upstream URL dials, by its path: translations and Live by their own paths
+/// (`…/realtime/translations`, `…/live/sessions`), any other a Realtime one. A route dials only
+/// URLs of its own endpoint; the gateway's loader and the operator judge with this one rule.
+pub fn endpoint_of_url(upstream_url: &str) -> Endpoint {
+    let path = Url::parse(upstream_url)
+        .map(|u| u.path().trim_end_matches('/').to_string())
+        .unwrap_or_default();
+    if path.ends_with("/realtime/translations") {
+        Endpoint::Translations
+    } else if path.ends_with("/live/sessions") {
+        Endpoint::Live
+    } else {
+        Endpoint::Realtime
+    }
+}
 
 /// Why an upstream URL is refused; `Display` is the gateway's message for the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +73,25 @@ pub fn validate_upstream_url(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upstream_urls_endpoint_is_told_by_its_path() {
+        let t = "wss://api.openai.com/v1/realtime/translations";
+        assert_eq!(endpoint_of_url(t), Endpoint::Translations);
+        assert_eq!(
+            endpoint_of_url("ws://127.0.0.1:9/v1/realtime/translations/"),
+            Endpoint::Translations
+        );
+        assert_eq!(endpoint_of_url(OPENAI_REALTIME_URL), Endpoint::Realtime);
+        assert_eq!(
+            endpoint_of_url("wss://h/v1/realtime?x=/realtime/translations"),
+            Endpoint::Realtime
+        );
+        assert_eq!(endpoint_of_url("wss://h/v1/live/sessions"), Endpoint::Live);
+        assert_eq!(endpoint_of_url("not a url"), Endpoint::Realtime);
+        assert_eq!(openai_url(Endpoint::Translations), t);
+        assert_eq!(openai_url(Endpoint::Realtime), OPENAI_REALTIME_URL);
+    }
 
     #[test]
     fn websocket_urls_with_a_host_are_accepted() {

@@ -12,18 +12,6 @@ use patchbay_config::{Endpoint, Protocol, RouteConfig};
 /// The key at fault and what is wrong.
 pub type Fault = (String, String);
 
-/// The endpoint an upstream URL's path is: translations and Live by their
-/// own paths, any other a Realtime one.
-fn endpoint_of_path(path: &str) -> Endpoint {
-    if path.ends_with("/realtime/translations") {
-        Endpoint::Translations
-    } else if path.ends_with("/live/sessions") {
-        Endpoint::Live
-    } else {
-        Endpoint::Realtime
-    }
-}
-
 /// A translations route (`endpoint = "translations"`) dials OpenAI's
 /// translation endpoint, a Live route (`endpoint = "live"`) OpenAI's Live
 /// sessions; neither takes an intent, and a Live route speaks no beta.
@@ -43,10 +31,7 @@ pub fn endpoint_fits<K: Clone>(route: &RouteConfig<K>, i: usize) -> Result<(), F
         ));
     }
     for u in route.upstream_list().iter() {
-        let path = url::Url::parse(&u.upstream_url)
-            .map(|url| url.path().trim_end_matches('/').to_string())
-            .unwrap_or_default();
-        let dials = endpoint_of_path(&path);
+        let dials = patchbay_config::endpoint_of_url(&u.upstream_url);
         if dials != endpoint {
             let message = if endpoint == Endpoint::Realtime {
                 format!(

@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 
 /// The enums are the gateway's own (`patchbay-config`), so the CRD accepts exactly the words
 /// `gateway.toml` does; and the upstream URL used when an OpenAI route does not name one.
-pub use patchbay_config::{DrainMode, Protocol, Provider, Unpriced, OPENAI_REALTIME_URL};
+pub use patchbay_config::{
+    DrainMode, Endpoint, Intent, Protocol, Provider, Unpriced, OPENAI_REALTIME_URL,
+};
 /// The most a price may be, USD per 1M tokens: the gateway's own ceiling, published as each price
 /// field's `maximum`.
 pub use patchbay_config::{MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_PRICE_USD_PER_MINUTE};
@@ -65,6 +67,18 @@ pub struct RealtimeRouteSpec {
     /// Model name clients ask for (`GET /v1/realtime?model=...`).
     #[schemars(length(min = 1))]
     pub model: String,
+    /// `transcription`: this route also serves `GET /v1/realtime?intent=transcription`, the
+    /// sessions that name no model (the client picks its transcription model in
+    /// `session.update`). Only with `endpoint: realtime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<Intent>,
+    /// The OpenAI endpoint the route serves: `realtime` (`/v1/realtime`, the default),
+    /// `translations` (`/v1/realtime/translations`, `gpt-realtime-translate`; metered by the
+    /// audio it carries, so price its model with `usdPerMinute`) or `live`
+    /// (`/v1/live/sessions`, GPT-Live; `protocol: ga` only). An OpenAI upstream without a `url`
+    /// dials the endpoint's own URL; a named `url` must be the endpoint's.
+    #[serde(default)]
+    pub endpoint: Endpoint,
     /// Where sessions for this model go: one upstream. Exclusive with `upstreams`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<Upstream>,

@@ -19,9 +19,9 @@ use tower_test::mock::{self, Handle, SendResponse};
 
 use crate::context::Context;
 use crate::crd::{
-    Autoscaling, ClientSecrets, ClientTls, Drain, GatewayPod, Metering, NamedUpstream, Open, Pool,
-    Price, Protocol, Provider, RealtimeRoute, RealtimeRouteSpec, Replicas, SecretKeyRef,
-    SigningKeysRef, Unpriced, Upstream,
+    Autoscaling, ClientSecrets, ClientTls, Drain, Endpoint, GatewayPod, Intent, Metering,
+    NamedUpstream, Open, Pool, Price, Protocol, Provider, RealtimeRoute, RealtimeRouteSpec,
+    Replicas, SecretKeyRef, SigningKeysRef, Unpriced, Upstream,
 };
 use crate::metrics::Metrics;
 
@@ -66,6 +66,8 @@ pub fn autoscaled_spec() -> RealtimeRouteSpec {
 pub fn full_spec() -> RealtimeRouteSpec {
     RealtimeRouteSpec {
         model: "gpt-realtime".into(),
+        intent: Some(Intent::Transcription),
+        endpoint: Endpoint::Realtime,
         upstream: Some(Upstream {
             provider: Provider::Openai,
             url: Some("wss://api.openai.com/v1/realtime".into()),

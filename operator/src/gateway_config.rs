@@ -29,7 +29,7 @@ use patchbay_config::{
 };
 use serde::Serialize;
 
-use crate::crd::{NamedUpstream, Provider, RealtimeRouteSpec, SecretKeyRef, OPENAI_REALTIME_URL};
+use crate::crd::{Endpoint, NamedUpstream, Provider, RealtimeRouteSpec, SecretKeyRef};
 
 /// Port clients connect to (Service port `http`).
 pub const HTTP_PORT: u16 = 8080;
@@ -197,14 +197,14 @@ fn route_entry(spec: &RealtimeRouteSpec) -> RouteConfig {
     let (provider, upstream_url, upstream_model, protocol, api_key_file) = match &spec.upstream {
         Some(up) => (
             up.provider,
-            default_url(up.url.as_deref(), up.provider).unwrap_or_default(),
+            default_url(up.url.as_deref(), up.provider, spec.endpoint).unwrap_or_default(),
             up.model.clone(),
             up.protocol,
             Some(format!("{UPSTREAM_KEY_DIR}/{}", up.api_key_secret_ref.key).into()),
         ),
         None => (
             Provider::default(),
-            "",
+            String::new(),
             None,
             spec.upstreams
                 .first()
@@ -216,29 +216,31 @@ fn route_entry(spec: &RealtimeRouteSpec) -> RouteConfig {
     RouteConfig {
         model: spec.model.clone(),
         provider,
-        upstream_url: upstream_url.into(),
+        upstream_url,
         upstream_model,
         protocol,
-        intent: None,
-        endpoint: Default::default(),
+        intent: spec.intent,
+        endpoint: spec.endpoint,
         api_key_env: String::new(),
         api_key_file,
         ca_file: None,
         budget_usd: None,
         budget_period: BudgetPeriod::default(),
         api_key: (),
-        upstreams: spec.upstreams.iter().map(upstream_entry).collect(),
+        upstreams: spec
+            .upstreams
+            .iter()
+            .map(|u| upstream_entry(u, spec.endpoint))
+            .collect(),
     }
 }
 
-/// A `[[routes.upstreams]]` entry; its protocol is the route's.
-fn upstream_entry(u: &NamedUpstream) -> UpstreamConfig {
+/// A `[[routes.upstreams]]` entry; its protocol and endpoint are the route's.
+fn upstream_entry(u: &NamedUpstream, endpoint: Endpoint) -> UpstreamConfig {
     UpstreamConfig {
         name: u.name.clone(),
         provider: u.provider,
-        upstream_url: default_url(u.url.as_deref(), u.provider)
-            .unwrap_or_default()
-            .into(),
+        upstream_url: default_url(u.url.as_deref(), u.provider, endpoint).unwrap_or_default(),
         upstream_model: u.model.clone(),
         protocol: None,
         api_key_env: String::new(),
@@ -279,11 +281,12 @@ pub fn restart_part(rendered: &str) -> String {
     toml::to_string(&doc).unwrap_or_else(|_| rendered.to_string())
 }
 
-/// An upstream's URL: the one given, or OpenAI's for an OpenAI upstream that names none.
-pub fn default_url(url: Option<&str>, provider: Provider) -> Option<&str> {
+/// An upstream's URL: the one given, or OpenAI's for the route's `endpoint` for an OpenAI
+/// upstream that names none.
+pub fn default_url(url: Option<&str>, provider: Provider, endpoint: Endpoint) -> Option<String> {
     match (url, provider) {
-        (Some(url), _) => Some(url),
-        (None, Provider::Openai) => Some(OPENAI_REALTIME_URL),
+        (Some(url), _) => Some(url.to_string()),
+        (None, Provider::Openai) => Some(patchbay_config::openai_url(endpoint)),
         (None, Provider::Azure) => None,
     }
 }
@@ -451,10 +454,40 @@ mod tests {
         let spec = fixtures::minimal_spec();
         let doc: toml::Table = toml::from_str(&render(&spec)).unwrap();
         let route = &doc["routes"].as_array().unwrap()[0];
-        assert_eq!(route["upstream_url"].as_str(), Some(OPENAI_REALTIME_URL));
+        assert_eq!(
+            route["upstream_url"].as_str(),
+            Some(patchbay_config::OPENAI_REALTIME_URL)
+        );
+        assert!(route.get("endpoint").is_none() && route.get("intent").is_none());
         assert!(route.get("upstream_model").is_none());
         assert!(doc.get("store").is_none());
         assert!(doc.get("prices").is_none());
+    }
+
+    #[test]
+    fn a_routes_endpoint_and_intent_render_and_pick_openais_url_for_the_endpoint() {
+        let doc: toml::Table = toml::from_str(&render(&fixtures::full_spec())).unwrap();
+        let route = &doc["routes"].as_array().unwrap()[0];
+        assert_eq!(route["intent"].as_str(), Some("transcription"));
+        let mut spec = fixtures::minimal_spec();
+        spec.endpoint = Endpoint::Translations;
+        let doc: toml::Table = toml::from_str(&render(&spec)).unwrap();
+        let route = &doc["routes"].as_array().unwrap()[0];
+        assert_eq!(route["endpoint"].as_str(), Some("translations"));
+        assert_eq!(
+            route["upstream_url"].as_str(),
+            Some("wss://api.openai.com/v1/realtime/translations")
+        );
+        let mut spec = fixtures::two_upstream_spec();
+        spec.endpoint = Endpoint::Translations;
+        let doc: toml::Table = toml::from_str(&render(&spec)).unwrap();
+        let route = &doc["routes"].as_array().unwrap()[0];
+        let first = &route["upstreams"].as_array().unwrap()[0];
+        assert_eq!(
+            first["upstream_url"].as_str(),
+            Some("wss://api.openai.com/v1/realtime/translations"),
+            "a listed OpenAI upstream without a url dials the route's endpoint"
+        );
     }
 
     #[test]
@@ -464,7 +497,7 @@ mod tests {
         let keys: Vec<&str> = route.keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            ["model", "protocol", "upstreams"],
+            ["intent", "model", "protocol", "upstreams"],
             "no shorthand keys"
         );
         assert_eq!(route["protocol"].as_str(), Some("ga"));

@@ -426,6 +426,34 @@ async fn an_hpa_the_route_does_not_own_is_left_alone() {
 }
 
 #[tokio::test]
+async fn a_translations_route_applies_its_endpoint_and_reports_the_translation_path() {
+    let (ctx, mut server, _) = fixtures::mock_context();
+    let mut spec = fixtures::minimal_spec();
+    spec.model = "gpt-realtime-translate".into();
+    spec.endpoint = crate::crd::Endpoint::Translations;
+    let route = fixtures::route(spec);
+    let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
+    observe(&mut server, None, &route.spec).await;
+    let Applied { config, .. } = expect_applied_through_deployment(&mut server, 1, 0).await;
+    let toml = config["data"]["gateway.toml"].as_str().unwrap();
+    assert!(toml.contains("endpoint = \"translations\""), "{toml}");
+    assert!(
+        toml.contains("upstream_url = \"wss://api.openai.com/v1/realtime/translations\""),
+        "{toml}"
+    );
+    expect_service_and_pdb(&mut server).await;
+    expect_pods(&mut server, &[]).await;
+    server.expect_event().await;
+    let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
+    assert_eq!(
+        seen.body["status"]["endpoint"],
+        format!("ws://{ROUTE_NAME}.{NAMESPACE}.svc:8080/v1/realtime/translations")
+    );
+    reply.ok(&patched(&route, &seen.body));
+    task.await.unwrap().expect("reconcile succeeds");
+}
+
+#[tokio::test]
 async fn a_scaled_deployment_resizes_only_the_pool_config_map() {
     let (ctx, mut server, _) = fixtures::mock_context();
     let mut route = fixtures::route(fixtures::autoscaled_spec());

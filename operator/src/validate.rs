@@ -10,10 +10,11 @@
 use kube::ResourceExt;
 
 use crate::crd::{
-    Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef, MAX_CLIENT_SECRET_TTL_SECONDS,
-    MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_PRICE_USD_PER_MINUTE, MAX_SECONDS, MAX_UPSTREAMS,
-    MIN_CLIENT_SECRET_TTL_SECONDS, MIN_DRAIN_WAIT_SECONDS, MIN_POOL_MAX_IDLE_SECONDS,
-    OPERATOR_ANNOTATION_PREFIX, OPERATOR_POD_LABELS, POD_DELETION_COST_ANNOTATION,
+    Endpoint, Protocol, Provider, RealtimeRoute, RealtimeRouteSpec, SecretKeyRef,
+    MAX_CLIENT_SECRET_TTL_SECONDS, MAX_PRICE_USD_PER_MILLION_TOKENS, MAX_PRICE_USD_PER_MINUTE,
+    MAX_SECONDS, MAX_UPSTREAMS, MIN_CLIENT_SECRET_TTL_SECONDS, MIN_DRAIN_WAIT_SECONDS,
+    MIN_POOL_MAX_IDLE_SECONDS, OPERATOR_ANNOTATION_PREFIX, OPERATOR_POD_LABELS,
+    POD_DELETION_COST_ANNOTATION,
 };
 use crate::error::{Error, Result};
 
@@ -151,6 +152,51 @@ fn check_upstreams(spec: &RealtimeRouteSpec) -> Result<()> {
     Ok(())
 }
 
+/// `endpoint` and `intent` as the gateway loads them (its `routes[i].intent`,
+/// `routes[i].protocol` and `routes[i].upstream_url` checks): only a `realtime` route takes an
+/// intent, a `live` route speaks no beta, and every route dials only URLs of its own endpoint
+/// (`patchbay_config::endpoint_of_url`, the gateway's rule). An OpenAI upstream without a `url`
+/// gets the endpoint's own, so only a named URL can miss.
+fn check_endpoint(spec: &RealtimeRouteSpec) -> Result<()> {
+    let endpoint = spec.endpoint;
+    let name = endpoint.as_str();
+    if endpoint != Endpoint::Realtime && spec.intent.is_some() {
+        return Err(Error::InvalidSpec(format!(
+            "spec.intent: a route with endpoint: {name} takes no intent"
+        )));
+    }
+    let single = spec
+        .upstream
+        .iter()
+        .map(|u| ("upstream".to_string(), &u.url, u.protocol));
+    let listed = (spec.upstreams.iter().enumerate())
+        .map(|(i, u)| (format!("upstreams[{i}]"), &u.url, u.protocol));
+    for (field, url, protocol) in single.chain(listed) {
+        if endpoint == Endpoint::Live && protocol != Protocol::Ga {
+            return Err(Error::InvalidSpec(format!(
+                "{field}.protocol: GPT-Live has no beta protocol"
+            )));
+        }
+        let Some(url) = url else { continue };
+        let dials = patchbay_config::endpoint_of_url(url);
+        if dials != endpoint {
+            let why = if endpoint == Endpoint::Realtime {
+                format!(
+                    "this URL is OpenAI's {0} endpoint: set spec.endpoint: {0}",
+                    dials.as_str()
+                )
+            } else {
+                format!(
+                    "a route with endpoint: {name} dials its endpoint (…{})",
+                    endpoint.openai_path()
+                )
+            };
+            return Err(Error::InvalidSpec(format!("{field}.url {url:?}: {why}")));
+        }
+    }
+    Ok(())
+}
+
 /// `clientSecrets`: one of `key` and `keys`, no key twice, a TTL cap the gateway accepts.
 fn check_client_secrets(spec: &RealtimeRouteSpec) -> Result<()> {
     let Some(cs) = &spec.client_secrets else {
@@ -251,6 +297,7 @@ fn check_secret_keys(spec: &RealtimeRouteSpec) -> Result<()> {
 pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
     check_models(spec)?;
     check_upstreams(spec)?;
+    check_endpoint(spec)?;
     check_seconds(spec)?;
     check_client_secrets(spec)?;
     check_secret_keys(spec)?;
@@ -821,6 +868,41 @@ mod tests {
             spec.upstreams.push(u);
         }
         assert!(invalid(&spec).contains("at most 16"));
+    }
+
+    #[test]
+    fn a_translations_route_dials_only_translation_urls_and_takes_no_intent() {
+        let mut spec = fixtures::full_spec();
+        assert_eq!(spec.intent, Some(crate::crd::Intent::Transcription));
+        check_spec(&spec).expect("a realtime route may serve the transcription intent");
+        spec.endpoint = Endpoint::Translations;
+        assert!(invalid(&spec).contains("spec.intent"));
+        spec.intent = None;
+        let msg = invalid(&spec);
+        assert!(
+            msg.contains("upstream.url") && msg.contains("dials its endpoint"),
+            "{msg}"
+        );
+        fixtures::single(&mut spec).url = None;
+        check_spec(&spec).expect("an OpenAI upstream without a url gets the endpoint's own");
+        fixtures::single(&mut spec).url = Some("ws://127.0.0.1:9/v1/realtime/translations".into());
+        check_spec(&spec).unwrap();
+        spec.endpoint = Endpoint::Realtime;
+        assert!(invalid(&spec).contains("set spec.endpoint: translations"));
+        // A Live route: its own URL, no intent, no beta.
+        let mut spec = fixtures::minimal_spec();
+        spec.endpoint = Endpoint::Live;
+        check_spec(&spec).expect("OpenAI's Live URL by default");
+        fixtures::single(&mut spec).protocol = Protocol::Beta;
+        assert!(invalid(&spec).contains("upstream.protocol"));
+        fixtures::single(&mut spec).protocol = Protocol::Ga;
+        fixtures::single(&mut spec).url = Some("wss://api.openai.com/v1/realtime".into());
+        assert!(invalid(&spec).contains("…/v1/live/sessions"));
+        let mut spec = fixtures::two_upstream_spec();
+        spec.intent = None;
+        spec.endpoint = Endpoint::Translations;
+        let msg = invalid(&spec);
+        assert!(msg.contains("upstreams[1].url \"wss://eastus"), "{msg}");
     }
 
     #[test]

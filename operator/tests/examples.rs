@@ -6,11 +6,12 @@ use patchbay_operator::crd::RealtimeRoute;
 use patchbay_operator::validate;
 use serde::Deserialize;
 
-const EXAMPLES: [&str; 4] = [
+const EXAMPLES: [&str; 5] = [
     "realtimeroute.yaml",
     "realtimeroute-minimal.yaml",
     "realtimeroute-full.yaml",
     "realtimeroute-upstreams.yaml",
+    "realtimeroute-translations.yaml",
 ];
 
 fn example_routes(file: &str) -> Vec<RealtimeRoute> {

@@ -197,8 +197,81 @@ fn the_gateway_loads_the_config_rendered_for_every_example() {
         "realtimeroute-minimal.yaml",
         "realtimeroute-full.yaml",
         "realtimeroute-upstreams.yaml",
+        "realtimeroute-translations.yaml",
     ] {
         assert_loads(file, &example_route(file), &keys);
+    }
+}
+
+#[test]
+fn a_routes_endpoint_and_intent_load_in_the_gateway_as_the_crd_spells_them() {
+    let keys = example_keys_file();
+    let schema = spec_schema();
+    let route = example_route("realtimeroute-minimal.yaml");
+    let endpoints = schema["endpoint"]["enum"].as_array().expect("an enum");
+    assert_eq!(schema["endpoint"]["default"], "realtime");
+    assert!(endpoints.len() >= 2, "{endpoints:?}");
+    for w in endpoints {
+        let r = with_field(&route, "/spec/endpoint", w.clone());
+        patchbay_operator::validate::check_spec(&r.spec).unwrap_or_else(|e| panic!("{w}: {e}"));
+        let config = assert_loads(&format!("endpoint-{}", w.as_str().unwrap()), &r, &keys);
+        assert_eq!(&serde_json::to_value(config.routes[0].endpoint).unwrap(), w);
+    }
+    let intents = schema["intent"]["enum"].as_array().expect("an enum");
+    // `null` is the field left out (the schema lists it for the optional field).
+    for w in intents.iter().filter(|w| !w.is_null()) {
+        let r = with_field(&route, "/spec/intent", w.clone());
+        patchbay_operator::validate::check_spec(&r.spec).unwrap_or_else(|e| panic!("{w}: {e}"));
+        let config = assert_loads(&format!("intent-{}", w.as_str().unwrap()), &r, &keys);
+        assert_eq!(&serde_json::to_value(config.routes[0].intent).unwrap(), w);
+        // Judged alike: a translations route with an intent.
+        let r = with_field(&r, "/spec/endpoint", "translations".into());
+        assert!(patchbay_operator::validate::check_spec(&r.spec).is_err());
+        let text = gateway_config::render(&r.spec);
+        let e = load_rendered("intent-translations", &text, &keys).unwrap_err();
+        assert_eq!(e.key, "routes[0].intent", "{e}");
+    }
+}
+
+#[test]
+fn a_routes_endpoint_and_its_upstream_url_are_judged_alike_by_the_operator_and_the_gateway() {
+    let keys = example_keys_file();
+    let route = example_route("realtimeroute-minimal.yaml");
+    for (endpoint, url, ok) in [
+        ("realtime", "wss://api.openai.com/v1/realtime", true),
+        (
+            "translations",
+            "wss://api.openai.com/v1/realtime/translations",
+            true,
+        ),
+        (
+            "translations",
+            "ws://127.0.0.1:9/v1/realtime/translations/",
+            true,
+        ),
+        ("translations", "wss://api.openai.com/v1/realtime", false),
+        (
+            "realtime",
+            "wss://api.openai.com/v1/realtime/translations",
+            false,
+        ),
+    ] {
+        let r = with_field(&route, "/spec/endpoint", endpoint.into());
+        let r = with_field(&r, "/spec/upstream/url", url.into());
+        let operator = patchbay_operator::validate::check_spec(&r.spec);
+        assert_eq!(
+            operator.is_ok(),
+            ok,
+            "the operator on {endpoint} {url}: {operator:?}"
+        );
+        let text = gateway_config::render(&r.spec);
+        match load_rendered(&format!("endpoint-url-{endpoint}"), &text, &keys) {
+            Ok(_) => assert!(ok, "the gateway accepts {endpoint} {url}"),
+            Err(e) => {
+                assert!(!ok, "the gateway refuses {endpoint} {url}: {e}");
+                assert_eq!(e.key, "routes[0].upstream_url", "{e}");
+            }
+        }
     }
 }
 

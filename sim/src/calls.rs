@@ -1,21 +1,28 @@
-//! Calls known to the simulator (WebRTC and SIP) and what was asked of
-//! them: created, accepted, hung up. The HTTP surface over them is
-//! [`crate::calls_api`]; sidebands attach through [`SimCalls::attach`].
+//! Calls known to the simulator (WebRTC, SIP and WebRTC translation calls)
+//! and what was asked of them: created, accepted, hung up. The HTTP surface
+//! over them is [`crate::calls_api`]; sidebands attach through
+//! [`SimCalls::attach`]. A translation call is billed by the upstream for
+//! its audio, which on WebRTC streams for as long as the call is up:
+//! [`SimCalls::connected_secs`] is what the simulated upstream would bill.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::wire::short_id;
 
-/// WebRTC or SIP.
+/// WebRTC or SIP, or a WebRTC translation call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallKind {
     Webrtc,
     Sip,
+    /// `POST /v1/realtime/translations/calls`; its sideband is a translation
+    /// session (`/v1/realtime/translations?call_id=`).
+    Translation,
 }
 
 #[derive(Debug)]
@@ -24,6 +31,32 @@ pub(crate) struct SimCall {
     pub(crate) accepted: bool,
     pub(crate) ended: CancellationToken,
     pub(crate) turns_done: usize,
+    /// The session's model (a translation call's `session.model`).
+    pub(crate) model: Option<String>,
+    pub(crate) created_at: Instant,
+    pub(crate) ended_at: Option<Instant>,
+}
+
+impl SimCall {
+    pub(crate) fn new(kind: CallKind, accepted: bool, model: Option<String>) -> Self {
+        Self {
+            kind,
+            accepted,
+            ended: CancellationToken::new(),
+            turns_done: 0,
+            model,
+            created_at: Instant::now(),
+            ended_at: None,
+        }
+    }
+
+    /// Ends the call (its sidebands close); the first end counts.
+    pub(crate) fn end(&mut self) {
+        if self.ended_at.is_none() {
+            self.ended_at = Some(Instant::now());
+        }
+        self.ended.cancel();
+    }
 }
 
 /// One request against a call, as received.
@@ -73,16 +106,24 @@ impl SimCalls {
     /// A phone call arrives: its id, to be accepted (as from the webhook).
     pub fn incoming_sip_call(&self) -> String {
         let id = format!("rtc_{}", short_id());
-        lock(&self.calls).insert(
-            id.clone(),
-            SimCall {
-                kind: CallKind::Sip,
-                accepted: false,
-                ended: CancellationToken::new(),
-                turns_done: 0,
-            },
-        );
+        lock(&self.calls).insert(id.clone(), SimCall::new(CallKind::Sip, false, None));
         id
+    }
+
+    /// How long a call has been connected (until its end, or now): what the
+    /// simulated upstream bills a WebRTC translation call.
+    pub fn connected_secs(&self, call_id: &str) -> Option<f64> {
+        let calls = lock(&self.calls);
+        let c = calls.get(call_id)?;
+        let end = c.ended_at.unwrap_or_else(Instant::now);
+        Some(end.saturating_duration_since(c.created_at).as_secs_f64())
+    }
+
+    /// Ends a call as its session closing does (`session.close`).
+    pub(crate) fn end(&self, call_id: &str) {
+        if let Some(c) = lock(&self.calls).get_mut(call_id) {
+            c.end();
+        }
     }
 
     /// Whether the call has been hung up or rejected.
@@ -92,16 +133,23 @@ impl SimCalls {
             .is_some_and(|c| c.ended.is_cancelled())
     }
 
-    /// The token a sideband for `call_id` watches, when the call is live
-    /// (created over WebRTC, or a SIP call that was accepted).
-    pub(crate) fn attach(&self, call_id: &str) -> Option<CancellationToken> {
+    /// The token a sideband for `call_id` watches, and the call's model,
+    /// when the call is live (created over WebRTC, or a SIP call that was
+    /// accepted) and of the endpoint the sideband is at: a translation
+    /// call's at `/v1/realtime/translations`, every other at `/v1/realtime`.
+    pub(crate) fn attach(
+        &self,
+        call_id: &str,
+        translation: bool,
+    ) -> Option<(CancellationToken, Option<String>)> {
         if self.refuse_sidebands.load(Ordering::Relaxed) {
             return None;
         }
         let calls = lock(&self.calls);
         let c = calls.get(call_id)?;
-        let live = !c.ended.is_cancelled() && (c.kind == CallKind::Webrtc || c.accepted);
-        live.then(|| c.ended.clone())
+        let live = !c.ended.is_cancelled() && (c.kind != CallKind::Sip || c.accepted);
+        let here = (c.kind == CallKind::Translation) == translation;
+        (live && here).then(|| (c.ended.clone(), c.model.clone()))
     }
 
     /// Takes one of the caller's turns, if any are left.

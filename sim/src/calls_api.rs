@@ -8,6 +8,18 @@
 //! - `POST /v1/realtime/calls/{id}/{accept,hangup,reject,refer}` → 200,
 //!   recorded in [`SimCalls::actions`]; `hangup` and `reject` end the call
 //!   (its sidebands are closed with 1000); an unknown id → 404;
+//! - `POST /v1/realtime/translations/calls` (a WebRTC translation call;
+//!   OpenAI's realtime-translation guide: the browser posts its raw
+//!   `application/sdp` offer with a client secret, the model bound to the
+//!   secret; a server posting with its API key sends multipart `sdp` and a
+//!   `session` as for `/v1/realtime/calls`, here the translation session
+//!   create request, openai-python
+//!   `types/realtime/realtime_translation_session_create_request_param.py`:
+//!   `model` and `audio` only, anything else 400 `unknown_parameter`) → 201,
+//!   the same answer and `Location: /v1/realtime/translations/calls/rtc_…`;
+//!   `POST …/translations/calls/{id}/hangup` ends it (a translation call is
+//!   WebRTC only: nothing to accept, refer or reject; 404). A call is
+//!   controlled at the collection it was created in (404 at the other);
 //! - [`SimCalls::incoming_sip_call`] stands for a phone call arriving (its
 //!   id is what OpenAI's webhook would carry); it must be accepted before a
 //!   sideband can attach. Out of process, `POST /v1/sim/sip_calls` does the
@@ -33,7 +45,6 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use sha2::Digest;
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 use crate::calls::{lock, CallAction, CallKind, CreatedCall, SimCall};
 use crate::config::{SimConfig, SimFault};
@@ -123,9 +134,14 @@ async fn route(
         }
         _ => {}
     }
-    let rest = path
-        .strip_prefix("/v1/realtime/calls")
-        .or_else(|| path.strip_prefix("/openai/v1/realtime/calls"));
+    let translations = path
+        .strip_prefix("/v1/realtime/translations/calls")
+        .or_else(|| path.strip_prefix("/openai/v1/realtime/translations/calls"));
+    let rest = translations.or_else(|| {
+        path.strip_prefix("/v1/realtime/calls")
+            .or_else(|| path.strip_prefix("/openai/v1/realtime/calls"))
+    });
+    let translation = translations.is_some();
     let Some(rest) = rest.map(str::to_string) else {
         return error(StatusCode::NOT_FOUND, "not_found", "no such route");
     };
@@ -143,25 +159,33 @@ async fn route(
         }
     };
     if rest.is_empty() || rest == "/" {
-        return create(stats, content_type.as_deref(), &body, key);
+        return create(stats, content_type.as_deref(), &body, key, translation);
     }
     let mut parts = rest.trim_start_matches('/').splitn(2, '/');
     let (Some(call_id), Some(action)) = (parts.next(), parts.next()) else {
         return error(StatusCode::NOT_FOUND, "not_found", "no such route");
     };
-    if !["accept", "hangup", "reject", "refer"].contains(&action) {
+    let actions: &[&str] = if translation {
+        &["hangup"]
+    } else {
+        &["accept", "hangup", "reject", "refer"]
+    };
+    if !actions.contains(&action) {
         return error(StatusCode::NOT_FOUND, "not_found", "no such route");
     }
     let calls = &stats.calls;
     {
         let mut map = lock(&calls.calls);
-        let Some(call) = map.get_mut(call_id) else {
+        let Some(call) = map
+            .get_mut(call_id)
+            .filter(|c| (c.kind == CallKind::Translation) == translation)
+        else {
             return error(StatusCode::NOT_FOUND, "call_not_found", "call not found");
         };
         match action {
             "accept" if call.kind == CallKind::Sip => call.accepted = true,
             "accept" => return error(StatusCode::BAD_REQUEST, "invalid_request", "not a SIP call"),
-            "hangup" | "reject" => call.ended.cancel(),
+            "hangup" | "reject" => call.end(),
             _ => {}
         }
     }
@@ -183,21 +207,41 @@ fn create(
     content_type: Option<&str>,
     body: &[u8],
     key: String,
+    translation: bool,
 ) -> Response<Full<Bytes>> {
     let offer = match offer::parse(content_type, body) {
         Ok(o) => o,
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_offer", &e),
     };
+    let (kind, collection, model) = if translation {
+        if let Some(unknown) = offer
+            .session
+            .iter()
+            .flat_map(|s| s.keys())
+            .find(|k| !matches!(k.as_str(), "model" | "audio"))
+        {
+            let message = format!("Unknown parameter: 'session.{unknown}'.");
+            return error(StatusCode::BAD_REQUEST, "unknown_parameter", &message);
+        }
+        // Without a session (a client secret's call) the secret's model;
+        // the simulator's translation model stands for it.
+        let model = offer
+            .session
+            .as_ref()
+            .and_then(|s| s.get("model"))
+            .and_then(Value::as_str)
+            .unwrap_or(crate::translation::TRANSLATION_MODEL);
+        let model = Some(model.to_string());
+        (
+            CallKind::Translation,
+            "/v1/realtime/translations/calls",
+            model,
+        )
+    } else {
+        (CallKind::Webrtc, "/v1/realtime/calls", None)
+    };
     let id = format!("rtc_{}", short_id());
-    lock(&stats.calls.calls).insert(
-        id.clone(),
-        SimCall {
-            kind: CallKind::Webrtc,
-            accepted: true,
-            ended: CancellationToken::new(),
-            turns_done: 0,
-        },
-    );
+    lock(&stats.calls.calls).insert(id.clone(), SimCall::new(kind, true, model));
     lock(&stats.calls.created).push(CreatedCall {
         call_id: id.clone(),
         sdp: offer.sdp.clone(),
@@ -211,7 +255,7 @@ fn create(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/sdp"),
     );
-    if let Ok(v) = HeaderValue::from_str(&format!("/v1/realtime/calls/{id}")) {
+    if let Ok(v) = HeaderValue::from_str(&format!("{collection}/{id}")) {
         h.insert(header::LOCATION, v);
     }
     r

@@ -116,9 +116,9 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
                 return;
             }
             if let Some(model) = translation {
-                Translation::new(config, handle.clone(), model)
-                    .run(ws)
-                    .await;
+                let mut session = Translation::new(config, handle.clone(), model);
+                session.call = call;
+                session.run(ws).await;
                 handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
                 if slot {
                     handle.stats.limited.fetch_sub(1, Ordering::Relaxed);

@@ -17,6 +17,19 @@
 //!   `error`;
 //! - `session.close` is answered `session.closed`, then a close 1000.
 //!
+//! On a WebRTC translation call's sideband
+//! (`/v1/realtime/translations?call_id=`, [`crate::calls_api`]) the same
+//! session runs with the call's model, but its audio is the call's media
+//! tracks, not events: the sideband carries no `session.output_audio.delta`
+//! (that event, `realtime_translation_output_audio_delta_event.py`, is the
+//! WebSocket transport's audio). The simulated speaker talks on: every
+//! `caller_turn_interval` a `session.output_transcript.delta`
+//! (`realtime_translation_output_transcript_delta_event.py`: `delta`,
+//! `elapsed_ms`), preceded by a `session.input_transcript.delta` when input
+//! transcription is on. A hangup ends the session: `session.closed`
+//! (`realtime_translation_session_closed_event.py`), then a close 1000; a
+//! `session.close` on the sideband ends the call.
+//!
 //! No event carries usage: OpenAI bills translation by the minute of audio.
 //! What the simulated upstream would bill is counted in
 //! [`crate::SimStats::translation_input_bytes`] (decoded audio received) and
@@ -31,6 +44,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::SimConfig;
 use crate::handle::SimHandle;
@@ -41,6 +55,9 @@ use crate::wire::{short_id, SimIo};
 pub const TRANSLATION_BYTES_PER_SEC: u64 = 48_000;
 /// The output language of a new session.
 const DEFAULT_LANGUAGE: &str = "es";
+/// The model of a translation call created without a session (its client
+/// secret's, which the simulator does not know).
+pub const TRANSLATION_MODEL: &str = "gpt-realtime-translate";
 
 /// One translation session.
 pub(crate) struct Translation {
@@ -54,6 +71,8 @@ pub(crate) struct Translation {
     noise_reduction: Value,
     /// Decoded input bytes so far (for `elapsed_ms`).
     input_bytes: u64,
+    /// Set on a translation call's sideband: the call id and its end.
+    pub(crate) call: Option<(String, CancellationToken)>,
 }
 
 impl Translation {
@@ -68,6 +87,7 @@ impl Translation {
             input_transcription: Value::Null,
             noise_reduction: Value::Null,
             input_bytes: 0,
+            call: None,
         }
     }
 
@@ -115,7 +135,28 @@ impl Translation {
         {
             return;
         }
-        while let Some(msg) = ws.next().await {
+        let on_call = self.call.is_some();
+        let ended = (self.call.as_ref()).map_or_else(CancellationToken::new, |(_, e)| e.clone());
+        let started = tokio::time::Instant::now();
+        let mut next_turn = started + self.config.caller_turn_interval;
+        loop {
+            let msg = tokio::select! {
+                msg = ws.next() => msg,
+                _ = ended.cancelled(), if on_call => {
+                    let _ = self.send(&mut ws, "session.closed", json!({})).await;
+                    let _ = ws.close(None).await;
+                    return;
+                }
+                _ = tokio::time::sleep_until(next_turn), if on_call => {
+                    next_turn = tokio::time::Instant::now() + self.config.caller_turn_interval;
+                    let elapsed_ms = started.elapsed().as_millis() as u64 / 200 * 200;
+                    if !self.caller_speaks(&mut ws, elapsed_ms).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some(msg) = msg else { return };
             let text = match msg {
                 Ok(Message::Text(t)) => t.to_string(),
                 Ok(Message::Close(frame)) => {
@@ -159,6 +200,9 @@ impl Translation {
                 }
                 Some("session.update") => self.update(&mut ws, &event, event_id.as_deref()).await,
                 Some("session.close") => {
+                    if let Some((id, _)) = &self.call {
+                        self.handle.stats.calls.end(id);
+                    }
                     let _ = self.send(&mut ws, "session.closed", json!({})).await;
                     let _ = ws.close(None).await;
                     return;
@@ -239,6 +283,28 @@ impl Translation {
         .await
     }
 
+    /// The call's speaker said something: its transcript deltas (the audio
+    /// is on the call's media tracks).
+    async fn caller_speaks(&mut self, ws: &mut WebSocketStream<SimIo>, elapsed_ms: u64) -> bool {
+        if !self.input_transcription.is_null()
+            && !self
+                .send(
+                    ws,
+                    "session.input_transcript.delta",
+                    json!({"delta": "hello ", "elapsed_ms": elapsed_ms}),
+                )
+                .await
+        {
+            return false;
+        }
+        self.send(
+            ws,
+            "session.output_transcript.delta",
+            json!({"delta": "hola ", "elapsed_ms": elapsed_ms}),
+        )
+        .await
+    }
+
     async fn update(
         &mut self,
         ws: &mut WebSocketStream<SimIo>,
@@ -284,8 +350,107 @@ impl Translation {
 mod tests {
     use super::*;
     use crate::start;
-    use crate::testing::next_json;
+    use crate::testing::{next_json, Client};
     use futures_util::SinkExt;
+    use std::time::Duration;
+    use tokio::net::TcpStream;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    /// A POST to the simulator's calls API; the status and the `Location`.
+    async fn post(addr: std::net::SocketAddr, path: &str, ct: &str, body: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer sk-any\r\n\
+             Content-Type: {ct}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.unwrap();
+        let status = answer[9..12].parse().unwrap();
+        let location = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("location: "))
+            .unwrap_or("")
+            .to_string();
+        (status, location)
+    }
+
+    async fn sideband(addr: std::net::SocketAddr, path: &str) -> Result<Client, u16> {
+        let mut request = format!("ws://{addr}{path}").into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", "Bearer sk-any".parse().unwrap());
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        match tokio_tungstenite::client_async(request, tcp).await {
+            Ok((ws, _)) => Ok(ws),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_translation_call_has_a_translation_sideband_without_audio_until_its_hangup() {
+        let config = SimConfig {
+            caller_turn_interval: Duration::from_millis(20),
+            ..SimConfig::default()
+        };
+        let sim = start("127.0.0.1:0".parse().unwrap(), config).await.unwrap();
+        const SDP: &str = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:0\r\n";
+        let calls = "/v1/realtime/translations/calls";
+        // The translation create request has `model` and `audio`, no `type`.
+        let form = |session: Value| {
+            format!(
+                "--b\r\nContent-Disposition: form-data; name=\"sdp\"\r\n\r\n{SDP}\r\n\
+                 --b\r\nContent-Disposition: form-data; name=\"session\"\r\n\r\n{session}\r\n--b--\r\n"
+            )
+        };
+        let ct = "multipart/form-data; boundary=b";
+        let typed = form(json!({"type": "realtime", "model": "m"}));
+        assert_eq!(post(sim.addr, calls, ct, &typed).await.0, 400);
+        let session = form(json!({"model": "gpt-realtime-translate"}));
+        let (status, location) = post(sim.addr, calls, ct, &session).await;
+        assert_eq!(status, 201);
+        let id = location
+            .strip_prefix("/v1/realtime/translations/calls/")
+            .unwrap();
+
+        // Its sideband is a translation session, at the translation path only.
+        let realtime = format!("/v1/realtime?call_id={id}");
+        assert_eq!(sideband(sim.addr, &realtime).await.err(), Some(404));
+        let path = format!("/v1/realtime/translations?call_id={id}");
+        let mut ws = sideband(sim.addr, &path).await.unwrap();
+        let created = next_json(&mut ws).await.unwrap();
+        assert_eq!(created["type"], "session.created");
+        assert_eq!(created["session"]["model"], "gpt-realtime-translate");
+        let said = next_json(&mut ws).await.unwrap();
+        assert_eq!(said["type"], "session.output_transcript.delta");
+
+        // Only a hangup, at the translation path; then the session closes.
+        let wrong = format!("/v1/realtime/calls/{id}/hangup");
+        assert_eq!(post(sim.addr, &wrong, "application/json", "").await.0, 404);
+        let refer = format!("{calls}/{id}/refer");
+        assert_eq!(
+            post(sim.addr, &refer, "application/json", "{}").await.0,
+            404
+        );
+        let hangup = format!("{calls}/{id}/hangup");
+        assert_eq!(post(sim.addr, &hangup, "application/json", "").await.0, 200);
+        let mut kinds = Vec::new();
+        while let Some(e) = next_json(&mut ws).await {
+            kinds.push(e["type"].as_str().unwrap().to_string());
+        }
+        assert_eq!(kinds.last().map(String::as_str), Some("session.closed"));
+        assert!(
+            kinds.iter().all(|k| k != "session.output_audio.delta"),
+            "{kinds:?}"
+        );
+        let billed = sim.stats.calls.connected_secs(id).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(sim.stats.calls.connected_secs(id), Some(billed), "ended");
+        assert!(billed > 0.0);
+    }
 
     #[tokio::test]
     async fn a_translation_session_answers_audio_with_audio_of_its_length_and_counts_what_it_bills()

@@ -80,7 +80,8 @@ impl Callback for UpgradeCheck<'_> {
         // Translation sessions have their own endpoint and always name a
         // model (SDK: `resources/realtime/translations/translations.py`,
         // `connect(model=…)`: "The WebSocket URL requires a `model` query
-        // parameter").
+        // parameter"), or, for a translation call's sideband, the call
+        // (whose model it takes when it attaches, below).
         // A Live session names its model in `session.start`, never in the
         // URL (SDK: `types/live/session_resource.py`, `model`).
         let live = req.uri().path().ends_with(crate::live::LIVE_PATH_SUFFIX);
@@ -88,10 +89,13 @@ impl Callback for UpgradeCheck<'_> {
         if live {
             // Nothing in the URL to check.
         } else if req.uri().path().ends_with("/realtime/translations") {
-            let Some(model) = model else {
-                return Err(refusal(400, "Missing required parameter: 'model'."));
-            };
-            *self.translation = Some(model);
+            match (model, &call_id) {
+                (Some(model), _) => *self.translation = Some(model),
+                (None, Some(_)) => *self.translation = Some(String::new()),
+                (None, None) => {
+                    return Err(refusal(400, "Missing required parameter: 'model'."));
+                }
+            }
         } else if !req.uri().path().ends_with("/realtime") {
             return Err(refusal_coded(
                 404,
@@ -127,8 +131,13 @@ impl Callback for UpgradeCheck<'_> {
             *self.slot = true;
         }
         if let Some(id) = call_id {
-            match self.stats.calls.attach(&id) {
-                Some(ended) => *self.call = Some((id, ended)),
+            match self.stats.calls.attach(&id, self.translation.is_some()) {
+                Some((ended, model)) => {
+                    if let (Some(t), Some(m)) = (self.translation.as_mut(), model) {
+                        *t = m;
+                    }
+                    *self.call = Some((id, ended));
+                }
                 None => return Err(refusal(404, "call not found")),
             }
         }

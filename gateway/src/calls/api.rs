@@ -1,7 +1,17 @@
 //! The calls routes of the client listener, on axum:
 //! `POST /v1/realtime/calls` (WebRTC: create a call from an SDP offer) and
 //! `POST /v1/realtime/calls/{call_id}/{accept,hangup,refer,reject}` (SIP and
-//! call control), with the same paths under `/openai/v1/realtime/calls`.
+//! call control), with the same paths under `/openai/v1/realtime/calls`;
+//! and for translation routes (`endpoint = "translations"`)
+//! `POST /v1/realtime/translations/calls` (WebRTC) and
+//! `POST /v1/realtime/translations/calls/{call_id}/hangup`, also under
+//! `/openai`. A model is created at its own endpoint's path only (400
+//! `wrong_endpoint` naming the other), and a call is controlled at the path
+//! it was created at (404 elsewhere). A translation call's upstream session
+//! is the translation create request (openai-python
+//! `types/realtime/realtime_translation_session_create_request_param.py`:
+//! `model`, `audio`; no `type`), and it is billed by its connected time
+//! ([`crate::metering::call_time`]).
 //!
 //! Order for a create: draining → 503; credential (client key or client
 //! secret) → 401/403; body (≤ [`offer::MAX_BODY_BYTES`] → 413, type → 415,
@@ -42,6 +52,7 @@ use crate::admission::Refusal;
 use crate::auth::{presented_key, KeyEntry};
 use crate::body::{body_timeout, BodyError};
 use crate::client_secret::{is_client_secret, Grant};
+use crate::config::Endpoint;
 use crate::gateway::{Gateway, Route};
 use crate::http_error::{count_refusal, ApiError};
 use crate::metrics::ActionRefusalLabels;
@@ -56,11 +67,26 @@ use super::refusals::{
     route_refusal, unreachable_refusal, upstream_refusal,
 };
 use super::sideband::{self, Call};
-use super::upstream::{self, Answer};
+use super::upstream::{self, call_id_from_location, upstream_session, Answer};
 use super::Transport;
 
 /// The calls collection, OpenAI's path and Azure GA's.
 pub const CALLS_PATHS: [&str; 2] = ["/v1/realtime/calls", "/openai/v1/realtime/calls"];
+/// The translation calls collection (WebRTC), at the same two prefixes.
+pub const TRANSLATION_CALLS_PATHS: [&str; 2] = [
+    "/v1/realtime/translations/calls",
+    "/openai/v1/realtime/translations/calls",
+];
+
+/// The calls collection a route's calls are created and controlled at (a
+/// GPT-Live route's WebRTC sessions: its sessions path, not served here).
+fn calls_path(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Realtime => CALLS_PATHS[0],
+        Endpoint::Translations => TRANSLATION_CALLS_PATHS[0],
+        Endpoint::Live => endpoint.openai_path(),
+    }
+}
 
 /// The state of the calls routes.
 #[derive(Debug, Clone)]
@@ -95,6 +121,14 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             .route(
                 &format!("{base}/{{call_id}}/{{action}}"),
                 post(act).fallback(method_not_allowed),
+            );
+    }
+    for base in TRANSLATION_CALLS_PATHS {
+        r = r
+            .route(base, post(create_translation).fallback(method_not_allowed))
+            .route(
+                &format!("{base}/{{call_id}}/{{action}}"),
+                post(act_translation).fallback(method_not_allowed),
             );
     }
     r.with_state(state)
@@ -196,37 +230,42 @@ fn find_route(gw: &Gateway, model: &str) -> Result<Arc<Route>, Refusal> {
     })
 }
 
-/// The session config sent upstream with an offer: the client's, else the
-/// client secret's, with the route's upstream model and `type: realtime`.
-pub fn upstream_session(
-    client: Option<Map<String, Value>>,
-    grant: Option<&Grant>,
-    upstream_model: &str,
-) -> Map<String, Value> {
-    let mut s = client
-        .or_else(|| grant.and_then(|g| serde_json::from_str(&g.config).ok()))
-        .unwrap_or_default();
-    s.insert("type".into(), "realtime".into());
-    s.insert("model".into(), upstream_model.into());
-    s
-}
-
-/// The call id at the end of an upstream `Location`.
-pub fn call_id_from_location(location: &str) -> Option<String> {
-    let path = location.split(['?', '#']).next()?;
-    let id = path.trim_end_matches('/').rsplit('/').next()?;
-    let ok = !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    ok.then(|| id.to_string())
+/// A model created at the other endpoint's calls path: 400 naming its own.
+fn wrong_endpoint(model: &str, endpoint: Endpoint) -> Refusal {
+    Refusal::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "wrong_endpoint",
+        format!("the model '{model}' is served at {}", calls_path(endpoint)),
+    )
+    .with_param("model")
 }
 
 /// `POST /v1/realtime/calls`.
 async fn create(
     State(st): State<CallsState>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    create_at(st, Endpoint::Realtime, query, headers, body).await
+}
+
+/// `POST /v1/realtime/translations/calls`.
+async fn create_translation(
+    State(st): State<CallsState>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    create_at(st, Endpoint::Translations, query, headers, body).await
+}
+
+/// A WebRTC call created at `endpoint`'s calls path.
+async fn create_at(
+    st: CallsState,
+    endpoint: Endpoint,
+    query: Option<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -281,6 +320,9 @@ async fn create(
         Ok(r) => r,
         Err(r) => return refuse(gw, "", r),
     };
+    if route.config.endpoint != endpoint {
+        return refuse(gw, &model, wrong_endpoint(&model, route.config.endpoint));
+    }
     let url = match upstream::calls_url(&route.config) {
         Ok(u) => u,
         Err(e) => return refuse(gw, &model, route_refusal(&model, &e)),
@@ -290,7 +332,12 @@ async fn create(
         Ok(p) => p,
         Err(r) => return refuse(gw, &model, r),
     };
-    let session = upstream_session(offer.session, grant.as_ref(), route.config.upstream_model());
+    let session = upstream_session(
+        offer.session,
+        grant.as_ref(),
+        route.config.upstream_model(),
+        endpoint,
+    );
     let (ct, form) = offer::encode_multipart(&offer.sdp, Some(&session));
     let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
     let answer = match upstream::post(&route.config, &url, Some(&ct), form, timeout).await {
@@ -334,7 +381,7 @@ async fn create(
         },
     )
     .await;
-    let location = format!("{}/{call_id}", CALLS_PATHS[0]);
+    let location = format!("{}/{call_id}", calls_path(endpoint));
     relay_answer(answer, Some(&location))
 }
 
@@ -417,6 +464,40 @@ async fn act(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    act_at(st, Endpoint::Realtime, path, headers, body).await
+}
+
+/// `POST /v1/realtime/translations/calls/{call_id}/hangup`: a WebRTC
+/// translation call takes a hangup only (no SIP: nothing to accept, refer
+/// or reject).
+async fn act_translation(
+    State(st): State<CallsState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Ok(Path((_, action))) = &path {
+        if action != "hangup" {
+            let r = Refusal::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "not_found",
+                format!("unknown translation call action '{action}'; use hangup"),
+            );
+            return refuse_action(&st.gw, action, r);
+        }
+    }
+    act_at(st, Endpoint::Translations, path, headers, body).await
+}
+
+/// A call action at `endpoint`'s calls path.
+async fn act_at(
+    st: CallsState,
+    endpoint: Endpoint,
+    path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let gw = &st.gw;
     let Ok(Path((call_id, action))) = path else {
         return refuse_action(
@@ -478,6 +559,10 @@ async fn act(
                 Ok(r) => r,
                 Err(r) => return refuse_action(gw, &action, r),
             };
+            if route.config.endpoint != endpoint {
+                // Controlled at the path it was created at only.
+                return refuse_action(gw, &action, call_not_found(&call_id));
+            }
             let answer = forward(gw, &route, &call_id, &action, &headers, body).await;
             if answer.status().is_success() && ["hangup", "reject"].contains(&action.as_str()) {
                 // Ended by the client: its sideband stops at once.
@@ -744,14 +829,24 @@ mod tests {
             model: "gpt-realtime".into(),
             config: r#"{"instructions":"be brief","model":"gpt-realtime"}"#.into(),
         };
-        let s = upstream_session(None, Some(&grant), "up-1");
+        let s = upstream_session(None, Some(&grant), "up-1", Endpoint::Realtime);
         assert_eq!(s["model"], "up-1");
         assert_eq!(s["type"], "realtime");
         assert_eq!(s["instructions"], "be brief");
         let mut client = Map::new();
         client.insert("voice".into(), "marin".into());
-        let s = upstream_session(Some(client), Some(&grant), "up-1");
+        let s = upstream_session(Some(client), Some(&grant), "up-1", Endpoint::Realtime);
         assert_eq!(s["voice"], "marin");
         assert!(s.get("instructions").is_none());
+        let translation = Grant {
+            id: "cs".into(),
+            model: "gpt-realtime-translate".into(),
+            config: r#"{"model":"gpt-realtime-translate","audio":{"output":{"language":"fr"}}}"#
+                .into(),
+        };
+        let s = upstream_session(None, Some(&translation), "up-t", Endpoint::Translations);
+        assert_eq!(s["model"], "up-t");
+        assert_eq!(s["audio"]["output"]["language"], "fr");
+        assert!(s.get("type").is_none(), "a translation session has no type");
     }
 }

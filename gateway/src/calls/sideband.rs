@@ -26,12 +26,18 @@
 //!   the pod): the sideband stays attached until `[drain] wait_secs` has
 //!   nearly passed, then is closed without a hangup and the call is logged
 //!   as let go. Turns after that are not metered by this process.
+//! - A translation call (a route with `endpoint = "translations"`) reports
+//!   no usage and its audio is on the call's media, not the sideband: it
+//!   is billed by its connected time ([`crate::metering::call_time`]), from
+//!   the start of this task (the upstream has answered) to the end computed
+//!   here (after the hangup's answer when the gateway hangs up), a row per
+//!   flush window.
 //!
 //! Caveat: the upstream sends nothing for turns that happened before the
 //! sideband attached; those are not metered.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::time::Instant;
@@ -40,7 +46,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::Permit;
 use crate::auth::KeyEntry;
+use crate::config::Endpoint;
 use crate::gateway::{Gateway, Route};
+use crate::metering::call_time::CallClock;
 use crate::metering::{EndReason, SessionMeta};
 use crate::metrics::OutcomeLabels;
 use crate::relay::{self, End, Kill, Tap};
@@ -182,7 +190,20 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     let meta = meta.traced(&gw.telemetry, call.trace, &route, &[]);
     let trace = meta.trace.clone();
     let (mut tracker, meter, kill) = gw.metering.start_session(meta);
+    // A translation call is billed by its connected time, from here (the
+    // upstream has answered) to its end ([`crate::metering::call_time`]).
+    let clock = (route.endpoint == Endpoint::Translations)
+        .then(|| Arc::new(CallClock::new(SystemTime::now())));
+    let meter = match &clock {
+        Some(c) => meter.measuring_call(c.clone()),
+        None => meter,
+    };
     gw.tasks.spawn(meter.run());
+    let call_over = |clock: &Option<Arc<CallClock>>| {
+        if let Some(c) = clock {
+            c.end(SystemTime::now());
+        }
+    };
     let deadline = call.started + Duration::from_secs(gw.config.relay.max_session_secs);
     let client_end = owners.client_end(&call.id);
     let attaching = attach_holding(&gw, &route, &call.id, timeout, fleet.as_ref());
@@ -269,6 +290,9 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                 SidebandEnd::CallEnded if client_end.is_cancelled() => SidebandEnd::ClientHangup,
                 end => end,
             };
+            if !end.hangs_up() {
+                call_over(&clock);
+            }
             if end.hangs_up() {
                 let relay_end = match &end {
                     SidebandEnd::Killed(k) => End::Killed(k.clone()),
@@ -281,6 +305,7 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                 };
                 relay::cancel_in_flight(&mut leg, &mut tracker).await;
                 hang_up(&gw, &call, &end).await;
+                call_over(&clock);
             } else if matches!(end, SidebandEnd::AttachFailed(_)) {
                 // The sideband could not be attached again: a call the
                 // gateway cannot see cannot be governed.
@@ -304,6 +329,7 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
             end
         }
     };
+    call_over(&clock);
     tracker.finish(end.end_reason());
     if let Some(t) = trace {
         t.ended(end.outcome(), None, None);

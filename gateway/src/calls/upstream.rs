@@ -24,7 +24,10 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_util::either::Either;
 use url::Url;
 
-use crate::config::{Protocol, Provider, RouteConfig};
+use serde_json::{Map, Value};
+
+use crate::client_secret::Grant;
+use crate::config::{Endpoint, Protocol, Provider, RouteConfig};
 use crate::upstream::dial::{upstream_headers, UpstreamIo, UpstreamSocket};
 use crate::upstream::tls;
 
@@ -270,6 +273,37 @@ pub async fn sideband(
     tokio::time::timeout(timeout, open)
         .await
         .map_err(|_| UpstreamCallError::Timeout(timeout))?
+}
+
+/// The session config sent upstream with an offer: the client's, else the
+/// client secret's, with the route's upstream model and, for a Realtime
+/// call, `type: realtime` (a translation session has no `type`).
+pub fn upstream_session(
+    client: Option<Map<String, Value>>,
+    grant: Option<&Grant>,
+    upstream_model: &str,
+    endpoint: Endpoint,
+) -> Map<String, Value> {
+    let mut s = client
+        .or_else(|| grant.and_then(|g| serde_json::from_str(&g.config).ok()))
+        .unwrap_or_default();
+    if endpoint != Endpoint::Translations {
+        s.insert("type".into(), "realtime".into());
+    }
+    s.insert("model".into(), upstream_model.into());
+    s
+}
+
+/// The call id at the end of an upstream `Location`.
+pub fn call_id_from_location(location: &str) -> Option<String> {
+    let path = location.split(['?', '#']).next()?;
+    let id = path.trim_end_matches('/').rsplit('/').next()?;
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    ok.then(|| id.to_string())
 }
 
 #[cfg(test)]

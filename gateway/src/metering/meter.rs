@@ -60,6 +60,7 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use tokio_util::task::TaskTracker;
 
 use super::budgets::{applicable_budgets, budget_message};
+use super::call_time::CallClock;
 use super::live::{LiveUsage, LiveWindows};
 use super::outbox::{Queued, QueuedState};
 use super::pricing::{self, Usage};
@@ -169,13 +170,22 @@ pub struct MeterTask {
     keyset_seen: Option<Arc<KeySet>>,
     /// The turn counters of the session's model.
     meters: Arc<ModelMeters>,
-    /// A translation session's measured audio, taken every window.
-    audio: Option<Arc<AudioCounters>>,
+    /// A translation session's audio, taken every window.
+    audio: Option<AudioSource>,
     /// Windows of audio taken so far, and when the current one began.
     audio_windows: u64,
     audio_since: SystemTime,
     /// A Live session's cumulative seconds, charged by their increase.
     live: Option<LiveWindows>,
+}
+
+/// Where a translation session's audio seconds come from.
+#[derive(Debug)]
+enum AudioSource {
+    /// Measured from the frames (a WebSocket session).
+    Measured(Arc<AudioCounters>),
+    /// A WebRTC call's connected time.
+    Call(Arc<CallClock>),
 }
 
 impl MeterTask {
@@ -218,20 +228,34 @@ impl MeterTask {
     /// Meters the audio `counters` measure ([`super::translation`]): every
     /// flush takes the window's seconds as one record.
     pub fn measuring_audio(mut self, counters: Arc<AudioCounters>) -> Self {
-        self.audio = Some(counters);
+        self.audio = Some(AudioSource::Measured(counters));
+        self
+    }
+
+    /// Meters a WebRTC translation call by its connected time
+    /// ([`super::call_time`]): every flush takes the window's part of it as
+    /// one record, the first window starting at the answer.
+    pub fn measuring_call(mut self, clock: Arc<CallClock>) -> Self {
+        self.audio_since = clock.answered();
+        self.audio = Some(AudioSource::Call(clock));
         self
     }
 
     /// The window's audio as a record, when it carried any.
     fn take_audio_window(&mut self) {
-        let Some(counters) = &self.audio else {
-            return;
+        let now = SystemTime::now();
+        let (input, output) = match &self.audio {
+            None => return,
+            Some(AudioSource::Measured(counters)) => {
+                let (input, output) = counters.take();
+                (input, Some(output))
+            }
+            // A call's output audio is on its media track: not measured.
+            Some(AudioSource::Call(clock)) => (clock.billed(self.audio_since, now), None),
         };
-        let (input, output) = counters.take();
-        if input <= 0.0 && output <= 0.0 {
+        if input <= 0.0 && output.unwrap_or(0.0) <= 0.0 {
             return;
         }
-        let now = SystemTime::now();
         let started_at = std::mem::replace(&mut self.audio_since, now);
         self.audio_windows += 1;
         self.window.push(TurnRecord {
@@ -246,7 +270,10 @@ impl MeterTask {
             status: 200,
             end_reason: "window",
             usage: Some(Usage {
-                audio_seconds: Some(translation::billed_seconds(input, output)),
+                audio_seconds: Some(translation::billed_seconds(
+                    input,
+                    output.unwrap_or_default(),
+                )),
                 ..Usage::default()
             }),
             response_id: None,
@@ -649,7 +676,7 @@ pub fn build_row(
         transcription_tokens: if transcription { usage.total } else { 0 },
         audio_seconds: usage.audio_seconds,
         output_audio_seconds: match rec.kind {
-            TurnKind::Translation { output_seconds } => Some(output_seconds),
+            TurnKind::Translation { output_seconds } => output_seconds,
             _ => None,
         },
         cost_usd: charge.cost_usd,

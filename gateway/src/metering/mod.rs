@@ -71,6 +71,7 @@ use crate::store::{
 use outbox::Outbox;
 
 mod budgets;
+pub mod call_time;
 pub mod client_models;
 pub mod live;
 pub mod meter;

@@ -222,9 +222,11 @@ pub enum TurnKind {
         model: Option<String>,
     },
     /// A translation session's window of audio, measured by the gateway
-    /// ([`super::translation`]); its usage is the billed seconds.
+    /// ([`super::translation`], [`super::call_time`]); its usage is the
+    /// billed seconds; `output_seconds` is `None` where the output audio is
+    /// not seen (a WebRTC call's media).
     Translation {
-        output_seconds: f64,
+        output_seconds: Option<f64>,
     },
     /// A Live session's window of billed seconds, from the upstream's
     /// cumulative figures ([`super::live`]); `estimated` when the last

@@ -39,7 +39,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use memchr::memmem;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use serde::Deserialize;
 
 use crate::relay::client_text::Peek;
@@ -61,6 +63,13 @@ const APPEND: &[u8] = b"session.input_audio_buffer.append";
 const OUTPUT_DELTA: &[u8] = b"session.output_audio.delta";
 const AUDIO_KEY: &[u8] = b"\"audio\":\"";
 const DELTA_KEY: &[u8] = b"\"delta\":\"";
+
+/// Searchers built once per process: `memmem::find` builds one per call,
+/// which was most of what a search cost on these short keys.
+static AUDIO_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(AUDIO_KEY));
+static DELTA_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(DELTA_KEY));
+static RATE_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"sample_rate\":"));
+static CHANNELS_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"channels\":"));
 
 /// What a translation session carried since the meter last took it.
 #[derive(Debug, Default)]
@@ -153,7 +162,7 @@ impl TranslationAudio {
             Some(_) if payload.len() <= OTHER_MAX_BYTES => return Peek::Forward,
             _ => return Peek::Whole,
         }
-        let Some(at) = memmem::find(leading, AUDIO_KEY) else {
+        let Some(at) = AUDIO_FINDER.find(leading) else {
             return Peek::Whole;
         };
         let start = at + AUDIO_KEY.len();
@@ -193,16 +202,22 @@ impl TranslationAudio {
         if crate::event::leading_event_type_bytes(text) != Some(OUTPUT_DELTA) {
             return;
         }
-        let Some(at) = memmem::find(text, DELTA_KEY) else {
+        let Some(at) = DELTA_FINDER.find(text) else {
             return;
         };
         let start = at + DELTA_KEY.len();
         let Some(len) = memchr::memchr(b'"', &text[start..]) else {
             return;
         };
-        let bytes = decoded_len_of(&text[start..start + len]);
-        let rate = number_after(text, b"\"sample_rate\":").unwrap_or(DEFAULT_OUTPUT_RATE);
-        let channels = number_after(text, b"\"channels\":").unwrap_or(1);
+        let end = start + len;
+        let bytes = decoded_len_of(&text[start..end]);
+        // The other keys are outside the audio (base64 holds no quote):
+        // searched before it, then after it, never through it.
+        let number = |finder: &Finder<'_>| {
+            number_after(&text[..at], finder).or_else(|| number_after(&text[end..], finder))
+        };
+        let rate = number(&RATE_FINDER).unwrap_or(DEFAULT_OUTPUT_RATE);
+        let channels = number(&CHANNELS_FINDER).unwrap_or(1);
         let per_sec = 2 * rate.max(1) * channels.max(1);
         self.counters.add_output_us(bytes * 1_000_000 / per_sec);
     }
@@ -257,8 +272,8 @@ const LOW_BITS: u64 = 0x0101_0101_0101_0101;
 const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
 /// The unsigned number after `key` in `text`, if any.
-fn number_after(text: &[u8], key: &[u8]) -> Option<u64> {
-    let at = memmem::find(text, key)? + key.len();
+fn number_after(text: &[u8], key: &Finder<'_>) -> Option<u64> {
+    let at = key.find(text)? + key.needle().len();
     let digits = text[at..]
         .iter()
         .skip_while(|b| b.is_ascii_whitespace())
@@ -393,6 +408,9 @@ mod tests {
         audio.on_upstream(br#"{"type":"session.output_transcript.delta","delta":"hola"}"#);
         let (input, output) = counters.take();
         assert_eq!((input, output), (0.0, 0.1 + 0.025));
+        // The rate read before the audio as well as after it.
+        audio.on_upstream(format!(r#"{{"type":"session.output_audio.delta","channels":2,"sample_rate":48000,"delta":"{delta}"}}"#).as_bytes());
+        assert_eq!(counters.take().1, 0.025);
         assert_eq!(billed_seconds(2.0, 3.0), 2.0);
     }
 }

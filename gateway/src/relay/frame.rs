@@ -197,13 +197,54 @@ pub fn encode_header(
 }
 
 /// XORs `data` with `mask`, `data` being the payload from byte `offset` on
-/// (so a payload can be unmasked in the pieces it arrives in).
+/// (so a payload can be unmasked in the pieces it arrives in). Eight bytes
+/// at a time: a word of eight is two whole mask periods, so one pattern in
+/// the piece's phase serves every word.
 pub fn unmask(data: &mut [u8], mask: [u8; 4], offset: u64) {
     let phase = (offset % 4) as usize;
-    for (i, b) in data.iter_mut().enumerate() {
-        *b ^= mask[(phase + i) % 4];
+    let pattern: [u8; 8] = std::array::from_fn(|i| mask[(phase + i) % 4]);
+    let word = u64::from_ne_bytes(pattern);
+    let mut words = data.chunks_exact_mut(8);
+    for w in &mut words {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(w);
+        w.copy_from_slice(&(u64::from_ne_bytes(bytes) ^ word).to_ne_bytes());
+    }
+    for (b, m) in words.into_remainder().iter_mut().zip(pattern) {
+        *b ^= m;
     }
 }
+
+/// How many leading bytes of a masked payload unmask to ASCII, counted in
+/// whole blocks of [`ASCII_BLOCK_BYTES`] and read in place: a byte unmasks
+/// to ASCII exactly when its top bit equals its mask byte's, so no byte is
+/// copied or unmasked. ASCII is valid UTF-8 on its own; a client text
+/// message of JSON around base64 audio is ASCII throughout, and only what
+/// follows the first block holding another byte needs unmasking to be
+/// validated.
+pub fn masked_ascii_prefix(payload: &[u8], mask: [u8; 4]) -> usize {
+    let top_bits = u64::from_ne_bytes(std::array::from_fn(|i| mask[i % 4])) & HIGH_BITS;
+    let mut blocks = payload.chunks_exact(ASCII_BLOCK_BYTES);
+    let mut ascii = 0;
+    for block in &mut blocks {
+        let mut differ = 0;
+        for w in block.chunks_exact(8) {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(w);
+            differ |= (u64::from_ne_bytes(bytes) & HIGH_BITS) ^ top_bits;
+        }
+        if differ != 0 {
+            break;
+        }
+        ascii += ASCII_BLOCK_BYTES;
+    }
+    ascii
+}
+
+/// The bytes [`masked_ascii_prefix`] judges at a time (a multiple of the
+/// mask's period and of a word).
+pub const ASCII_BLOCK_BYTES: usize = 32;
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
 /// What a frame is to the direction's message state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,6 +374,12 @@ impl Utf8Stream {
                 _ => 0x80,
             })
             .collect()
+    }
+
+    /// Whether no character is split across pieces so far (the next piece
+    /// starts a character).
+    pub fn at_char_boundary(&self) -> bool {
+        self.pending_len == 0
     }
 
     /// The message ended: a character left unfinished is invalid.
@@ -465,6 +512,42 @@ mod tests {
             1009
         );
         assert_eq!(FrameError::InvalidUtf8.close_code(), 1007);
+    }
+
+    #[test]
+    fn unmasking_by_words_equals_unmasking_byte_by_byte_at_every_phase_and_length() {
+        let mask = [0x9d, 0x21, 0x7f, 0xe4];
+        let data: Vec<u8> = (0..61u8).map(|i| i.wrapping_mul(37)).collect();
+        for offset in 0..8u64 {
+            for len in 0..data.len() {
+                let mut fast = data[..len].to_vec();
+                unmask(&mut fast, mask, offset);
+                let slow: Vec<u8> = (data[..len].iter().enumerate())
+                    .map(|(i, b)| b ^ mask[(offset as usize + i) % 4])
+                    .collect();
+                assert_eq!(fast, slow, "offset {offset}, len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_ascii_prefix_of_a_masked_payload_is_read_in_place_in_whole_blocks() {
+        let mask = [0x80, 0x01, 0xff, 0x7f];
+        let masked = |text: &[u8]| {
+            let mut m = text.to_vec();
+            unmask(&mut m, mask, 0);
+            m
+        };
+        let ascii = vec![b'A'; 100];
+        assert_eq!(masked_ascii_prefix(&masked(&ascii), mask), 96);
+        for at in 0..100 {
+            let mut text = ascii.clone();
+            text[at] = 0xC3;
+            let n = masked_ascii_prefix(&masked(&text), mask);
+            assert_eq!(n, at / ASCII_BLOCK_BYTES * ASCII_BLOCK_BYTES, "{at}");
+            assert!(text[..n].is_ascii());
+        }
+        assert_eq!(masked_ascii_prefix(&[], mask), 0);
     }
 
     #[test]

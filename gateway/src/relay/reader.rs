@@ -11,8 +11,14 @@
 //!   refused (1009) having read no more than the one read that brought its
 //!   header (at most [`REUSE_MAX_BYTES`]).
 //! - With [`Utf8Check::Validate`] (the client leg), text messages are
-//!   validated as UTF-8 across fragments (1007), unmasking through a small
-//!   stack buffer: the forwarded bytes are never modified.
+//!   validated as UTF-8 across fragments (1007): a frame's leading ASCII is
+//!   judged in place on the masked bytes ([`frame::masked_ascii_prefix`]),
+//!   and only what follows it is unmasked, through a small stack buffer,
+//!   and validated; the forwarded bytes are never modified. Every client
+//!   text byte is still validated: the gateway reads client text (the
+//!   tap's event type, model checks, audio counts) and never parses text
+//!   it has not validated, so trusting the upstream to refuse bad text
+//!   was not taken.
 //! - A frame is split off the read buffer without a copy. At a frame
 //!   boundary the read goes into the allocation of an earlier frame of
 //!   [`MIN_READ_BYTES`] to [`REUSE_MAX_BYTES`] once that frame has been
@@ -368,11 +374,19 @@ fn validate(utf8: &mut Utf8Stream, raw: &RawFrame) -> Result<(), FrameError> {
     let Some(mask) = raw.header.mask else {
         return utf8.feed(payload);
     };
+    // Its ASCII prefix is valid and leaves the stream as it was, unless a
+    // character split across frames is waiting for its next byte: judged
+    // in place, never copied or unmasked (all of a typical append).
+    let start = if utf8.at_char_boundary() {
+        frame::masked_ascii_prefix(payload, mask)
+    } else {
+        0
+    };
     let mut scratch = [0u8; UNMASK_CHUNK_BYTES];
-    for (i, chunk) in payload.chunks(UNMASK_CHUNK_BYTES).enumerate() {
+    for (i, chunk) in payload[start..].chunks(UNMASK_CHUNK_BYTES).enumerate() {
         let piece = &mut scratch[..chunk.len()];
         piece.copy_from_slice(chunk);
-        frame::unmask(piece, mask, (i * UNMASK_CHUNK_BYTES) as u64);
+        frame::unmask(piece, mask, (start + i * UNMASK_CHUNK_BYTES) as u64);
         utf8.feed(piece)?;
     }
     Ok(())
@@ -767,6 +781,31 @@ mod tests {
         ok.extend(frame(true, OpCode::Data(Data::Continue), m, vec![0xAC]));
         assert_eq!(read_all(ok, 3, Utf8Check::Validate, 1000).await.1, Ok(()));
         assert_eq!(read_all(bytes, 3, Utf8Check::Trust, 1000).await.1, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn client_text_past_its_ascii_prefix_and_across_fragments_is_validated_in_full() {
+        let m = Some([0x80, 0x7f, 0x01, 0xfe]);
+        let check = |text: Vec<u8>| async move {
+            let bytes = frame(true, OpCode::Data(Data::Text), m, text);
+            read_all(bytes, 1000, Utf8Check::Validate, 1000).await.1
+        };
+        let invalid = Err("text is not valid UTF-8".into());
+        for at in [0, 31, 32, 33, 64, 150, 199] {
+            let mut text = vec![b'A'; 200];
+            text[at] = 0xFF;
+            assert_eq!(check(text.clone()).await, invalid, "0xFF at {at}");
+            text[at] = 0xC3;
+            assert_eq!(check(text.clone()).await, invalid, "a lone lead at {at}");
+            text.splice(at..at + 1, "é€".bytes());
+            assert_eq!(check(text).await, Ok(()), "valid at {at}");
+        }
+        // A character left open by one fragment: the next one's ASCII is
+        // not skipped, it is the wrong continuation.
+        let mut bytes = frame(false, OpCode::Data(Data::Text), m, vec![b'a', 0xE2, 0x82]);
+        bytes.extend(frame(true, OpCode::Data(Data::Continue), m, vec![b'A'; 64]));
+        let end = read_all(bytes, 1000, Utf8Check::Validate, 1000).await.1;
+        assert_eq!(end, invalid);
     }
 
     #[tokio::test]

@@ -11,9 +11,7 @@ use crate::common::*;
 use patchbay_gateway::calls::offer::encode_multipart;
 use patchbay_gateway::metrics::{ActionRefusalLabels, ReasonLabels, StatusLabels};
 use patchbay_sim::{SimConfig, SimFault};
-use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use serde_json::json;
 
 /// What a browser's `RTCPeerConnection` offers: audio and a data channel.
 const OFFER: &str = "v=0\r\no=- 4611731400430051336 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n\
@@ -27,65 +25,6 @@ m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\nc=IN IP4 0.0.0.0\r\na=mid:1\
 /// (and rows are flushed after every turn).
 const PRICES: &str = "[metering]\nflush_secs = 0\n[[prices]]\nmodel = \"gpt-realtime\"\ntext_input = 4.0\ncached_text_input = 0.4\n\
                       audio_input = 32.0\ncached_audio_input = 0.4\ntext_output = 16.0\naudio_output = 64.0\n";
-
-struct Answer {
-    status: u16,
-    /// Lowercased `name: value` lines.
-    head: String,
-    body: String,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<String> {
-        self.head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k.trim() == name).then(|| v.trim().to_string())
-        })
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or(Value::Null)
-    }
-}
-
-/// One HTTP/1.1 request; the answer with its head lowercased.
-async fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> Answer {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    let mut bytes = req.into_bytes();
-    bytes.extend_from_slice(body);
-    // A refused large body may be cut off by the answer: keep what was read.
-    let _ = s.write_all(&bytes).await;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
-        .await
-        .expect("answered in time");
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Answer {
-        status,
-        head: head.to_ascii_lowercase(),
-        body: body.to_string(),
-    }
-}
 
 async fn create(addr: SocketAddr, key: &str, content_type: &str, body: &[u8]) -> Answer {
     create_at(addr, "/v1/realtime/calls", key, content_type, body).await

@@ -34,4 +34,5 @@ mod store_tls;
 mod tls_and_config;
 mod transcription;
 mod translation;
+mod translation_calls;
 mod usage;

@@ -31,13 +31,15 @@ pub fn service_name(route: &RealtimeRoute) -> String {
     route.name_any()
 }
 
-/// In-cluster WebSocket endpoint of a route.
+/// In-cluster WebSocket endpoint of a route: the gateway's path for the route's endpoint
+/// (`/v1/realtime`, `/v1/realtime/translations`, `/v1/live/sessions`).
 pub fn endpoint(route: &RealtimeRoute) -> String {
     format!(
-        "ws://{}.{}.svc:{}/v1/realtime",
+        "ws://{}.{}.svc:{}{}",
         service_name(route),
         route.namespace().unwrap_or_default(),
-        crate::gateway_config::HTTP_PORT
+        crate::gateway_config::HTTP_PORT,
+        route.spec.endpoint.openai_path()
     )
 }
 

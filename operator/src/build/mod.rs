@@ -161,6 +161,21 @@ mod tests {
     }
 
     #[test]
+    fn a_translations_route_is_reached_at_the_translation_path() {
+        let mut spec = fixtures::minimal_spec();
+        spec.endpoint = crate::crd::Endpoint::Translations;
+        let route = fixtures::route(spec);
+        assert_eq!(
+            endpoint(&route),
+            format!(
+                "ws://{}.{}.svc:8080/v1/realtime/translations",
+                fixtures::ROUTE_NAME,
+                fixtures::NAMESPACE
+            )
+        );
+    }
+
+    #[test]
     fn a_replica_change_changes_the_pool_config_map_and_nothing_else() {
         let route = fixtures::route(fixtures::autoscaled_spec());
         let at = |observed| build(&route, observed);
