@@ -38,7 +38,7 @@ use super::aggregate::{Aggregates, TurnSample};
 use super::config::{shown, Endpoint, Protocol, Settings};
 use super::grpc;
 use super::proto::{self, LogData, Origin, SpanData};
-pub use super::transport::ExportError;
+use super::transport::ExportError;
 use super::transport::{connect, Conn};
 use crate::metrics::TelemetryDropLabels;
 
