@@ -28,7 +28,6 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::{mpsc, oneshot};
@@ -39,7 +38,7 @@ use super::config::{shown, Endpoint, Protocol, Settings};
 use super::grpc;
 use super::proto::{self, LogData, Origin, SpanData};
 use super::transport::ExportError;
-use super::transport::{connect, Conn};
+use super::transport::{connect, Answer, Conn};
 use crate::metrics::TelemetryDropLabels;
 
 /// What the queue carries.
@@ -287,7 +286,7 @@ impl Exporter {
                 .uri(url.path())
                 .header(header::HOST, url.authority())
                 .header(header::CONTENT_TYPE, "application/x-protobuf")
-                .body(Full::new(Bytes::from(body))),
+                .body(Bytes::from(body)),
             // HTTP/2 takes `:scheme` and `:authority` from an absolute URI.
             Protocol::Grpc => Request::builder()
                 .method(Method::POST)
@@ -303,7 +302,7 @@ impl Exporter {
                     "grpc-timeout",
                     grpc::timeout_value(self.settings.export_timeout),
                 )
-                .body(Full::new(Bytes::from(grpc::frame(&body)))),
+                .body(Bytes::from(grpc::frame(&body))),
         }
         .map_err(|e| ExportError::Http(e.to_string()))?;
         for (k, v) in &self.settings.headers {
@@ -314,13 +313,7 @@ impl Exporter {
                 req.headers_mut().insert(name, value);
             }
         }
-        let (head, answer) = conn.send(req).await?.into_parts();
-        // Read to the end so the connection can carry the next export; an
-        // answer is a small protobuf (partial success) or an error text,
-        // and a gRPC answer's status is in the trailers that follow it.
-        let answer = http_body_util::Limited::new(answer, MAX_ANSWER_BYTES)
-            .collect()
-            .await;
+        let Answer { head, trailers } = conn.exchange(req).await?;
         match endpoint.protocol {
             Protocol::HttpProtobuf if !head.status.is_success() => {
                 return Err(ExportError::Status(head.status.as_u16()));
@@ -330,17 +323,13 @@ impl Exporter {
                 if head.status != StatusCode::OK {
                     return Err(ExportError::Status(head.status.as_u16()));
                 }
-                let answer = answer.map_err(|e| ExportError::Http(e.to_string()))?;
-                grpc::outcome(&head.headers, answer.trailers())?;
+                grpc::outcome(&head.headers, trailers.as_ref())?;
             }
         }
         self.conns.insert(key, conn);
         Ok(())
     }
 }
-
-/// The most of a collector's answer that is read.
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 fn conn_key(endpoint: &Endpoint) -> String {
     let url = &endpoint.url;

@@ -12,8 +12,8 @@
 //!
 //! Why not tonic: the gateway sends three message shapes it already
 //! encodes; tonic would bring prost, tower's buffer and a codegen step for
-//! five bytes of framing and one trailer. hyper's HTTP/2 client (the `h2`
-//! crate) carries the calls.
+//! five bytes of framing and one trailer. The `h2` crate's client (the
+//! HTTP/2 under hyper) carries the calls ([`super::transport`]).
 
 use std::time::Duration;
 

@@ -1,7 +1,12 @@
 //! The exporter's connections to a collector: HTTP/1.1 for `http/protobuf`,
 //! HTTP/2 for `grpc` (h2c with prior knowledge for `http://`, TLS with
-//! ALPN `h2` for `https://`), over hyper's client connections and rustls
-//! with the webpki roots.
+//! ALPN `h2` for `https://`), over rustls with the webpki roots.
+//!
+//! HTTP/1.1 is hyper's client connection; HTTP/2 is the `h2` crate's
+//! client (hyper's HTTP/2 is the same crate). hyper's own `http2` feature
+//! is left off: it would build HTTP/2 into hyper for the whole gateway
+//! (its listeners, the calls API's upstream client) for an exporter that
+//! makes one unary call at a time.
 //!
 //! A connection is opened on first use and kept by the exporter between
 //! exports; the exporter bounds every use of it (connect included) with
@@ -11,11 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use http::{HeaderMap, Request};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
@@ -41,11 +45,25 @@ pub enum ExportError {
 
 /// ALPN's name for HTTP/2.
 const ALPN_H2: &[u8] = b"h2";
+/// The most of a collector's answer that is read.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// An open connection to a collector.
 pub enum Conn {
     Http1(http1::SendRequest<Full<Bytes>>),
-    Http2(http2::SendRequest<Full<Bytes>>),
+    Http2(h2::client::SendRequest<Bytes>),
+}
+
+/// A collector's answer: its head and trailers (its body is read and
+/// dropped: a small protobuf, or an error text).
+#[derive(Debug)]
+pub struct Answer {
+    pub head: http::response::Parts,
+    pub trailers: Option<HeaderMap>,
+}
+
+fn http_err(e: impl std::fmt::Display) -> ExportError {
+    ExportError::Http(e.to_string())
 }
 
 impl Conn {
@@ -53,19 +71,49 @@ impl Conn {
     pub async fn ready(&mut self) -> bool {
         match self {
             Conn::Http1(c) => c.ready().await.is_ok(),
-            Conn::Http2(c) => c.ready().await.is_ok(),
+            Conn::Http2(c) => match c.clone().ready().await {
+                Ok(ready) => {
+                    *c = ready;
+                    true
+                }
+                Err(_) => false,
+            },
         }
     }
 
-    pub async fn send(
-        &mut self,
-        req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, ExportError> {
-        let sent = match self {
-            Conn::Http1(c) => c.send_request(req).await,
-            Conn::Http2(c) => c.send_request(req).await,
-        };
-        sent.map_err(|e| ExportError::Http(e.to_string()))
+    /// Sends `req` and reads the whole answer (so the connection can carry
+    /// the next one), at most [`MAX_ANSWER_BYTES`] of body.
+    pub async fn exchange(&mut self, req: Request<Bytes>) -> Result<Answer, ExportError> {
+        match self {
+            Conn::Http1(c) => {
+                let resp = c.send_request(req.map(Full::new)).await.map_err(http_err)?;
+                let (head, body) = resp.into_parts();
+                let _ = Limited::new(body, MAX_ANSWER_BYTES).collect().await;
+                Ok(Answer {
+                    head,
+                    trailers: None,
+                })
+            }
+            Conn::Http2(c) => {
+                let (parts, body) = req.into_parts();
+                let (answer, mut stream) = c
+                    .send_request(Request::from_parts(parts, ()), false)
+                    .map_err(http_err)?;
+                stream.send_data(body, true).map_err(http_err)?;
+                let (head, mut body) = answer.await.map_err(http_err)?.into_parts();
+                let mut read = 0;
+                while let Some(chunk) = body.data().await {
+                    let chunk = chunk.map_err(http_err)?;
+                    read += chunk.len();
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                    if read > MAX_ANSWER_BYTES {
+                        return Err(ExportError::Http("the answer is too long".into()));
+                    }
+                }
+                let trailers = body.trailers().await.map_err(http_err)?;
+                Ok(Answer { head, trailers })
+            }
+        }
     }
 }
 
@@ -137,9 +185,9 @@ where
             Ok(Conn::Http1(sender))
         }
         Protocol::Grpc => {
-            let (sender, conn) = http2::handshake(TokioExecutor::new(), io)
+            let (sender, conn) = h2::client::handshake(io.into_inner())
                 .await
-                .map_err(err)?;
+                .map_err(http_err)?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });
