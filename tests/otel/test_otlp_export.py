@@ -21,7 +21,9 @@ decodes every request with `opentelemetry.proto`'s generated classes:
   (the conventions leave translation and transcription sessions out);
 - with the collector down (refusing connections, or accepting and never
   answering), sessions complete as before and
-  `patchbay_telemetry_dropped_total` rises.
+  `patchbay_telemetry_dropped_total` rises, over either protocol.
+
+The same export over OTLP/gRPC is in test_otlp_grpc_export.py.
 
 Everything started here listens on 127.0.0.1 and is stopped at the end.
 """
@@ -332,25 +334,33 @@ def test_turn_spans_events_and_metrics_reach_the_collector_and_match_the_rows(si
     server = receiver(received)
     gw = Gateway(work, sim, f"http://127.0.0.1:{server.server_port}", {})
     try:
-        gw.session(turns=2, traceparent=TRACEPARENT)
-        gw.session(turns=1)
-        rows = wait_for("three rows", lambda: len(gw.rows()) >= 3 and gw.rows())
-        spans = wait_for("three spans", lambda: len(received.spans()) >= 3 and received.spans())
-        records = wait_for("four session events", lambda: len(received.log_records()) >= 4 and received.log_records())
-        metrics = wait_for(
-            "the token usage of three turns",
-            lambda: (m := received.last_metrics()).get("gen_ai.client.token.usage")
-            and sum(p.count for p in m["gen_ai.client.token.usage"].histogram.data_points) == 6
-            and m,
-        )
+        check_turns_events_and_metrics(gw, received)
     except BaseException:
         gw.dump()
         raise
     finally:
         gw.stop()
         server.shutdown()
-
     assert received.content_types == {"application/x-protobuf"}
+
+
+def check_turns_events_and_metrics(gw: Gateway, received: Received) -> None:
+    """Runs three turns through `gw` (two sessions, one with a client
+    `traceparent`) and checks what `received` decoded against the rows:
+    the spans, their usage, the session events and the metrics. Shared by
+    the OTLP/gRPC test."""
+    gw.session(turns=2, traceparent=TRACEPARENT)
+    gw.session(turns=1)
+    rows = wait_for("three rows", lambda: len(gw.rows()) >= 3 and gw.rows())
+    spans = wait_for("three spans", lambda: len(received.spans()) >= 3 and received.spans())
+    records = wait_for("four session events", lambda: len(received.log_records()) >= 4 and received.log_records())
+    metrics = wait_for(
+        "the token usage of three turns",
+        lambda: (m := received.last_metrics()).get("gen_ai.client.token.usage")
+        and sum(p.count for p in m["gen_ai.client.token.usage"].histogram.data_points) == 6
+        and m,
+    )
+
     assert len(rows) == 3 and len(spans) == 3, (rows, spans)
     by_request = {r["request_id"]: r for r in rows}
 
@@ -440,8 +450,9 @@ def dropped(metrics: str) -> float:
     )
 
 
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 @pytest.mark.parametrize("down", ["refusing", "silent"])
-def test_with_the_collector_down_sessions_run_unchanged_and_drops_are_counted(sim, work, down):
+def test_with_the_collector_down_sessions_run_unchanged_and_drops_are_counted(sim, work, down, protocol):
     # "refusing": nothing listens on the port; "silent": a socket that
     # accepts connections and never answers (a hung collector).
     silent = socket.socket()
@@ -449,7 +460,8 @@ def test_with_the_collector_down_sessions_run_unchanged_and_drops_are_counted(si
     silent.listen(64)
     port = silent.getsockname()[1] if down == "silent" else free_port()
     gw = Gateway(work, sim, f"http://127.0.0.1:{port}",
-                 {"PATCHBAY_TELEMETRY_QUEUE_SIZE": "4", "PATCHBAY_TELEMETRY_EXPORT_TIMEOUT_MS": "3000"})
+                 {"PATCHBAY_TELEMETRY_QUEUE_SIZE": "4", "PATCHBAY_TELEMETRY_EXPORT_TIMEOUT_MS": "3000",
+                  "OTEL_EXPORTER_OTLP_PROTOCOL": protocol})
     try:
         assert "patchbay_telemetry_dropped_total" in gw.metrics()
         assert dropped(gw.metrics()) == 0

@@ -9,9 +9,19 @@
 //!
 //! Read at start only: a changed setting needs a restart.
 //!
-//! Only `http/protobuf` is spoken (OTLP over HTTP/1.1, binary protobuf,
-//! the specification's default); `grpc` is refused at start, naming the
-//! variable, rather than silently sending what a gRPC port cannot read.
+//! Two protocols, per signal ([`Protocol`]): `http/protobuf` (OTLP over
+//! HTTP/1.1, binary protobuf, the specification's default) and `grpc`
+//! (OTLP/gRPC unary calls over HTTP/2, the same protobuf messages).
+//! `OTEL_EXPORTER_OTLP_PROTOCOL` (or `[telemetry] protocol`) sets all three
+//! signals, `OTEL_EXPORTER_OTLP_{TRACES,LOGS,METRICS}_PROTOCOL` one of them;
+//! anything else (`http/json`) is refused at start, naming its source.
+//!
+//! Endpoints follow the specification: with `http/protobuf` the signal
+//! path (`/v1/traces`, …) is appended to `OTEL_EXPORTER_OTLP_ENDPOINT`;
+//! with `grpc` the endpoint is used as is (the call's path is the service
+//! method's). Once some endpoint turns export on, a signal that has none
+//! uses its protocol's default (`http://localhost:4318/v1/<signal>`, or
+//! `http://localhost:4317` for gRPC).
 
 use std::time::Duration;
 
@@ -31,15 +41,47 @@ pub const DEFAULT_BATCH_DELAY_MS: u64 = 1000;
 pub const DEFAULT_EXPORT_TIMEOUT_MS: u64 = 10_000;
 /// Default metric export interval (`OTEL_METRIC_EXPORT_INTERVAL`'s).
 pub const DEFAULT_METRICS_INTERVAL_MS: u64 = 60_000;
+/// The specification's default endpoint for `http/protobuf`.
+pub const DEFAULT_HTTP_ENDPOINT: &str = "http://localhost:4318";
+/// The specification's default endpoint for `grpc`.
+pub const DEFAULT_GRPC_ENDPOINT: &str = "http://localhost:4317";
+
+/// How a signal is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/HTTP: a POST of the binary protobuf message (HTTP/1.1).
+    HttpProtobuf,
+    /// OTLP/gRPC: a unary call carrying the same message (HTTP/2).
+    Grpc,
+}
+
+impl Protocol {
+    /// The `OTEL_EXPORTER_OTLP_PROTOCOL` value, or `None` for one not spoken.
+    pub fn parse(v: &str) -> Option<Self> {
+        match v {
+            "http/protobuf" => Some(Self::HttpProtobuf),
+            "grpc" => Some(Self::Grpc),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HttpProtobuf => "http/protobuf",
+            Self::Grpc => "grpc",
+        }
+    }
+}
 
 /// The section as written in the file (every key optional).
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
-    /// The collector's base URL (`http://collector:4318`); the signal paths
-    /// `/v1/traces`, `/v1/logs` and `/v1/metrics` are appended.
+    /// The collector's base URL (`http://collector:4318`); with
+    /// `http/protobuf` the signal paths `/v1/traces`, `/v1/logs` and
+    /// `/v1/metrics` are appended, with `grpc` it is used as is.
     pub endpoint: Option<String>,
-    /// `http/protobuf` (the only one spoken).
+    /// `http/protobuf` (the default) or `grpc`.
     pub protocol: Option<String>,
     pub service_name: Option<String>,
     /// `key=value,key=value`, as `OTEL_RESOURCE_ATTRIBUTES`.
@@ -54,12 +96,20 @@ pub struct TelemetryConfig {
     pub metrics_interval_ms: Option<u64>,
 }
 
+/// Where one signal goes, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    /// With `grpc`, only its scheme and authority are used.
+    pub url: url::Url,
+    pub protocol: Protocol,
+}
+
 /// Where each signal goes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Endpoints {
-    pub traces: url::Url,
-    pub logs: url::Url,
-    pub metrics: url::Url,
+    pub traces: Endpoint,
+    pub logs: Endpoint,
+    pub metrics: Endpoint,
 }
 
 /// The settings in force, resolved from the file and the environment.
@@ -129,40 +179,57 @@ impl TelemetryConfig {
         if base.is_none() && traces_own.is_none() && logs_own.is_none() && metrics_own.is_none() {
             return Ok(None);
         }
-        if let Some((p, key)) = pick(
+        let protocol_of = |key: &str, v: &str| {
+            Protocol::parse(v).ok_or_else(|| {
+                err(
+                    key,
+                    format!("protocol `{v}` is not supported: use `http/protobuf` or `grpc`"),
+                )
+            })
+        };
+        let protocol = match pick(
             "OTEL_EXPORTER_OTLP_PROTOCOL",
             &self.protocol,
             "telemetry.protocol",
         ) {
-            if p != "http/protobuf" {
-                return Err(err(
-                    key,
-                    format!(
-                        "protocol `{p}` is not supported: the gateway exports OTLP as \
-                         http/protobuf (a collector's port 4318)"
-                    ),
-                ));
-            }
-        }
-        let signal = |own: Option<(String, &'static str)>, path: &str| match own {
-            Some((v, key)) => parse_http_url(&v, key),
-            None => match &base {
-                Some((v, key)) => {
-                    let mut u = parse_http_url(v, key)?;
-                    let joined = format!("{}/{path}", u.path().trim_end_matches('/'));
-                    u.set_path(&joined);
-                    Ok(u)
+            Some((v, key)) => protocol_of(key, &v)?,
+            None => Protocol::HttpProtobuf,
+        };
+        let signal = |own: Option<(String, &'static str)>,
+                      protocol_var: &'static str,
+                      path: &str|
+         -> Result<Endpoint, SettingError> {
+            let protocol = match var(protocol_var) {
+                Some(v) => protocol_of(protocol_var, &v)?,
+                None => protocol,
+            };
+            // A signal's own endpoint is always used as is; the base gets
+            // the signal's path with http/protobuf only.
+            let url = match (own, &base) {
+                (Some((v, key)), _) => parse_http_url(&v, key)?,
+                (None, Some((v, key))) => with_signal_path(parse_http_url(v, key)?, protocol, path),
+                (None, None) => {
+                    let default = match protocol {
+                        Protocol::HttpProtobuf => DEFAULT_HTTP_ENDPOINT,
+                        Protocol::Grpc => DEFAULT_GRPC_ENDPOINT,
+                    };
+                    with_signal_path(parse_http_url(default, "default")?, protocol, path)
                 }
-                None => Err(err(
-                    "OTEL_EXPORTER_OTLP_ENDPOINT",
-                    format!("needed for {path} (only some signals have an endpoint of their own)"),
-                )),
-            },
+            };
+            Ok(Endpoint { url, protocol })
         };
         let endpoints = Endpoints {
-            traces: signal(traces_own, "v1/traces")?,
-            logs: signal(logs_own, "v1/logs")?,
-            metrics: signal(metrics_own, "v1/metrics")?,
+            traces: signal(
+                traces_own,
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "v1/traces",
+            )?,
+            logs: signal(logs_own, "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "v1/logs")?,
+            metrics: signal(
+                metrics_own,
+                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+                "v1/metrics",
+            )?,
         };
         let headers = match var("OTEL_EXPORTER_OTLP_HEADERS") {
             Some(h) => parse_pairs(&h).map_err(|m| err("OTEL_EXPORTER_OTLP_HEADERS", m))?,
@@ -269,6 +336,16 @@ pub fn shown(u: &url::Url) -> String {
     u.to_string()
 }
 
+/// `base` with the signal's `path` appended (http/protobuf), or as it is
+/// (grpc).
+fn with_signal_path(mut base: url::Url, protocol: Protocol, path: &str) -> url::Url {
+    if protocol == Protocol::HttpProtobuf {
+        let joined = format!("{}/{path}", base.path().trim_end_matches('/'));
+        base.set_path(&joined);
+    }
+    base
+}
+
 /// An `http://` or `https://` URL with a host.
 fn parse_http_url(v: &str, key: &str) -> Result<url::Url, SettingError> {
     let u = url::Url::parse(v).map_err(|e| err(key, format!("`{v}` is not a URL: {e}")))?;
@@ -357,15 +434,15 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(
-            s.endpoints.traces.as_str(),
+            s.endpoints.traces.url.as_str(),
             "http://collector:4318/base/v1/traces"
         );
         assert_eq!(
-            s.endpoints.logs.as_str(),
+            s.endpoints.logs.url.as_str(),
             "http://collector:4318/base/v1/logs"
         );
         assert_eq!(
-            s.endpoints.metrics.as_str(),
+            s.endpoints.metrics.url.as_str(),
             "http://collector:4318/base/v1/metrics"
         );
         let res: HashMap<_, _> = s.resource.iter().cloned().collect();
@@ -387,30 +464,48 @@ mod tests {
             ..TelemetryConfig::default()
         };
         let s = resolve(&file, &[]).unwrap().unwrap();
-        assert_eq!(s.endpoints.traces.as_str(), "http://file:4318/v1/traces");
+        assert_eq!(
+            s.endpoints.traces.url.as_str(),
+            "http://file:4318/v1/traces"
+        );
         assert_eq!(s.sampler, Sampler::AlwaysOff);
         assert_eq!(s.queue_size, 10);
         assert_eq!(s.batch_size, 10);
         let s = resolve(&file, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318")])
             .unwrap()
             .unwrap();
-        assert_eq!(s.endpoints.traces.as_str(), "http://env:4318/v1/traces");
+        assert_eq!(s.endpoints.traces.url.as_str(), "http://env:4318/v1/traces");
         let with_password = url::Url::parse("https://u:p@c:4318/v1/traces").unwrap();
         assert_eq!(shown(&with_password), "https://c:4318/v1/traces");
         assert_eq!(resolve(&file, &[("OTEL_SDK_DISABLED", "true")]), Ok(None));
     }
 
     #[test]
-    fn grpc_and_bad_values_are_refused_naming_their_source() {
+    fn unknown_protocols_and_bad_values_are_refused_naming_their_source() {
         let e = resolve(
             &TelemetryConfig::default(),
             &[
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
-                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
             ],
         )
         .unwrap_err();
         assert_eq!(e.key, "OTEL_EXPORTER_OTLP_PROTOCOL");
+        let e = resolve(
+            &TelemetryConfig::default(),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "gRPC"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL");
+        let file = TelemetryConfig {
+            endpoint: Some("http://c:4317".into()),
+            protocol: Some("thrift".into()),
+            ..TelemetryConfig::default()
+        };
+        assert_eq!(resolve(&file, &[]).unwrap_err().key, "telemetry.protocol");
         let file = TelemetryConfig {
             endpoint: Some("collector:4318".into()),
             ..TelemetryConfig::default()
@@ -425,5 +520,88 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.key, "OTEL_TRACES_SAMPLER");
+    }
+
+    #[test]
+    fn grpc_uses_the_endpoint_as_is_for_every_signal() {
+        let s = resolve(
+            &TelemetryConfig::default(),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        for e in [&s.endpoints.traces, &s.endpoints.logs, &s.endpoints.metrics] {
+            assert_eq!(e.protocol, Protocol::Grpc);
+            assert_eq!(e.url.as_str(), "https://collector:4317/");
+        }
+        let file = TelemetryConfig {
+            endpoint: Some("http://file:4317".into()),
+            protocol: Some("grpc".into()),
+            ..TelemetryConfig::default()
+        };
+        let s = resolve(&file, &[]).unwrap().unwrap();
+        assert_eq!(s.endpoints.metrics.protocol, Protocol::Grpc);
+        assert_eq!(s.endpoints.metrics.url.as_str(), "http://file:4317/");
+        // The standard variable wins over the file.
+        let s = resolve(&file, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.endpoints.logs.protocol, Protocol::HttpProtobuf);
+        assert_eq!(s.endpoints.logs.url.as_str(), "http://file:4317/v1/logs");
+    }
+
+    #[test]
+    fn a_signal_can_have_a_protocol_and_endpoint_of_its_own() {
+        let s = resolve(
+            &TelemetryConfig::default(),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317"),
+                ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.endpoints.traces.protocol, Protocol::Grpc);
+        assert_eq!(s.endpoints.traces.url.as_str(), "http://t:4317/");
+        assert_eq!(s.endpoints.logs.protocol, Protocol::HttpProtobuf);
+        assert_eq!(s.endpoints.logs.url.as_str(), "http://c:4318/v1/logs");
+        // gRPC on the base endpoint: as is, no signal path.
+        assert_eq!(s.endpoints.metrics.protocol, Protocol::Grpc);
+        assert_eq!(s.endpoints.metrics.url.as_str(), "http://c:4318/");
+    }
+
+    #[test]
+    fn a_signal_without_an_endpoint_uses_its_protocols_default() {
+        let s = resolve(
+            &TelemetryConfig::default(),
+            &[
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://t:4318/v1/traces",
+                ),
+                ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.endpoints.traces.url.as_str(), "http://t:4318/v1/traces");
+        assert_eq!(
+            s.endpoints.logs.url.as_str(),
+            "http://localhost:4318/v1/logs"
+        );
+        assert_eq!(s.endpoints.metrics.url.as_str(), "http://localhost:4317/");
+        // A protocol alone does not turn export on.
+        assert_eq!(
+            resolve(
+                &TelemetryConfig::default(),
+                &[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]
+            ),
+            Ok(None)
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The exporter: one task that takes finished spans, events and turns from
-//! a bounded queue, batches them, and POSTs them to the collector as OTLP
-//! over HTTP (binary protobuf, [`super::proto`]).
+//! a bounded queue, batches them, and sends them to the collector as OTLP:
+//! a POST of the binary protobuf message ([`super::proto`]) for
+//! `http/protobuf`, or a unary gRPC call carrying it ([`super::grpc`]).
 //!
 //! Guarantees:
 //! - **Never blocks a session.** Producers only `try_send` into the queue
@@ -9,7 +10,8 @@
 //!   reason="queue_full"}`. Nothing here runs on a relay's task.
 //! - **Bounded.** A batch holds at most `batch_size` items per signal;
 //!   every request is bounded by `export_timeout_ms` (connect included).
-//!   A batch the collector refuses, or that cannot reach it, is dropped
+//!   A batch the collector refuses (an HTTP error status, or a gRPC
+//!   `grpc-status` other than OK), or that cannot reach it, is dropped
 //!   and counted (`reason="export_failed"`): no retry queue grows behind
 //!   an unreachable collector. While a request waits, items queue, and past
 //!   the bound they are dropped: a slow collector costs telemetry, never a
@@ -18,26 +20,25 @@
 //!   `metrics_interval_ms` (cumulative, so a lost export loses no count).
 //!   At shutdown what is queued is exported once more, within a bound.
 //!
-//! One HTTP/1.1 connection per collector address is kept open between
-//! exports; `https://` endpoints use rustls with the webpki roots.
+//! One connection per collector address and protocol is kept open between
+//! exports ([`super::transport`]: HTTP/1.1, or HTTP/2 for gRPC).
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::{header, Method, Request};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use http::{header, Method, Request, StatusCode};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use super::aggregate::{Aggregates, TurnSample};
-use super::config::{shown, Settings};
+use super::config::{shown, Endpoint, Protocol, Settings};
+use super::grpc;
 use super::proto::{self, LogData, Origin, SpanData};
+use super::transport::ExportError;
+use super::transport::{connect, Answer, Conn};
 use crate::metrics::TelemetryDropLabels;
 
 /// What the queue carries.
@@ -66,6 +67,15 @@ impl Signal {
             Signal::Traces => "traces",
             Signal::Logs => "logs",
             Signal::Metrics => "metrics",
+        }
+    }
+
+    /// The signal's gRPC method.
+    pub fn grpc_method(self) -> &'static str {
+        match self {
+            Signal::Traces => grpc::TRACES_METHOD,
+            Signal::Logs => grpc::LOGS_METHOD,
+            Signal::Metrics => grpc::METRICS_METHOD,
         }
     }
 }
@@ -102,23 +112,6 @@ impl Drops {
         }
     }
 }
-
-/// Why one export failed (logged at most once per failure streak).
-#[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    #[error("cannot connect to {authority}: {message}")]
-    Connect { authority: String, message: String },
-    #[error("tls: {0}")]
-    Tls(String),
-    #[error("http: {0}")]
-    Http(String),
-    #[error("the collector answered {0}")]
-    Status(u16),
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-}
-
-type Conn = SendRequest<Full<Bytes>>;
 
 /// The exporter task's state.
 pub struct Exporter {
@@ -206,8 +199,9 @@ impl Exporter {
         }
         let spans = std::mem::take(&mut self.spans);
         let body = proto::encode_spans(&self.origin, &spans);
-        let url = self.settings.endpoints.traces.clone();
-        self.send(Signal::Traces, &url, body, spans.len()).await;
+        let endpoint = self.settings.endpoints.traces.clone();
+        self.send(Signal::Traces, &endpoint, body, spans.len())
+            .await;
     }
 
     async fn export_logs(&mut self) {
@@ -216,8 +210,8 @@ impl Exporter {
         }
         let logs = std::mem::take(&mut self.logs);
         let body = proto::encode_logs(&self.origin, &logs);
-        let url = self.settings.endpoints.logs.clone();
-        self.send(Signal::Logs, &url, body, logs.len()).await;
+        let endpoint = self.settings.endpoints.logs.clone();
+        self.send(Signal::Logs, &endpoint, body, logs.len()).await;
     }
 
     async fn export_metrics(&mut self) {
@@ -227,19 +221,25 @@ impl Exporter {
         self.metrics_dirty = false;
         let snapshot = self.aggregates.snapshot(SystemTime::now());
         let body = proto::encode_histograms(&self.origin, &snapshot);
-        let url = self.settings.endpoints.metrics.clone();
+        let endpoint = self.settings.endpoints.metrics.clone();
         let points = snapshot.iter().map(|h| h.points.len()).sum();
-        if !self.send(Signal::Metrics, &url, body, points).await {
+        if !self.send(Signal::Metrics, &endpoint, body, points).await {
             // Cumulative: the next export carries these counts again.
             self.metrics_dirty = true;
         }
     }
 
-    /// POSTs one request; on failure counts `items` dropped. True when the
+    /// Sends one request; on failure counts `items` dropped. True when the
     /// collector took it.
-    async fn send(&mut self, signal: Signal, url: &url::Url, body: Vec<u8>, items: usize) -> bool {
+    async fn send(
+        &mut self,
+        signal: Signal,
+        endpoint: &Endpoint,
+        body: Vec<u8>,
+        items: usize,
+    ) -> bool {
         let timeout = self.settings.export_timeout;
-        let result = match tokio::time::timeout(timeout, self.post(url, body)).await {
+        let result = match tokio::time::timeout(timeout, self.post(signal, endpoint, body)).await {
             Ok(r) => r,
             Err(_) => Err(ExportError::Timeout(timeout)),
         };
@@ -253,10 +253,10 @@ impl Exporter {
             }
             Err(e) => {
                 // The connection may be half-used: start afresh next time.
-                self.conns.remove(&conn_key(url));
+                self.conns.remove(&conn_key(endpoint));
                 self.drops.add(signal, EXPORT_FAILED, items as u64);
                 if !self.failing {
-                    tracing::warn!(signal = signal.as_str(), url = %shown(url), error = %e, "telemetry export failed: the batch is dropped (counted in patchbay_telemetry_dropped_total); sessions are unaffected");
+                    tracing::warn!(signal = signal.as_str(), url = %shown(&endpoint.url), protocol = endpoint.protocol.as_str(), error = %e, "telemetry export failed: the batch is dropped (counted in patchbay_telemetry_dropped_total); sessions are unaffected");
                 }
                 self.failing = true;
                 false
@@ -264,23 +264,47 @@ impl Exporter {
         }
     }
 
-    async fn post(&mut self, url: &url::Url, body: Vec<u8>) -> Result<(), ExportError> {
-        let key = conn_key(url);
+    async fn post(
+        &mut self,
+        signal: Signal,
+        endpoint: &Endpoint,
+        body: Vec<u8>,
+    ) -> Result<(), ExportError> {
+        let url = &endpoint.url;
+        let key = conn_key(endpoint);
         let kept = match self.conns.remove(&key) {
-            Some(mut c) => c.ready().await.is_ok().then_some(c),
+            Some(mut c) => c.ready().await.then_some(c),
             None => None,
         };
         let mut conn = match kept {
             Some(c) => c,
-            None => connect(url).await?,
+            None => connect(url, endpoint.protocol).await?,
         };
-        let mut req = Request::builder()
-            .method(Method::POST)
-            .uri(url.path())
-            .header(header::HOST, url.authority())
-            .header(header::CONTENT_TYPE, "application/x-protobuf")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| ExportError::Http(e.to_string()))?;
+        let mut req = match endpoint.protocol {
+            Protocol::HttpProtobuf => Request::builder()
+                .method(Method::POST)
+                .uri(url.path())
+                .header(header::HOST, url.authority())
+                .header(header::CONTENT_TYPE, "application/x-protobuf")
+                .body(Bytes::from(body)),
+            // HTTP/2 takes `:scheme` and `:authority` from an absolute URI.
+            Protocol::Grpc => Request::builder()
+                .method(Method::POST)
+                .uri(format!(
+                    "{}://{}{}",
+                    url.scheme(),
+                    host_port(url),
+                    signal.grpc_method()
+                ))
+                .header(header::CONTENT_TYPE, grpc::CONTENT_TYPE)
+                .header(header::TE, "trailers")
+                .header(
+                    "grpc-timeout",
+                    grpc::timeout_value(self.settings.export_timeout),
+                )
+                .body(Bytes::from(grpc::frame(&body))),
+        }
+        .map_err(|e| ExportError::Http(e.to_string()))?;
         for (k, v) in &self.settings.headers {
             if let (Ok(name), Ok(value)) = (
                 header::HeaderName::from_bytes(k.as_bytes()),
@@ -289,80 +313,39 @@ impl Exporter {
                 req.headers_mut().insert(name, value);
             }
         }
-        let resp = conn
-            .send_request(req)
-            .await
-            .map_err(|e| ExportError::Http(e.to_string()))?;
-        let status = resp.status();
-        // Read to the end so the connection can carry the next export; an
-        // answer is a small protobuf (partial success) or an error text.
-        let _ = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await;
-        if !status.is_success() {
-            return Err(ExportError::Status(status.as_u16()));
+        let Answer { head, trailers } = conn.exchange(req).await?;
+        match endpoint.protocol {
+            Protocol::HttpProtobuf if !head.status.is_success() => {
+                return Err(ExportError::Status(head.status.as_u16()));
+            }
+            Protocol::HttpProtobuf => {}
+            Protocol::Grpc => {
+                if head.status != StatusCode::OK {
+                    return Err(ExportError::Status(head.status.as_u16()));
+                }
+                grpc::outcome(&head.headers, trailers.as_ref())?;
+            }
         }
         self.conns.insert(key, conn);
         Ok(())
     }
 }
 
-/// The most of a collector's answer that is read.
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
-
-fn conn_key(url: &url::Url) -> String {
-    format!("{}://{}", url.scheme(), url.authority())
+fn conn_key(endpoint: &Endpoint) -> String {
+    let url = &endpoint.url;
+    format!(
+        "{} {}://{}",
+        endpoint.protocol.as_str(),
+        url.scheme(),
+        url.authority()
+    )
 }
 
-async fn connect(url: &url::Url) -> Result<Conn, ExportError> {
-    let host = url.host_str().unwrap_or_default().to_string();
-    let port = url.port_or_known_default().unwrap_or(80);
-    let authority = format!("{host}:{port}");
-    let tcp = TcpStream::connect(&authority)
-        .await
-        .map_err(|e| ExportError::Connect {
-            authority: authority.clone(),
-            message: e.to_string(),
-        })?;
-    let _ = tcp.set_nodelay(true);
-    if url.scheme() == "https" {
-        let config = tls_config()?;
-        let name =
-            rustls_pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_string())
-                .map_err(|e| ExportError::Tls(e.to_string()))?;
-        let tls = tokio_rustls::TlsConnector::from(config)
-            .connect(name, tcp)
-            .await
-            .map_err(|e| ExportError::Tls(e.to_string()))?;
-        handshake(tls).await
-    } else {
-        handshake(tcp).await
+/// `host:port` of `url` (no user name or password).
+fn host_port(url: &url::Url) -> String {
+    let host = url.host_str().unwrap_or_default();
+    match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
     }
-}
-
-/// rustls (ring) trusting the webpki roots.
-fn tls_config() -> Result<std::sync::Arc<rustls::ClientConfig>, ExportError> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ExportError::Tls(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(std::sync::Arc::new(config))
-}
-
-async fn handshake<T>(io: T) -> Result<Conn, ExportError>
-where
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| ExportError::Http(e.to_string()))?;
-    // The connection's driver ends when its sender is dropped.
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(sender)
 }

@@ -59,11 +59,14 @@ impl Telemetry {
             schema_url: SCHEMA_URL,
         };
         tracing::info!(
-            traces = %shown(&settings.endpoints.traces),
-            logs = %shown(&settings.endpoints.logs),
-            metrics = %shown(&settings.endpoints.metrics),
+            traces = %shown(&settings.endpoints.traces.url),
+            traces_protocol = settings.endpoints.traces.protocol.as_str(),
+            logs = %shown(&settings.endpoints.logs.url),
+            logs_protocol = settings.endpoints.logs.protocol.as_str(),
+            metrics = %shown(&settings.endpoints.metrics.url),
+            metrics_protocol = settings.endpoints.metrics.protocol.as_str(),
             sampler = ?settings.sampler,
-            "exporting OpenTelemetry (OTLP http/protobuf)"
+            "exporting OpenTelemetry (OTLP)"
         );
         let sampler = settings.sampler;
         tokio::spawn(Exporter::new(settings, origin, drops.clone()).run(rx));

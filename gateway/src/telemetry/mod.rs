@@ -1,5 +1,5 @@
 //! OpenTelemetry export: traces, events and metrics over OTLP
-//! (http/protobuf), in the GenAI semantic conventions for realtime
+//! (http/protobuf or grpc), in the GenAI semantic conventions for realtime
 //! sessions ([`semconv`]).
 //!
 //! - Each session: `gen_ai.client.realtime_session.started` and `.ended`
@@ -12,7 +12,9 @@
 //! - A W3C `traceparent` on the client's upgrade continues the client's
 //!   trace ([`context`]); none is sent upstream.
 //! - The exporter ([`export`]) is batched, bounded, and drops (counted in
-//!   `patchbay_telemetry_dropped_total`) rather than wait.
+//!   `patchbay_telemetry_dropped_total`) rather than wait; it POSTs
+//!   protobuf over HTTP/1.1 or makes gRPC calls over HTTP/2 ([`grpc`],
+//!   [`transport`]).
 //!
 //! Configured by `[telemetry]` and the standard `OTEL_*` variables
 //! ([`config`]); off when no endpoint is set.
@@ -21,6 +23,8 @@ pub mod aggregate;
 pub mod config;
 pub mod context;
 pub mod export;
+pub mod grpc;
 pub mod handle;
 pub mod proto;
 pub mod semconv;
+pub mod transport;
