@@ -274,6 +274,11 @@ pub struct PoolConfig {
     /// File holding the live size (a bare number or `REALTIME_POOL_SIZE=N`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub size_file: Option<PathBuf>,
+    /// A ConfigMap in the pod's own namespace holding the live size under `REALTIME_POOL_SIZE`,
+    /// watched through the Kubernetes API (the pod's ServiceAccount), so a new size arrives in
+    /// a moment rather than at the kubelet's next sync of the mounted `size_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_configmap: Option<String>,
     /// `/readyz` waits this long at most for the pool to first fill.
     #[serde(skip_serializing_if = "is_default_warmup")]
     pub warmup_timeout_secs: u64,
@@ -290,6 +295,7 @@ impl Default for PoolConfig {
             max_idle_secs: 30,
             max_size: 512,
             size_file: None,
+            size_configmap: None,
             warmup_timeout_secs: DEFAULT_POOL_WARMUP_TIMEOUT_SECS,
         }
     }
