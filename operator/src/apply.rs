@@ -136,6 +136,8 @@ pub async fn apply_all(
         service,
         hpa,
         pdb,
+        // Applied after the rest by `exposure::sync`: without the Gateway API it is skipped.
+        http_route: _,
         pool_size: _,
         config_hash: _,
     } = desired;

@@ -5,7 +5,8 @@
 //! 1. **validate**: the spec is servable ([`crate::validate`]), and no child's name is held by an
 //!    object the route does not control ([`crate::ownership`]);
 //! 2. **build**: every desired child, by pure functions ([`crate::build`]);
-//! 3. **apply**: server-side apply in dependency order, stale children deleted ([`crate::apply`]);
+//! 3. **apply**: server-side apply in dependency order, stale children deleted ([`crate::apply`]),
+//!    then the Gateway API `HTTPRoute` when the route asks for one ([`crate::exposure`]);
 //! 4. **status**: observed generation, counts, endpoint, conditions ([`crate::status`]); when the
 //!    Deployment is short of ready pods, why, from the pods' events ([`crate::pods`]).
 //!
@@ -48,7 +49,7 @@ use crate::context::Context;
 use crate::crd::RealtimeRoute;
 use crate::error::{Error, Result};
 use crate::status::{self, Observation};
-use crate::{apply, events, ownership, pods, validate};
+use crate::{apply, events, exposure, ownership, pods, validate};
 
 /// Period of the drift-repairing re-reconcile of a healthy route.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
@@ -83,9 +84,22 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
     let checked = async {
         validate::check_route(&route)?;
         let wants_hpa = route.spec.replicas.autoscaled();
-        ownership::claim_children(&ctx, &route, &namespace, before.as_ref(), wants_hpa).await
+        let claims =
+            ownership::claim_children(&ctx, &route, &namespace, before.as_ref(), wants_hpa).await?;
+        // The HTTPRoute's name is looked at only while the route is or was exposed.
+        let was_exposed = route.status.as_ref().is_some_and(|s| s.exposure.is_some());
+        let http_route = if route.spec.expose.is_some() || was_exposed {
+            exposure::claim(&ctx, &route, &namespace).await?
+        } else {
+            ownership::Holder::Nobody
+        };
+        if route.spec.expose.is_some() {
+            let name = build::http_route_name(&route);
+            ownership::refuse_taken("HTTPRoute", &namespace, &name, http_route)?;
+        }
+        Ok((claims, http_route))
     };
-    let claims = match checked.await {
+    let (claims, http_route_holder) = match checked.await {
         Ok(claims) => claims,
         Err(problem) => return refuse(&ctx, &route, &namespace, before.as_ref(), problem).await,
     };
@@ -106,6 +120,20 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
                 return refuse(&ctx, &route, &namespace, before.as_ref(), problem).await;
             }
         };
+
+    // Gateway API exposure, after the rest: without the Gateway API the route still serves.
+    let exposure = match exposure::sync(
+        &ctx,
+        &route,
+        &namespace,
+        desired.http_route.as_ref(),
+        http_route_holder,
+    )
+    .await
+    {
+        Ok(exposure) => exposure,
+        Err(problem) => return refuse(&ctx, &route, &namespace, before.as_ref(), problem).await,
+    };
 
     // Pods short of ready: say why, if the kubelet did (a missing Secret, an unpullable image, a
     // crash loop, no node to run on).
@@ -133,13 +161,16 @@ pub async fn reconcile(route: Arc<RealtimeRoute>, ctx: Arc<Context>) -> Result<A
         pool_size: Some(desired.pool_size),
         problem: None,
         pods_not_starting: pods_not_starting.as_deref(),
+        exposure: Some(&exposure),
     };
     let status = status::compute(&route, &seen, &status::now_rfc3339());
     status::patch(&ctx, &route, &namespace, &status).await?;
 
     ctx.reset_backoff(&ObjectRef::from_obj(&*route));
-    // Pods are not watched: look again soon while some are not ready.
-    Ok(Action::requeue(if short {
+    // Pods and Gateway API objects are not watched: look again soon while some pods are not
+    // ready or a parent Gateway has not accepted the route.
+    let exposure_pending = route.spec.expose.is_some() && !exposure.accepted();
+    Ok(Action::requeue(if short || exposure_pending {
         NOT_READY_RESYNC_INTERVAL
     } else {
         RESYNC_INTERVAL
@@ -166,6 +197,7 @@ async fn refuse(
             pool_size: None,
             problem: Some(&problem),
             pods_not_starting: None,
+            exposure: None,
         };
         let status = status::compute(route, &seen, &status::now_rfc3339());
         status::patch(ctx, route, namespace, &status).await?;

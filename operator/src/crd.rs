@@ -56,10 +56,15 @@ pub const DEFAULT_TARGET_CPU_UTILIZATION_PERCENT: i32 = 70;
     derive = "PartialEq",
     doc = "A model served through Patchbay gateway pods: upstream, scaling, warm pool, metering and draining.",
     printcolumn = r#"{"name":"Model","type":"string","jsonPath":".spec.model"}"#,
-    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
-    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
-    printcolumn = r#"{"name":"Pool","type":"integer","jsonPath":".status.poolSizePerPod","description":"warm upstream sockets per pod"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"ready gateway pods"}"#,
+    printcolumn = r#"{"name":"Sessions","type":"integer","jsonPath":".status.sessions","description":"live sessions across the pods, at the last scrape"}"#,
+    printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".status.pool","description":"warm upstream sockets / target, summed over the pods"}"#,
+    printcolumn = r#"{"name":"Spend/1h","type":"string","jsonPath":".status.spendUSD","description":"USD metered in the last hour"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas","priority":1}"#,
+    printcolumn = r#"{"name":"Pool/Pod","type":"integer","jsonPath":".status.poolSizePerPod","description":"warm-pool target per pod","priority":1}"#,
+    printcolumn = r#"{"name":"Scraped","type":"date","jsonPath":".status.lastScrapeTime","priority":1}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint","priority":1}"#
 )]
 #[x_kube(validation = Rule::new(UPSTREAM_XOR_RULE).message("set exactly one of spec.upstream and spec.upstreams"))]
 #[serde(rename_all = "camelCase")]
@@ -125,6 +130,69 @@ pub struct RealtimeRouteSpec {
     /// ends at the cluster's Gateway or Ingress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ClientTls>,
+    /// Reach from outside the cluster through the Gateway API: the operator owns an `HTTPRoute`
+    /// (`gateway.networking.k8s.io/v1`) named after the route, attached to these parents, that
+    /// sends the OpenAI paths (`/v1/realtime…`, `/v1/live…`, `/openai/v1/…`) to the Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expose: Option<Expose>,
+}
+
+/// Default of `expose.timeoutSeconds`: an hour, OpenAI's longest session.
+pub const DEFAULT_EXPOSE_TIMEOUT_SECONDS: i32 = 3600;
+
+/// Gateway API exposure of a route (`spec.expose`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Expose {
+    /// The `Gateway`s (and listeners) the `HTTPRoute` attaches to: Gateway API
+    /// `ParentReference`s.
+    #[schemars(length(min = 1, max = 32))]
+    pub parent_refs: Vec<ParentRef>,
+    /// Host names the `HTTPRoute` matches (`HTTPRoute.spec.hostnames`); none: every host the
+    /// listener accepts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub hostnames: Vec<String>,
+    /// Serve the OpenAI paths under this prefix (`/voice` → `/voice/v1/realtime`), rewritten
+    /// to the bare paths before they reach the gateway. Starts with `/`, does not end with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+$"),
+        length(max = 200)
+    )]
+    pub path_prefix: Option<String>,
+    /// The `HTTPRoute` rules' `timeouts.request` and `timeouts.backendRequest`, in seconds: a
+    /// WebSocket session is one request, so this bounds a session's length at the Gateway.
+    /// `0` asks the implementation to disable them (Gateway API: "0s" SHOULD disable).
+    #[serde(default = "default_expose_timeout")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub timeout_seconds: i32,
+}
+
+fn default_expose_timeout() -> i32 {
+    DEFAULT_EXPOSE_TIMEOUT_SECONDS
+}
+
+/// A Gateway API `ParentReference` (`gateway.networking.k8s.io/v1`): unset fields take the
+/// Gateway API's defaults (group `gateway.networking.k8s.io`, kind `Gateway`, the route's
+/// namespace).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// A listener name of the Gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
 }
 
 /// The certificate of the client listener: a Secret of type `kubernetes.io/tls` (`tls.crt`, the
@@ -590,6 +658,69 @@ pub struct RealtimeRouteStatus {
     pub endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<RouteCondition>,
+    /// The `HTTPRoute` of `spec.expose`: its parents' verdicts and the URLs it is reached at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposure: Option<ExposureStatus>,
+    /// Live sessions summed over the pods scraped at `lastScrapeTime` (written by the operator's
+    /// scrape, under field manager `patchbay-operator-scrape`, like every field below).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<i64>,
+    /// Warm upstream sockets waiting, summed over the scraped pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_sockets: Option<i64>,
+    /// The scraped pods' warm-pool targets, summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_target: Option<i64>,
+    /// `warmSockets/poolTarget`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// USD metered over the last `spendWindowSeconds` (the increase of the pods'
+    /// `patchbay_cost_usd_total`), as a decimal string.
+    #[serde(default, rename = "spendUSD", skip_serializing_if = "Option::is_none")]
+    pub spend_usd: Option<String>,
+    /// The window `spendUSD` covers: an hour, or less while the operator has watched for less.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend_window_seconds: Option<i64>,
+    /// When the pods were last scraped (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scrape_time: Option<String>,
+    /// Ready pods whose admin listener answered the last scrape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scraped_pods: Option<i32>,
+    /// Ready pods that did not answer the last scrape: counted in none of the sums above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unscraped_pods: Vec<String>,
+}
+
+/// `status.exposure`: what the Gateway API made of `spec.expose`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExposureStatus {
+    /// The owned `HTTPRoute`'s name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub http_route: String,
+    /// One entry per parent that reported on the `HTTPRoute` (`status.parents`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<ParentStatus>,
+    /// Where clients reach the route from outside: the Gateways' addresses and listeners.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
+}
+
+/// One parent's `Accepted` and `ResolvedRefs` conditions on the `HTTPRoute`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentStatus {
+    /// `namespace/name`, with `/sectionName` when the reference names a listener.
+    pub parent: String,
+    /// `True`, `False` or `Unknown` (not reported yet).
+    pub accepted: String,
+    pub resolved_refs: String,
+    /// The reason and message of the first of the two that is not `True`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// A status condition (`Ready`, `Progressing`, `Degraded`), shaped like `metav1.Condition`.
@@ -700,7 +831,22 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        assert_eq!(columns, ["Model", "Replicas", "Ready", "Pool", "Age"]);
+        assert_eq!(
+            columns,
+            [
+                "Model", "Ready", "Sessions", "Pool", "Spend/1h", "Age", "Replicas", "Pool/Pod",
+                "Scraped", "Endpoint"
+            ]
+        );
+        // `-o wide` only: the default view stays narrow.
+        let wide: Vec<&str> = version["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["priority"] == 1)
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(wide, ["Replicas", "Pool/Pod", "Scraped", "Endpoint"]);
     }
 
     #[test]

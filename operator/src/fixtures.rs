@@ -162,6 +162,7 @@ pub fn full_spec() -> RealtimeRouteSpec {
         tls: Some(ClientTls {
             secret_name: "voice-tls".into(),
         }),
+        expose: None,
     }
 }
 

@@ -127,6 +127,7 @@ fn children_yaml(children: Desired) -> String {
         service,
         hpa,
         pdb,
+        http_route,
         pool_size: _,
         config_hash: _,
     } = children;
@@ -145,6 +146,9 @@ fn children_yaml(children: Desired) -> String {
         ),
     }
     docs.push(yaml(&pdb));
+    if let Some(http_route) = http_route {
+        docs.push(yaml(&http_route));
+    }
     docs.iter().map(|d| format!("---\n{d}")).collect()
 }
 

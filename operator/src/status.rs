@@ -29,10 +29,13 @@ use crate::build::endpoint;
 use crate::context::Context;
 use crate::crd::{RealtimeRoute, RealtimeRouteStatus, RouteCondition};
 use crate::error::{Error, Result};
+use crate::exposure::{Exposure, GATEWAY_API_UNAVAILABLE};
 
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// Present only on a route with `spec.expose`: every parent Gateway accepted its `HTTPRoute`.
+pub const EXPOSED: &str = "Exposed";
 /// `Degraded` reason when the route's pods cannot start (for example a missing Secret).
 pub const PODS_NOT_STARTING: &str = "PodsNotStarting";
 
@@ -47,6 +50,8 @@ pub struct Observation<'a> {
     pub problem: Option<&'a Error>,
     /// Why the route's pods do not start ([`crate::pods::not_starting`]), when they do not.
     pub pods_not_starting: Option<&'a str>,
+    /// What became of `spec.expose`; `None` when the reconcile stopped before it.
+    pub exposure: Option<&'a Exposure>,
 }
 
 /// The current time as `metav1.Time` text (RFC 3339, seconds).
@@ -138,10 +143,73 @@ pub fn compute(route: &RealtimeRoute, seen: &Observation<'_>, now: &str) -> Real
         }
     };
 
-    let degraded = match (seen.problem, seen.pods_not_starting) {
-        (Some(problem), _) => condition(DEGRADED, true, problem.reason(), problem.to_string()),
-        (None, Some(why)) => condition(DEGRADED, true, PODS_NOT_STARTING, why.to_string()),
-        (None, None) => condition(DEGRADED, false, "AsExpected", String::new()),
+    let unavailable = match seen.exposure {
+        Some(Exposure::Unavailable(why)) => Some(why.as_str()),
+        _ => None,
+    };
+    let degraded = match (seen.problem, seen.pods_not_starting, unavailable) {
+        (Some(problem), _, _) => condition(DEGRADED, true, problem.reason(), problem.to_string()),
+        (None, Some(why), _) => condition(DEGRADED, true, PODS_NOT_STARTING, why.to_string()),
+        (None, None, Some(why)) => condition(DEGRADED, true, GATEWAY_API_UNAVAILABLE, why.into()),
+        (None, None, None) => condition(DEGRADED, false, "AsExpected", String::new()),
+    };
+    let mut conditions = vec![ready_condition, progressing, degraded];
+    let exposed = match (route.spec.expose.is_some(), seen.exposure) {
+        (false, _) => None,
+        // Stopped before the exposure stage: what was last said.
+        (true, None) => previous
+            .conditions
+            .iter()
+            .find(|c| c.type_ == EXPOSED)
+            .cloned(),
+        (true, Some(Exposure::NotAsked)) => None,
+        (true, Some(Exposure::Unavailable(why))) => Some(condition(
+            EXPOSED,
+            false,
+            GATEWAY_API_UNAVAILABLE,
+            why.clone(),
+        )),
+        (true, Some(e @ Exposure::Applied(status))) if e.accepted() => Some(condition(
+            EXPOSED,
+            true,
+            "Accepted",
+            format!(
+                "every parent accepted HTTPRoute {}; reached at {}",
+                status.http_route,
+                if status.urls.is_empty() {
+                    "no address the Gateways report yet".to_string()
+                } else {
+                    status.urls.join(", ")
+                }
+            ),
+        )),
+        (true, Some(Exposure::Applied(status))) => {
+            let first = status
+                .parents
+                .iter()
+                .find(|p| p.accepted != "True" || p.resolved_refs != "True");
+            let (reason, message) = match first {
+                Some(p) => (
+                    if p.reason.is_empty() {
+                        "Pending"
+                    } else {
+                        p.reason.as_str()
+                    },
+                    format!(
+                        "HTTPRoute {} on {}: {}",
+                        status.http_route, p.parent, p.message
+                    ),
+                ),
+                None => ("Pending", "no parent reported yet".to_string()),
+            };
+            Some(condition(EXPOSED, false, reason, message))
+        }
+    };
+    conditions.extend(exposed);
+    let exposure = match seen.exposure {
+        None => previous.exposure.clone(),
+        Some(Exposure::Applied(status)) => Some(status.clone()),
+        Some(Exposure::NotAsked | Exposure::Unavailable(_)) => None,
     };
 
     RealtimeRouteStatus {
@@ -153,7 +221,9 @@ pub fn compute(route: &RealtimeRoute, seen: &Observation<'_>, now: &str) -> Real
         ready_replicas: Some(ready),
         pool_size_per_pod: seen.pool_size.or(previous.pool_size_per_pod),
         endpoint: Some(endpoint(route)),
-        conditions: vec![ready_condition, progressing, degraded],
+        conditions,
+        exposure,
+        ..RealtimeRouteStatus::default()
     }
 }
 
@@ -243,6 +313,7 @@ mod tests {
             pool_size: Some(4),
             problem: None,
             pods_not_starting: None,
+            exposure: None,
         };
         let status = compute(&route, &seen, "2025-01-01T00:00:00Z");
         assert_eq!(status.observed_generation, Some(1));
@@ -321,6 +392,7 @@ mod tests {
                 pool_size: None,
                 problem: Some(&problem),
                 pods_not_starting: None,
+                exposure: None,
             },
             "2025-01-02T00:00:00Z",
         );
@@ -357,6 +429,7 @@ mod tests {
             pool_size: Some(1),
             problem: None,
             pods_not_starting: Some("1 of 2 gateway pods are not starting: …"),
+            exposure: None,
         };
         let status = compute(&route, &seen, "t");
         let degraded = get(&status, DEGRADED);
@@ -376,6 +449,7 @@ mod tests {
             pool_size: Some(1),
             problem: None,
             pods_not_starting: None,
+            exposure: None,
         };
         let first = compute(&route, &seen, "2025-01-01T00:00:00Z");
         route.status = Some(first.clone());

@@ -33,6 +33,9 @@ use patchbay_operator::{controller, Context};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+#[path = "e2e/gateway_api.rs"]
+mod gateway_api;
+
 const ENV: &str = "PATCHBAY_E2E_KUBECONFIG";
 const MANAGER: &str = "patchbay-e2e";
 const WAIT: Duration = Duration::from_secs(120);
@@ -656,12 +659,30 @@ fn gateway_pod(name: &str, metrics_port: u16) -> k8s_openapi::api::core::v1::Pod
             "app.kubernetes.io/instance": "voice",
             "app.kubernetes.io/managed-by": "patchbay-operator"
         }},
-        "spec": {"automountServiceAccountToken": false, "containers": [{
+        // Gated: never scheduled, so a node's kubelet (when the cluster has one) neither runs
+        // these pods nor rewrites the status the test gives them.
+        "spec": {"automountServiceAccountToken": false,
+                 "schedulingGates": [{"name": "patchbay.dev/e2e-status-only"}],
+                 "containers": [{
             "name": "gateway", "image": "patchbay/gateway:0.1.0",
             "ports": [{"name": "metrics", "containerPort": metrics_port}]
         }]}
     }))
     .unwrap()
+}
+
+/// The routes of `namespace` as the API server's Table (what `kubectl get rtr -o wide` prints).
+async fn route_table(client: &Client, namespace: &str) -> serde_json::Value {
+    let request = http::Request::get(format!(
+        "/apis/patchbay.dev/v1alpha1/namespaces/{namespace}/realtimeroutes?includeObject=None"
+    ))
+    .header(
+        "accept",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    )
+    .body(Vec::new())
+    .unwrap();
+    client.request(request).await.expect("the route table")
 }
 
 fn cost_patch(cost: &str) -> Patch<serde_json::Value> {
@@ -785,11 +806,12 @@ async fn the_operator_account_reconciles_without_secrets_and_may_only_set_gatewa
 async fn gateway_at(
     sim: &patchbay_sim::SimHandle,
     admin: std::net::SocketAddr,
+    pool: usize,
 ) -> patchbay_gateway::bootstrap::Running {
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"{admin}\"\n\
          [[routes]]\nmodel = \"gpt-realtime\"\nupstream_url = \"{}\"\napi_key_env = \"E2E_UPSTREAM_KEY\"\n\
-         [pool]\nsize = 0\n",
+         [pool]\nsize = {pool}\n",
         sim.url(false)
     );
     let env = |k: &str| match k {
@@ -856,12 +878,27 @@ async fn the_deletion_cost_of_each_ready_gateway_pod_follows_its_live_sessions()
     )
     .await
     .expect("simulator");
-    let busy = gateway_at(&sim, format!("127.0.0.2:{port}").parse().unwrap()).await;
-    let idle = gateway_at(&sim, format!("127.0.0.3:{port}").parse().unwrap()).await;
+    let busy = gateway_at(&sim, format!("127.0.0.2:{port}").parse().unwrap(), 2).await;
+    let idle = gateway_at(&sim, format!("127.0.0.3:{port}").parse().unwrap(), 0).await;
+    // The route the pods serve, for its live status (no controller runs here).
+    install_crds(&admin).await;
+    let routes: Api<RealtimeRoute> = Api::namespaced(admin.clone(), &namespace);
+    let one = serde_json::json!({"apiKeySecretRef": {"name": "openai", "key": "api-key"}});
+    let route: RealtimeRoute =
+        serde_json::from_value(route_json("voice", serde_json::json!({"upstream": one}))).unwrap();
+    routes
+        .create(&PostParams::default(), &route)
+        .await
+        .expect("create the route");
 
     // Their Pod objects, made ready at those IPs through the status subresource.
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), &namespace);
-    for (name, ip) in [("gw-busy", "127.0.0.2"), ("gw-idle", "127.0.0.3")] {
+    // gw-down is ready at an address where no gateway listens: it cannot be scraped.
+    for (name, ip) in [
+        ("gw-busy", "127.0.0.2"),
+        ("gw-idle", "127.0.0.3"),
+        ("gw-down", "127.0.0.4"),
+    ] {
         pods.create(&PostParams::default(), &gateway_pod(name, port))
             .await
             .expect("create pod");
@@ -887,10 +924,10 @@ async fn the_deletion_cost_of_each_ready_gateway_pod_follows_its_live_sessions()
     }
     let busy_admin = format!("127.0.0.2:{port}").parse().unwrap();
     eventually("the busy gateway to count 3 live sessions", || async {
-        let n = patchbay_operator::deletion_cost::scrape::scrape(busy_admin)
+        let figures = patchbay_operator::deletion_cost::scrape::scrape(busy_admin)
             .await
             .ok()?;
-        (n == 3).then_some(())
+        (figures.sessions == 3).then_some(())
     })
     .await;
     let stop = CancellationToken::new();
@@ -915,6 +952,37 @@ async fn the_deletion_cost_of_each_ready_gateway_pod_follows_its_live_sessions()
         idle_cost.is_none() || idle_cost == Some("0".into()),
         "the idle pod stays the cheapest: {idle_cost:?}"
     );
+
+    // The same rounds write the route's live status: sessions and pools summed over the pods
+    // that answered, the one that did not named.
+    let status = eventually("the route's live status to count 3 sessions", || async {
+        let status = routes.get("voice").await.ok()?.status?;
+        (status.sessions == Some(3) && status.warm_sockets == Some(2)).then_some(status)
+    })
+    .await;
+    assert_eq!(status.pool_target, Some(2), "busy's pool of 2, idle's of 0");
+    assert_eq!(status.pool.as_deref(), Some("2/2"));
+    assert_eq!(status.scraped_pods, Some(2));
+    assert_eq!(status.unscraped_pods, vec!["gw-down".to_string()]);
+    let spend: f64 = status.spend_usd.as_deref().unwrap().parse().unwrap();
+    assert_eq!(spend, 0.0, "no turn was metered");
+    assert!(status.last_scrape_time.is_some());
+    // `kubectl get rtr -o wide` prints the CRD's columns from the API server's Table view.
+    let table = route_table(&admin, &namespace).await;
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    for wanted in ["Ready", "Sessions", "Pool", "Spend/1h", "Age"] {
+        assert!(columns.contains(&wanted), "{wanted} in {columns:?}");
+    }
+    let cells = &table["rows"][0]["cells"];
+    let at = |name: &str| &cells[columns.iter().position(|c| *c == name).unwrap()];
+    assert_eq!(at("Sessions"), 3);
+    assert_eq!(at("Pool"), "2/2");
+    assert_eq!(at("Spend/1h"), "0.0000");
 
     // The calls end: the cost returns to 0 (always patched when it reaches 0).
     for ws in live.drain(..) {

@@ -42,6 +42,10 @@ OPERATOR_RULES = {
     # Deleted when a route stops autoscaling; every other child goes with its route.
     ("autoscaling", "horizontalpodautoscalers"): APPLIED | {"delete"},
     ("policy", "poddisruptionbudgets"): APPLIED,
+    # spec.expose: the owned HTTPRoute, read by name (no list/watch: the CRDs may be absent),
+    # applied, deleted when the route stops asking; its parent Gateways only read.
+    ("gateway.networking.k8s.io", "httproutes"): {"get", "create", "patch", "delete"},
+    ("gateway.networking.k8s.io", "gateways"): {"get"},
     # Find a route's gateway pods; set their deletion cost (narrowed by the admission policy).
     ("", "pods"): {"list", "patch"},
     # The gateway pods' FailedMount/Failed events, read for Degraded=PodsNotStarting.
@@ -260,10 +264,15 @@ def test_no_role_grants_anything_on_secrets(chart):
                 assert not [r for r in obj["rules"] if "secrets" in r["resources"]], obj["metadata"]
 
 
-def test_delete_is_granted_only_on_the_hpa(chart):
+def test_delete_is_granted_only_on_the_hpa_and_the_http_route(chart):
+    """The two children a route can stop wanting while it lives; the garbage collector
+    deletes the rest with their route."""
     deletable = {res for res, verbs in grants(only(render(chart), "ClusterRole", OPERATOR)).items()
                  if "delete" in verbs}
-    assert deletable == {("autoscaling", "horizontalpodautoscalers")}
+    assert deletable == {
+        ("autoscaling", "horizontalpodautoscalers"),
+        ("gateway.networking.k8s.io", "httproutes"),
+    }
 
 
 # --- the pod admission policy ---------------------------------------------------------

@@ -10,6 +10,7 @@
 mod configmap;
 mod deployment;
 mod hpa;
+mod httproute;
 mod meta;
 mod pdb;
 mod service;
@@ -24,6 +25,10 @@ use k8s_openapi::api::{
 pub use configmap::{config_hash, gateway_config_map, pool_config_map};
 pub use deployment::{deployment, termination_grace_period_seconds, CONFIG_HASH_ANNOTATION};
 pub use hpa::{hpa, SESSIONS_ACTIVE_METRIC};
+pub use httproute::{
+    gateway_resource, http_route, http_route_name, http_route_resource, EXPOSED_PATHS,
+    GATEWAY_API_GROUP, GATEWAY_API_VERSION,
+};
 pub use meta::{
     child_meta, endpoint, gateway_name, labels, pool_name, selector_labels, service_name, APP_NAME,
     MANAGED_BY_SELECTOR, MANAGER,
@@ -53,6 +58,8 @@ pub struct Desired {
     /// `None` when the replica count is fixed: an existing HPA is then deleted.
     pub hpa: Option<HorizontalPodAutoscaler>,
     pub pdb: PodDisruptionBudget,
+    /// The Gateway API `HTTPRoute` of `spec.expose`; `None`: an owned one is deleted.
+    pub http_route: Option<kube::api::DynamicObject>,
     /// The per-pod pool size written to the pool ConfigMap.
     pub pool_size: i32,
     /// Hash of the gateway config, also on the pod template.
@@ -70,6 +77,7 @@ pub fn desired(input: &BuildInput<'_>) -> Desired {
         service: service(input.route),
         hpa: hpa(input.route),
         pdb: pdb(input.route),
+        http_route: http_route(input.route),
         gateway_config,
         pool_config,
         pool_size,

@@ -31,6 +31,8 @@ pub const HYSTERESIS_SESSIONS: i64 = 2;
 pub struct Candidate {
     pub name: String,
     pub namespace: String,
+    /// The route it serves (`app.kubernetes.io/instance`).
+    pub route: String,
     pub ip: IpAddr,
     /// The cost the pod carries: `Some(0)` without the annotation, `None` when unparsable.
     pub cost: Option<i64>,
@@ -64,6 +66,11 @@ pub fn candidates(pods: &[Pod]) -> Vec<Candidate> {
             Some(Candidate {
                 name: p.name_any(),
                 namespace: p.namespace().unwrap_or_default(),
+                route: p
+                    .labels()
+                    .get("app.kubernetes.io/instance")
+                    .cloned()
+                    .unwrap_or_default(),
                 ip,
                 cost,
             })
@@ -137,6 +144,7 @@ mod tests {
         Candidate {
             name: name.into(),
             namespace: "realtime".into(),
+            route: "voice".into(),
             ip: "127.0.0.2".parse().unwrap(),
             cost,
         }

@@ -6,6 +6,9 @@
 //! pods the operator manages, scrapes each ready pod's admin `/metrics` at its pod IP
 //! ([`scrape`]), and patches the pods [`decide`] picks, at most [`MAX_PATCHES_PER_SECOND`].
 //!
+//! Each round also hands what it scraped to [`crate::live_status`], which writes the routes' live
+//! figures (sessions, warm pool, spend) into their status.
+//!
 //! It runs only on the leader, beside the controller. Nothing here is on the reconcile path: a
 //! pod that cannot be scraped keeps its cost, and a failed list or patch is counted and retried
 //! next round. The list is served from the API server's cache (`resourceVersion=0`), not a
@@ -26,11 +29,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::Api;
+use kube::{Api, Resource};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
+use crate::crd::RealtimeRoute;
 use crate::gateway_config::ADMIN_PORT;
+use crate::live_status::{self, Scraped, StatusWrite, Tracker};
 use decide::{candidates, plan, COST_ANNOTATION};
 
 /// Period of a round (list, scrape, patch).
@@ -49,6 +54,7 @@ pub async fn run(ctx: Arc<Context>, watch_namespace: Option<String>, stop: Cance
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
+    let mut live = Tracker::default();
     let mut tick = tokio::time::interval(SCRAPE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -58,7 +64,7 @@ pub async fn run(ctx: Arc<Context>, watch_namespace: Option<String>, stop: Cance
         }
         tokio::select! {
             () = stop.cancelled() => return,
-            () = round(&ctx, &pods) => {}
+            () = round(&ctx, &pods, &mut live) => {}
         }
     }
 }
@@ -83,8 +89,8 @@ fn round_list_params() -> ListParams {
         .match_any()
 }
 
-/// One round: list, scrape, patch.
-pub async fn round(ctx: &Context, pods: &Api<Pod>) {
+/// One round: list, scrape, patch the pods' costs, then the routes' live status.
+pub async fn round(ctx: &Context, pods: &Api<Pod>, live: &mut Tracker) {
     let listed = match ctx
         .call("list", "Pod", "", pods.list(&round_list_params()))
         .await
@@ -112,10 +118,10 @@ pub async fn round(ctx: &Context, pods: &Api<Pod>) {
                 .copied()
                 .unwrap_or(ADMIN_PORT);
             async move {
-                let sessions = match scrape::scrape(SocketAddr::new(pod.ip, port)).await {
-                    Ok(n) => {
+                let figures = match scrape::scrape(SocketAddr::new(pod.ip, port)).await {
+                    Ok(figures) => {
                         ctx.metrics.deletion_cost_scrape("success");
-                        Some(n)
+                        Some(figures)
                     }
                     Err(error) => {
                         ctx.metrics.deletion_cost_scrape("failure");
@@ -123,12 +129,29 @@ pub async fn round(ctx: &Context, pods: &Api<Pod>) {
                         None
                     }
                 };
-                (pod, sessions)
+                (pod, figures)
             }
         })
         .buffer_unordered(MAX_CONCURRENT_SCRAPES)
-        .collect()
+        .collect::<Vec<_>>()
         .await;
+    let writes = live.observe(
+        tokio::time::Instant::now().into_std(),
+        &crate::status::now_rfc3339(),
+        &scraped
+            .iter()
+            .map(|(pod, figures)| Scraped {
+                namespace: pod.namespace.clone(),
+                route: pod.route.clone(),
+                pod: pod.name.clone(),
+                figures: figures.clone(),
+            })
+            .collect::<Vec<_>>(),
+    );
+    let scraped: Vec<_> = scraped
+        .into_iter()
+        .map(|(pod, figures)| (pod, figures.map(|f| f.sessions)))
+        .collect();
     let budget = (MAX_PATCHES_PER_SECOND as u64 * SCRAPE_INTERVAL.as_secs()) as usize;
     let mut pace = tokio::time::interval(Duration::from_secs(1) / MAX_PATCHES_PER_SECOND);
     for patch in plan(&scraped, budget) {
@@ -154,6 +177,37 @@ pub async fn round(ctx: &Context, pods: &Api<Pod>) {
             }
         }
     }
+    for write in writes {
+        write_live_status(ctx, live, &write).await;
+    }
+}
+
+/// Apply one route's live figures to its status subresource, under the live status' own field
+/// manager.
+async fn write_live_status(ctx: &Context, live: &mut Tracker, write: &StatusWrite) {
+    let api: Api<RealtimeRoute> = Api::namespaced(ctx.client.clone(), &write.namespace);
+    let body = serde_json::json!({
+        "apiVersion": RealtimeRoute::api_version(&()),
+        "kind": RealtimeRoute::kind(&()),
+        "status": write.figures,
+    });
+    let params = PatchParams::apply(live_status::FIELD_MANAGER).force();
+    match ctx
+        .call(
+            "patch_status",
+            "RealtimeRoute",
+            &write.route,
+            api.patch_status(&write.route, &params, &Patch::Apply(body)),
+        )
+        .await
+    {
+        Ok(_) => tracing::debug!(route = %write.route, "live status written"),
+        Err(error) => {
+            // Most often a route deleted since its pods were listed: start afresh next time.
+            live.forget(&write.namespace, &write.route);
+            tracing::debug!(route = %write.route, %error, "cannot write the live status");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -173,7 +227,7 @@ mod tests {
     async fn a_round_lists_the_gateway_pods_from_the_api_servers_cache() {
         let (ctx, mut server, _) = crate::fixtures::mock_context();
         let pods: Api<Pod> = Api::all(ctx.client.clone());
-        let task = tokio::spawn(async move { round(&ctx, &pods).await });
+        let task = tokio::spawn(async move { round(&ctx, &pods, &mut Tracker::default()).await });
         let (seen, reply) = server.next().await;
         assert_eq!(
             seen.uri,

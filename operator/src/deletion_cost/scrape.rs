@@ -2,8 +2,9 @@
 //!
 //! `GET http://<pod IP>:9090/metrics` (plain HTTP/1.1 on the pod network, the same endpoint
 //! Prometheus scrapes), bounded by [`SCRAPE_TIMEOUT`] for the whole exchange and
-//! [`MAX_METRICS_BYTES`] for the body, then [`sessions_active`] sums
-//! `patchbay_realtime_sessions_active` over its `model` labels (one series per route).
+//! [`MAX_METRICS_BYTES`] for the body, then [`figures`] sums, over every series, the live
+//! sessions (`patchbay_realtime_sessions_active`), the warm sockets and pool targets, and the
+//! metered cost: the deletion cost uses the first, the route's live status all of them.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,6 +12,8 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+
+pub use crate::live_status::PodFigures;
 
 /// The gauge of live sessions, one series per route.
 pub const SESSIONS_ACTIVE: &str = "patchbay_realtime_sessions_active";
@@ -34,12 +37,19 @@ pub enum ScrapeError {
     NoSeries,
 }
 
-/// The sum of every `patchbay_realtime_sessions_active` sample in a Prometheus text exposition,
-/// or `None` when there is none (a gateway always exposes the gauge once a route served).
-pub fn sessions_active(exposition: &str) -> Option<i64> {
+/// Warm upstream sockets waiting, one series per route and upstream.
+pub const WARM_SOCKETS: &str = "patchbay_pool_warm_sockets";
+/// Each pool's current target, with the same labels.
+pub const POOL_TARGET: &str = "patchbay_pool_target_sockets";
+/// Metered USD, a counter per model.
+pub const COST_USD: &str = "patchbay_cost_usd_total";
+
+/// The sum of every sample of `metric` in a Prometheus text exposition, or `None` when there is
+/// none. Another metric whose name merely starts with `metric` is not counted.
+pub fn sum_of(exposition: &str, metric: &str) -> Option<f64> {
     let mut total: Option<f64> = None;
     for line in exposition.lines() {
-        let Some(rest) = line.strip_prefix(SESSIONS_ACTIVE) else {
+        let Some(rest) = line.strip_prefix(metric) else {
             continue;
         };
         let value = if let Some(labelled) = rest.strip_prefix('{') {
@@ -72,15 +82,31 @@ pub fn sessions_active(exposition: &str) -> Option<i64> {
             }
         }
     }
-    total.map(|t| t.round() as i64)
+    total
 }
 
-/// Scrape one pod's admin listener and return its live sessions.
-pub async fn scrape(addr: SocketAddr) -> Result<i64, ScrapeError> {
+/// The sum of every `patchbay_realtime_sessions_active` sample, or `None` when there is none (a
+/// gateway always exposes the gauge once a route served).
+pub fn sessions_active(exposition: &str) -> Option<i64> {
+    sum_of(exposition, SESSIONS_ACTIVE).map(|t| t.round() as i64)
+}
+
+/// Every figure of one exposition; `None` without the sessions gauge (not a gateway).
+pub fn figures(exposition: &str) -> Option<PodFigures> {
+    Some(PodFigures {
+        sessions: sessions_active(exposition)?,
+        warm_sockets: sum_of(exposition, WARM_SOCKETS).map(|t| t.round() as i64),
+        pool_target: sum_of(exposition, POOL_TARGET).map(|t| t.round() as i64),
+        cost_usd: sum_of(exposition, COST_USD),
+    })
+}
+
+/// Scrape one pod's admin listener and return its figures.
+pub async fn scrape(addr: SocketAddr) -> Result<PodFigures, ScrapeError> {
     tokio::time::timeout(SCRAPE_TIMEOUT, fetch(addr))
         .await
         .map_err(|_| ScrapeError::Timeout)?
-        .and_then(|text| sessions_active(&text).ok_or(ScrapeError::NoSeries))
+        .and_then(|text| figures(&text).ok_or(ScrapeError::NoSeries))
 }
 
 async fn fetch(addr: SocketAddr) -> Result<String, ScrapeError> {
