@@ -68,7 +68,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     r.fallback(not_found)
         .with_state(gw.clone())
         .merge(crate::usage_api::router(gw.clone()))
-        .merge(crate::calls::api::router(gw))
+        .merge(crate::calls::routes::router(gw))
         .layer(cors)
 }
 
@@ -285,9 +285,9 @@ async fn not_found(State(gw): State<Arc<Gateway>>, uri: http::Uri) -> ApiError {
     ApiError(r)
 }
 
-/// The 404 for `path`: a GPT-Live endpoint other than the primary
-/// WebSocket (the WebRTC create, the sideband, forks, call control,
-/// recordings) is named as not served.
+/// The 404 for `path`: a GPT-Live endpoint the gateway does not serve (the
+/// client's own sideband WebSocket, `…/{id}/attach`, and the WebSocket
+/// fork) is named as not served.
 fn not_found_for(path: &str) -> Refusal {
     let live = ["/v1/live/", "/openai/v1/live/"]
         .iter()
@@ -298,7 +298,7 @@ fn not_found_for(path: &str) -> Refusal {
             "invalid_request_error",
             "live_endpoint_not_served",
             format!(
-                "{path} is not served by this gateway: of OpenAI's Live API it serves the primary WebSocket (GET /v1/live/sessions, the model in session.start)"
+                "{path} is not served by this gateway: of OpenAI's Live API it serves the primary WebSocket (GET /v1/live/sessions, the model in session.start), the WebRTC create (POST /v1/live/sessions), POST …/{{id}}/fork, GET …/{{id}}/content and …/{{id}}/accept|hangup|refer|reject"
             ),
         );
     }
@@ -317,8 +317,8 @@ mod tests {
     #[test]
     fn live_endpoints_not_served_say_so_and_others_name_what_is() {
         for p in [
-            "/v1/live/sessions",
-            "/v1/live/sessions/live_1/hangup",
+            "/v1/live/realtime",
+            "/v1/live/sessions/live_1/attach",
             "/openai/v1/live/sessions/x/attach",
         ] {
             let r = not_found_for(p);

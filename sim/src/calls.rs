@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::wire::short_id;
 
-/// WebRTC or SIP, or a WebRTC translation call.
+/// WebRTC or SIP, a WebRTC translation call, or a Live WebRTC session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallKind {
     Webrtc,
@@ -23,6 +23,9 @@ pub enum CallKind {
     /// `POST /v1/realtime/translations/calls`; its sideband is a translation
     /// session (`/v1/realtime/translations?call_id=`).
     Translation,
+    /// `POST /v1/live/sessions` (a GPT-Live WebRTC session, or a fork); its
+    /// sideband is `/v1/live/sessions/{id}/attach` ([`crate::live_webrtc`]).
+    Live,
 }
 
 #[derive(Debug)]
@@ -148,8 +151,18 @@ impl SimCalls {
         let calls = lock(&self.calls);
         let c = calls.get(call_id)?;
         let live = !c.ended.is_cancelled() && (c.kind != CallKind::Sip || c.accepted);
-        let here = (c.kind == CallKind::Translation) == translation;
+        let here = (c.kind == CallKind::Translation) == translation && c.kind != CallKind::Live;
         (live && here).then(|| (c.ended.clone(), c.model.clone()))
+    }
+
+    /// Whether a Live session's sideband can attach: the session is up.
+    pub(crate) fn live_up(&self, id: &str) -> bool {
+        if self.refuse_sidebands.load(Ordering::Relaxed) {
+            return false;
+        }
+        lock(&self.calls)
+            .get(id)
+            .is_some_and(|c| c.kind == CallKind::Live && !c.ended.is_cancelled())
     }
 
     /// Takes one of the caller's turns, if any are left.

@@ -43,13 +43,12 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use sha2::Digest;
 use tokio::net::TcpStream;
 
 use crate::calls::{lock, CallAction, CallKind, CreatedCall, SimCall};
 use crate::config::{SimConfig, SimFault};
 use crate::handle::{SimHandle, SimStats};
-use crate::offer;
+use crate::offer::{self, answer_for};
 use crate::wire::{mask_key, short_id};
 
 /// Serves one plain-HTTP connection of the calls API.
@@ -57,7 +56,7 @@ pub(crate) async fn serve(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHan
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let config = config.clone();
         let handle = handle.clone();
-        async move { Ok::<_, std::convert::Infallible>(route(req, &config, &handle.stats).await) }
+        async move { Ok::<_, std::convert::Infallible>(route(req, &config, &handle).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(tcp), service)
@@ -84,8 +83,9 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>>
 async fn route(
     req: Request<Incoming>,
     config: &SimConfig,
-    stats: &SimStats,
+    handle: &SimHandle,
 ) -> Response<Full<Bytes>> {
+    let stats = &handle.stats;
     let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
     let key = header("authorization")
         .and_then(|v| v.strip_prefix("Bearer "))
@@ -109,6 +109,20 @@ async fn route(
     if key.is_empty() || !known || stats.refusing.load(Ordering::Relaxed) {
         let message = format!("Incorrect API key provided: {}.", mask_key(&key));
         return error(StatusCode::UNAUTHORIZED, "invalid_api_key", &message);
+    }
+    if let Some(rest) = crate::live_webrtc::live_rest(req.uri().path()) {
+        let (method, rest) = (req.method().clone(), rest.to_string());
+        let Ok(body) = http_body_util::Limited::new(req.into_body(), offer::MAX_BODY_BYTES)
+            .collect()
+            .await
+        else {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                "body too large",
+            );
+        };
+        return crate::live_webrtc::route(&method, &rest, &body.to_bytes(), key, config, handle);
     }
     if req.method() != Method::POST {
         return error(
@@ -259,68 +273,6 @@ fn create(
         h.insert(header::LOCATION, v);
     }
     r
-}
-
-/// An SDP answer for `offer`: per media section the offer's `m=` line, its
-/// `a=mid`, its codec lines (`a=rtpmap`, `a=fmtp`, `a=rtcp-fb`,
-/// `a=extmap`), `a=setup:active`, ICE credentials and a host candidate, one
-/// fingerprint for the session, and a `BUNDLE` group of the mids.
-pub fn answer_for(offer: &str, call_id: &str) -> String {
-    let digest = sha2::Sha256::digest(call_id.as_bytes());
-    let fingerprint: Vec<String> = digest.iter().map(|b| format!("{b:02X}")).collect();
-    let ufrag = &hex::encode(&digest[..4]);
-    let pwd = &hex::encode(&digest[4..16]);
-    let mut sections: Vec<(String, Vec<String>)> = Vec::new();
-    for line in offer.lines().map(str::trim_end) {
-        if line.starts_with("m=") {
-            sections.push((line.to_string(), Vec::new()));
-        } else if let Some((_, attrs)) = sections.last_mut() {
-            let keep = [
-                "a=mid:",
-                "a=rtpmap:",
-                "a=fmtp:",
-                "a=rtcp-fb:",
-                "a=extmap:",
-                "a=sctp-port:",
-            ];
-            if keep.iter().any(|k| line.starts_with(k)) || line == "a=rtcp-mux" {
-                attrs.push(line.to_string());
-            }
-        }
-    }
-    let mids: Vec<&str> = sections
-        .iter()
-        .flat_map(|(_, a)| a.iter().filter_map(|l| l.strip_prefix("a=mid:")))
-        .collect();
-    let mut out = vec![
-        "v=0".to_string(),
-        format!(
-            "o=- {} 2 IN IP4 127.0.0.1",
-            u64::from_be_bytes([digest[0], digest[1], digest[2], digest[3], 0, 0, 0, 1])
-        ),
-        "s=-".into(),
-        "t=0 0".into(),
-    ];
-    if !mids.is_empty() {
-        out.push(format!("a=group:BUNDLE {}", mids.join(" ")));
-    }
-    out.push("a=msid-semantic: WMS *".into());
-    out.push(format!("a=fingerprint:sha-256 {}", fingerprint.join(":")));
-    for (m, attrs) in &sections {
-        out.push(m.clone());
-        out.push("c=IN IP4 127.0.0.1".into());
-        out.push(format!("a=ice-ufrag:{ufrag}"));
-        out.push(format!("a=ice-pwd:{pwd}"));
-        out.push("a=setup:active".into());
-        if m.starts_with("m=audio") {
-            out.push("a=sendrecv".into());
-        }
-        out.extend(attrs.iter().cloned());
-        out.push("a=candidate:1 1 udp 2130706431 127.0.0.1 9 typ host".into());
-    }
-    let mut s = out.join("\r\n");
-    s.push_str("\r\n");
-    s
 }
 
 #[cfg(test)]

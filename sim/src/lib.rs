@@ -33,7 +33,8 @@
 //! other events wait until the response is done, in order.
 //!
 //! GPT-Live sessions (`GET /v1/live/sessions`, cumulative usage by the
-//! second) are in [`live`].
+//! second) are in [`live`]; their WebRTC sessions (create, call control,
+//! recording, forks, the `/attach` sideband) in [`live_webrtc`].
 //!
 //! Calls (WebRTC and SIP, `POST /v1/realtime/calls…` and the `?call_id=`
 //! sideband) are in [`calls_api`].
@@ -53,6 +54,7 @@ pub mod cli;
 mod config;
 mod handle;
 mod live;
+mod live_webrtc;
 mod offer;
 mod realtime;
 mod server;
@@ -64,13 +66,14 @@ mod upgrade;
 mod wire;
 
 pub use calls::{CallAction, CallKind, CreatedCall, SimCalls};
-pub use calls_api::answer_for;
 pub use config::{
     LiveFault, LiveSim, SimConfig, SimFault, TranscriptionUsage, AUDIO_TOKENS_PER_DELTA,
     TEXT_OUTPUT_TOKENS, TRANSCRIPTION_MODEL,
 };
 pub use handle::{SimHandle, SimStats};
 pub use live::LIVE_PATH_SUFFIX;
+pub use live_webrtc::{recording as live_recording, RECORDING_BYTES as LIVE_RECORDING_BYTES};
+pub use offer::answer_for;
 pub use realtime::{usage_for, usage_max};
 pub use server::start;
 pub use translation::TRANSLATION_BYTES_PER_SEC;

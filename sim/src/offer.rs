@@ -1,9 +1,11 @@
 //! The body of a create-call request as OpenAI reads it: the SDP offer as
 //! the whole body (`application/sdp`), or `multipart/form-data` with a part
 //! `sdp` and an optional part `session` (a JSON object), as openai-python's
-//! `resources/realtime/calls.py` (`create`) sends it.
+//! `resources/realtime/calls.py` (`create`) sends it; and the answer the
+//! simulator makes of an offer ([`answer_for`]).
 
 use serde_json::{Map, Value};
+use sha2::Digest;
 
 /// The largest body read.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -76,6 +78,68 @@ fn multipart(body: &[u8], boundary: &str) -> Result<Offer, String> {
         sdp: sdp.ok_or("Missing required parameter: 'sdp'.")?,
         session,
     })
+}
+
+/// An SDP answer for `offer`: per media section the offer's `m=` line, its
+/// `a=mid`, its codec lines (`a=rtpmap`, `a=fmtp`, `a=rtcp-fb`,
+/// `a=extmap`), `a=setup:active`, ICE credentials and a host candidate, one
+/// fingerprint for the session, and a `BUNDLE` group of the mids.
+pub fn answer_for(offer: &str, call_id: &str) -> String {
+    let digest = sha2::Sha256::digest(call_id.as_bytes());
+    let fingerprint: Vec<String> = digest.iter().map(|b| format!("{b:02X}")).collect();
+    let ufrag = &hex::encode(&digest[..4]);
+    let pwd = &hex::encode(&digest[4..16]);
+    let mut sections: Vec<(String, Vec<String>)> = Vec::new();
+    for line in offer.lines().map(str::trim_end) {
+        if line.starts_with("m=") {
+            sections.push((line.to_string(), Vec::new()));
+        } else if let Some((_, attrs)) = sections.last_mut() {
+            let keep = [
+                "a=mid:",
+                "a=rtpmap:",
+                "a=fmtp:",
+                "a=rtcp-fb:",
+                "a=extmap:",
+                "a=sctp-port:",
+            ];
+            if keep.iter().any(|k| line.starts_with(k)) || line == "a=rtcp-mux" {
+                attrs.push(line.to_string());
+            }
+        }
+    }
+    let mids: Vec<&str> = sections
+        .iter()
+        .flat_map(|(_, a)| a.iter().filter_map(|l| l.strip_prefix("a=mid:")))
+        .collect();
+    let mut out = vec![
+        "v=0".to_string(),
+        format!(
+            "o=- {} 2 IN IP4 127.0.0.1",
+            u64::from_be_bytes([digest[0], digest[1], digest[2], digest[3], 0, 0, 0, 1])
+        ),
+        "s=-".into(),
+        "t=0 0".into(),
+    ];
+    if !mids.is_empty() {
+        out.push(format!("a=group:BUNDLE {}", mids.join(" ")));
+    }
+    out.push("a=msid-semantic: WMS *".into());
+    out.push(format!("a=fingerprint:sha-256 {}", fingerprint.join(":")));
+    for (m, attrs) in &sections {
+        out.push(m.clone());
+        out.push("c=IN IP4 127.0.0.1".into());
+        out.push(format!("a=ice-ufrag:{ufrag}"));
+        out.push(format!("a=ice-pwd:{pwd}"));
+        out.push("a=setup:active".into());
+        if m.starts_with("m=audio") {
+            out.push("a=sendrecv".into());
+        }
+        out.extend(attrs.iter().cloned());
+        out.push("a=candidate:1 1 udp 2130706431 127.0.0.1 9 typ host".into());
+    }
+    let mut s = out.join("\r\n");
+    s.push_str("\r\n");
+    s
 }
 
 #[cfg(test)]

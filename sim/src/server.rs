@@ -61,10 +61,18 @@ async fn accept_loop(listener: TcpListener, config: Arc<SimConfig>, handle: SimH
 
 async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     if config.tls.is_none() {
-        // A WebSocket upgrade is a GET; the calls API is POST (or OPTIONS).
-        let mut first = [0u8; 4];
+        // A WebSocket upgrade is a GET; the calls API is POST (or OPTIONS),
+        // and a Live recording's download a GET of `…/content`.
+        let mut first = [0u8; 128];
         let peeked = tokio::time::timeout(Duration::from_secs(10), tcp.peek(&mut first)).await;
-        if matches!(peeked, Ok(Ok(4))) && (&first == b"POST" || &first == b"OPTI") {
+        let n = match peeked {
+            Ok(Ok(n)) => n,
+            _ => 0,
+        };
+        let head = &first[..n];
+        let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+        let content = head.starts_with(b"GET ") && line.windows(8).any(|w| w == b"/content");
+        if n >= 4 && (head.starts_with(b"POST") || head.starts_with(b"OPTI") || content) {
             calls_api::serve(tcp, config, handle).await;
             return;
         }
@@ -86,6 +94,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     let mut transcription = false;
     let mut translation = None;
     let mut live = false;
+    let mut live_attach = None;
     let mut call = None;
     let mut slot = false;
     let check = UpgradeCheck {
@@ -95,6 +104,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         transcription: &mut transcription,
         translation: &mut translation,
         live: &mut live,
+        live_attach: &mut live_attach,
         call: &mut call,
         slot: &mut slot,
     };
@@ -107,6 +117,14 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         Ok(ws) => {
             handle.stats.upgrades.fetch_add(1, Ordering::Relaxed);
             handle.stats.sessions_active.fetch_add(1, Ordering::Relaxed);
+            if let Some(id) = live_attach {
+                crate::live_webrtc::sideband(ws, id, &config, handle.clone()).await;
+                handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
+                if slot {
+                    handle.stats.limited.fetch_sub(1, Ordering::Relaxed);
+                }
+                return;
+            }
             if live {
                 Live::new(config, handle.clone()).run(ws).await;
                 handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);

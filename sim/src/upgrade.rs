@@ -26,6 +26,8 @@ pub(crate) struct UpgradeCheck<'a> {
     pub(crate) translation: &'a mut Option<String>,
     /// A Live session's primary WebSocket (`…/live/sessions`).
     pub(crate) live: &'a mut bool,
+    /// A Live WebRTC session's sideband (`…/live/sessions/{id}/attach`).
+    pub(crate) live_attach: &'a mut Option<String>,
     /// The call a sideband (`?call_id=`) attached to.
     pub(crate) call: &'a mut Option<(String, CancellationToken)>,
     /// Set when the upgrade took a [`SimFault::SessionLimit`] slot.
@@ -86,6 +88,8 @@ impl Callback for UpgradeCheck<'_> {
         // URL (SDK: `types/live/session_resource.py`, `model`).
         let live = req.uri().path().ends_with(crate::live::LIVE_PATH_SUFFIX);
         *self.live = live;
+        let attach = crate::live_webrtc::attach_id(req.uri().path());
+        let live = live || attach.is_some();
         if live {
             // Nothing in the URL to check.
         } else if req.uri().path().ends_with("/realtime/translations") {
@@ -129,6 +133,17 @@ impl Callback for UpgradeCheck<'_> {
                 return Err(refusal(429, "Too many concurrent sessions for this key."));
             }
             *self.slot = true;
+        }
+        if let Some(id) = attach {
+            if !self.stats.calls.live_up(&id) {
+                return Err(refusal_coded(
+                    404,
+                    "session_not_found",
+                    "Live session not found",
+                ));
+            }
+            *self.live = false;
+            *self.live_attach = Some(id);
         }
         if let Some(id) = call_id {
             match self.stats.calls.attach(&id, self.translation.is_some()) {

@@ -22,7 +22,12 @@ GPT-Live: `client.live.connect()` then `session.start` opens a Live session
 through the gateway, its cumulative `session.usage.updated` seconds and the
 final `session.closed` figure become rows that charge exactly that figure
 per minute; a key whose `models` leave the Live model out gets an `error`
-event and the close.
+event and the close. `client.live.create()` (a WebRTC offer) returns the
+answer and a session id; another key's `live.sessions.hangup`,
+`download_recording` and `fork` are 404; the owner forks it (a new
+session) and downloads its recording, and its hangup ends both, whose
+rows (metered over the gateway's `/attach` sideband) charge exactly the
+simulator's seconds.
 
 Starts `patchbay-gateway sim` and `patchbay-gateway serve` (the binary given
 as argv[1]) on free 127.0.0.1 ports, waits for /readyz, then drives one
@@ -396,6 +401,44 @@ def check_live_model_refused(ws_base: str) -> None:
             raise AssertionError("the session went on")
 
 
+def check_live_webrtc(http_base: str, sim_base: str, rows_file: str) -> None:
+    owner = OpenAI(api_key=CALLS_KEY, base_url=http_base, max_retries=0)
+    other = OpenAI(api_key=OTHER_KEY, base_url=http_base, max_retries=0)
+    created = owner.live.create(
+        session={"model": LIVE, "instructions": "Answer briefly."},
+        transport={"type": "webrtc", "sdp": OFFER},
+    )
+    assert created.transport.type == "webrtc" and "a=mid:0" in created.transport.sdp, created
+    sid = created.session.id
+    for name, act in [
+        ("hangup", lambda: other.live.sessions.hangup(sid)),
+        ("download_recording", lambda: other.live.sessions.download_recording(sid)),
+        ("fork", lambda: other.live.sessions.fork(sid, transport={"type": "webrtc", "sdp": OFFER})),
+    ]:
+        try:
+            act()
+        except openai.NotFoundError:
+            continue
+        raise AssertionError(f"another key's {name} was not refused with 404")
+    forked = owner.live.sessions.fork(sid, transport={"type": "webrtc", "sdp": OFFER})
+    assert forked.session.id != sid, forked
+    time.sleep(1.5)
+    recording = owner.live.sessions.download_recording(sid)
+    assert len(recording.content) > 0
+    for s in (sid, forked.session.id):
+        owner.live.sessions.hangup(s)
+
+    def rows():
+        got = {s: [r for r in read_rows(rows_file) if r.get("live_session_id") == s] for s in (sid, forked.session.id)}
+        closed = all(g and g[-1]["end_reason"] == "session_closed" for g in got.values())
+        return got if closed else None
+
+    got = wait_for("the WebRTC Live sessions' last rows", rows)
+    charged = sum(r["audio_seconds"] for g in got.values() for r in g)
+    assert all(r["transport"] == "webrtc" and r["key_id"] == "calls-a" for g in got.values() for r in g), got
+    assert charged >= 60, got
+
+
 def read_rows(rows_file: str) -> list:
     out = []
     with open(rows_file) as f:
@@ -562,6 +605,10 @@ def main() -> int:
             ("a translation client secret mints and connects", lambda: check_translation_client_secret(http_base, base)),
             ("client.live.connect(): a Live session is billed its cumulative seconds", lambda: check_live_session(base, rows_file)),
             ("a Live session.start naming a model outside the key's list is refused", lambda: check_live_model_refused(base)),
+            (
+                "client.live.create(): owner-only hangup, recording and fork, metered over the sideband",
+                lambda: check_live_webrtc(http_base, sim_base, rows_file),
+            ),
         ]
         for name, check in checks:
             try:

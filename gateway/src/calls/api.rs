@@ -41,8 +41,6 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
 use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::{Map, Value};
@@ -88,7 +86,8 @@ fn calls_path(endpoint: Endpoint) -> &'static str {
     }
 }
 
-/// The state of the calls routes.
+/// The state of the calls routes (and of GPT-Live's WebRTC sessions,
+/// [`super::live`]).
 #[derive(Debug, Clone)]
 pub struct CallsState {
     pub gw: Arc<Gateway>,
@@ -97,45 +96,11 @@ pub struct CallsState {
     pub fleet: Option<CallFleet>,
 }
 
-/// The calls routes. With Redis, also starts the task that adopts calls
-/// other replicas let go (it stops when draining starts).
-pub fn router(gw: Arc<Gateway>) -> Router {
-    // The process's shared Redis connection: a rotated URL moves call
-    // records and hand-over with the store.
-    let fleet = gw
-        .redis
-        .clone()
-        .map(|conn| CallFleet::new(conn, crate::store::DEFAULT_PREFIX, gw.metrics.clone()));
-    let state = CallsState {
-        gw,
-        owners: Arc::default(),
-        fleet,
-    };
-    if state.fleet.is_some() {
-        tokio::spawn(adopt_loop(state.clone()));
-    }
-    let mut r = Router::new();
-    for base in CALLS_PATHS {
-        r = r
-            .route(base, post(create).fallback(method_not_allowed))
-            .route(
-                &format!("{base}/{{call_id}}/{{action}}"),
-                post(act).fallback(method_not_allowed),
-            );
-    }
-    for base in TRANSLATION_CALLS_PATHS {
-        r = r
-            .route(base, post(create_translation).fallback(method_not_allowed))
-            .route(
-                &format!("{base}/{{call_id}}/{{action}}"),
-                post(act_translation).fallback(method_not_allowed),
-            );
-    }
-    r.with_state(state)
-}
-
 /// Any method but POST on a calls path: an OpenAI-shaped 405, counted.
-async fn method_not_allowed(State(st): State<CallsState>, method: http::Method) -> Response {
+pub(super) async fn method_not_allowed(
+    State(st): State<CallsState>,
+    method: http::Method,
+) -> Response {
     let r = Refusal::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
@@ -145,7 +110,7 @@ async fn method_not_allowed(State(st): State<CallsState>, method: http::Method) 
     refuse(&st.gw, "", r)
 }
 
-fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
+pub(super) fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
     count_refusal(gw, model, &r);
     ApiError(r).into_response()
 }
@@ -157,7 +122,7 @@ const ACTIONS: [&str; 4] = ["accept", "hangup", "refer", "reject"];
 /// admission refusals; a hangup, refer or reject admits nothing (a hangup
 /// of an unknown call is not a refused admission), so theirs count in
 /// `patchbay_call_action_refusals_total` by action and reason.
-fn refuse_action(gw: &Gateway, action: &str, r: Refusal) -> Response {
+pub(super) fn refuse_action(gw: &Gateway, action: &str, r: Refusal) -> Response {
     if action == "accept" {
         return refuse(gw, "", r);
     }
@@ -176,7 +141,7 @@ fn refuse_action(gw: &Gateway, action: &str, r: Refusal) -> Response {
     ApiError(r).into_response()
 }
 
-async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, Refusal> {
+pub(super) async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, Refusal> {
     match crate::body::read_body(gw, body, offer::MAX_BODY_BYTES).await {
         Ok(b) => Ok(b),
         Err(BodyError::TooLarge) => Err(offer_refusal(&OfferError::TooLarge)),
@@ -219,7 +184,7 @@ fn query_model(query: Option<&str>) -> Option<String> {
         .filter(|m| !m.is_empty())
 }
 
-fn find_route(gw: &Gateway, model: &str) -> Result<Arc<Route>, Refusal> {
+pub(super) fn find_route(gw: &Gateway, model: &str) -> Result<Arc<Route>, Refusal> {
     gw.route(model).cloned().ok_or_else(|| {
         Refusal::new(
             StatusCode::NOT_FOUND,
@@ -231,7 +196,7 @@ fn find_route(gw: &Gateway, model: &str) -> Result<Arc<Route>, Refusal> {
 }
 
 /// A model created at the other endpoint's calls path: 400 naming its own.
-fn wrong_endpoint(model: &str, endpoint: Endpoint) -> Refusal {
+pub(super) fn wrong_endpoint(model: &str, endpoint: Endpoint) -> Refusal {
     Refusal::new(
         StatusCode::BAD_REQUEST,
         "invalid_request_error",
@@ -242,7 +207,7 @@ fn wrong_endpoint(model: &str, endpoint: Endpoint) -> Refusal {
 }
 
 /// `POST /v1/realtime/calls`.
-async fn create(
+pub(super) async fn create(
     State(st): State<CallsState>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
@@ -252,7 +217,7 @@ async fn create(
 }
 
 /// `POST /v1/realtime/translations/calls`.
-async fn create_translation(
+pub(super) async fn create_translation(
     State(st): State<CallsState>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
@@ -387,7 +352,7 @@ async fn create_at(
 
 /// Records the call's owner (in Redis too, when configured) and attaches
 /// its sideband.
-async fn start_call(st: &CallsState, call: Call) {
+pub(super) async fn start_call(st: &CallsState, call: Call) {
     if let Some(f) = &st.fleet {
         let rec = CallRecord {
             call_id: call.id.clone(),
@@ -425,7 +390,7 @@ async fn start_call(st: &CallsState, call: Call) {
 
 /// The upstream's successful answer: status, body and Content-Type, and the
 /// gateway's own `Location`.
-fn relay_answer(answer: Answer, location: Option<&str>) -> Response {
+pub(super) fn relay_answer(answer: Answer, location: Option<&str>) -> Response {
     let mut r = Response::new(Body::from(answer.body));
     *r.status_mut() = answer.status;
     let h = r.headers_mut();
@@ -440,7 +405,7 @@ fn relay_answer(answer: Answer, location: Option<&str>) -> Response {
 
 /// The Patchbay key a call action is authenticated with; never a client
 /// secret (a browser's secret creates its call, the server controls it).
-fn control_key(gw: &Gateway, headers: &HeaderMap) -> Result<KeyEntry, Refusal> {
+pub(super) fn control_key(gw: &Gateway, headers: &HeaderMap) -> Result<KeyEntry, Refusal> {
     let presented = presented_key(headers);
     match presented.key.as_ref() {
         None => Err(Refusal::unauthorized(
@@ -458,7 +423,7 @@ fn control_key(gw: &Gateway, headers: &HeaderMap) -> Result<KeyEntry, Refusal> {
 }
 
 /// `POST /v1/realtime/calls/{call_id}/{action}`.
-async fn act(
+pub(super) async fn act(
     State(st): State<CallsState>,
     path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
@@ -470,7 +435,7 @@ async fn act(
 /// `POST /v1/realtime/translations/calls/{call_id}/hangup`: a WebRTC
 /// translation call takes a hangup only (no SIP: nothing to accept, refer
 /// or reject).
-async fn act_translation(
+pub(super) async fn act_translation(
     State(st): State<CallsState>,
     path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
@@ -491,7 +456,7 @@ async fn act_translation(
 }
 
 /// A call action at `endpoint`'s calls path.
-async fn act_at(
+pub(super) async fn act_at(
     st: CallsState,
     endpoint: Endpoint,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -527,20 +492,21 @@ async fn act_at(
         Ok(b) => b,
         Err(r) => return refuse_action(gw, &action, r),
     };
-    let owner = match (st.owners.get(&call_id), &st.fleet) {
-        (Some(o), _) => Some(o),
-        (None, Some(f)) => match f.record(&call_id).await {
-            Ok(rec) => rec.map(|r| r.owner()),
-            // Whose call it is cannot be told: refused, not taken as
-            // nobody's (which would let any key act on it).
-            Err(_) => return refuse_action(gw, &action, calls_store_unavailable()),
-        },
-        (None, None) => None,
+    let owner = match owner_of(&st, &call_id).await {
+        Ok(o) => o,
+        Err(r) => return refuse_action(gw, &action, r),
     };
     match decide(&action, owner.as_ref(), &key) {
         Decision::Accept => {
             let trace = gw.telemetry.parent(&headers);
-            accept(&st, key, &call_id, &body, started, trace).await
+            let at = Accepting {
+                endpoint,
+                call_id: &call_id,
+                body: &body,
+                started,
+                trace,
+            };
+            accept(&st, key, at).await
         }
         Decision::ForwardUnheld => {
             // A call nobody accepted: declined by the webhook; any route with
@@ -548,7 +514,7 @@ async fn act_at(
             let Some(route) = gw
                 .routes
                 .iter()
-                .find(|r| upstream::calls_url(&r.config).is_ok())
+                .find(|r| r.config.endpoint == endpoint && upstream::calls_url(&r.config).is_ok())
             else {
                 return refuse_action(gw, &action, call_not_found(&call_id));
             };
@@ -571,6 +537,21 @@ async fn act_at(
             answer
         }
         held => refuse_action(gw, &action, held_refusal(&held, &call_id)),
+    }
+}
+
+/// Who holds `call_id` (a Live session's owner also once it ended, for its
+/// recording and forks): from this process, else from the fleet's record.
+/// Redis unable to say is a refusal, never taken as nobody's (which would
+/// let any key act on it).
+pub(super) async fn owner_of(st: &CallsState, call_id: &str) -> Result<Option<Owner>, Refusal> {
+    match (st.owners.known(call_id), &st.fleet) {
+        (Some(o), _) => Ok(Some(o)),
+        (None, Some(f)) => match f.record(call_id).await {
+            Ok(rec) => Ok(rec.map(|r| r.owner())),
+            Err(_) => Err(calls_store_unavailable()),
+        },
+        (None, None) => Ok(None),
     }
 }
 
@@ -604,21 +585,32 @@ async fn forward(
     }
 }
 
-/// `accept` of a SIP call: the model from the body, admitted like a new
-/// session, forwarded with the upstream model, then the sideband.
-async fn accept(
-    st: &CallsState,
-    key: KeyEntry,
-    call_id: &str,
-    body: &[u8],
+/// An accept, as received.
+struct Accepting<'a> {
+    endpoint: Endpoint,
+    call_id: &'a str,
+    body: &'a [u8],
     started: Instant,
     trace: Option<TraceParent>,
-) -> Response {
+}
+
+/// `accept` of a SIP call: the model from the body (a Live accept's
+/// `session.model`, openai-python `types/live/session_accept_params.py`),
+/// admitted like a new session, forwarded with the upstream model, then
+/// the sideband.
+async fn accept(st: &CallsState, key: KeyEntry, at: Accepting<'_>) -> Response {
+    let Accepting {
+        endpoint,
+        call_id,
+        body,
+        started,
+        trace,
+    } = at;
     let gw = &st.gw;
     if gw.sessions.is_draining() {
         return refuse(gw, "", Refusal::draining());
     }
-    let mut session: Map<String, Value> = match serde_json::from_slice(body) {
+    let mut body: Map<String, Value> = match serde_json::from_slice(body) {
         Ok(Value::Object(m)) => m,
         _ => {
             let r = bad_request(
@@ -628,19 +620,37 @@ async fn accept(
             return refuse(gw, "", r);
         }
     };
+    let live = endpoint == Endpoint::Live;
+    let session = if live {
+        body.get_mut("session").and_then(Value::as_object_mut)
+    } else {
+        Some(&mut body)
+    };
+    let Some(session) = session else {
+        let r = bad_request("missing_session", "missing required parameter: 'session'")
+            .with_param("session");
+        return refuse(gw, "", r);
+    };
     let Some(model) = session
         .get("model")
         .and_then(Value::as_str)
         .map(str::to_string)
     else {
-        let r =
-            bad_request("missing_model", "missing required parameter: 'model'").with_param("model");
+        let param = if live { "session.model" } else { "model" };
+        let r = bad_request(
+            "missing_model",
+            format!("missing required parameter: '{param}'"),
+        )
+        .with_param(param);
         return refuse(gw, "", r);
     };
     let route = match find_route(gw, &model) {
         Ok(r) => r,
         Err(r) => return refuse(gw, "", r),
     };
+    if route.config.endpoint != endpoint {
+        return refuse(gw, &model, wrong_endpoint(&model, route.config.endpoint));
+    }
     let url = match upstream::action_url(&route.config, call_id, "accept") {
         Ok(u) => u,
         Err(e) => return refuse(gw, &model, route_refusal(&model, &e)),
@@ -664,8 +674,10 @@ async fn accept(
         }
     };
     session.insert("model".into(), route.config.upstream_model().into());
-    session.entry("type").or_insert_with(|| "realtime".into());
-    let body = Value::Object(session).to_string().into_bytes();
+    if !live {
+        session.entry("type").or_insert_with(|| "realtime".into());
+    }
+    let body = Value::Object(body).to_string().into_bytes();
     let answer =
         match upstream::post(&route.config, &url, Some("application/json"), body, timeout).await {
             Ok(a) => a,
@@ -727,7 +739,7 @@ fn hang_up_unanswered(gw: &Gateway, route: &Arc<Route>, call_id: &str, timeout: 
 /// Adopts, every [`ADOPT_POLL`], the calls of this gateway's routes that no
 /// replica holds (let go by a draining replica, or held by one that died),
 /// until this gateway drains.
-async fn adopt_loop(st: CallsState) {
+pub(super) async fn adopt_loop(st: CallsState) {
     let Some(fleet) = st.fleet.clone() else {
         return;
     };

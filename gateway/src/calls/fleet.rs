@@ -13,6 +13,12 @@
 //! - `{prefix}call_holder:{call_id}`: the id of the replica whose sideband
 //!   meters the call, with a TTL of [`HOLD_TTL`], renewed every
 //!   [`HOLD_RENEW`] while it does.
+//! - `{prefix}live_charged:{id}`: for a GPT-Live WebRTC session, the
+//!   milliseconds its metering replica has charged so far (an adopting
+//!   replica charges only what the upstream's cumulative figure adds to
+//!   it; [`crate::metering::live`]). An ended Live session's record is
+//!   kept for [`super::ownership::RETIRED_FOR`] ([`CallFleet::retire`]):
+//!   its recording and forks stay its owner's.
 //! - `{prefix}calls:{model}:{upstream}`: the set of live call ids of one
 //!   route (`upstream` is a hash of the route's upstream URL, so that only
 //!   replicas that can reach the same upstream adopt its calls).
@@ -170,6 +176,57 @@ impl CallFleet {
 
     fn holder_key(&self, call_id: &str) -> String {
         format!("{}call_holder:{call_id}", self.prefix)
+    }
+
+    fn charged_key(&self, call_id: &str) -> String {
+        format!("{}live_charged:{call_id}", self.prefix)
+    }
+
+    /// Records what this replica has charged of a Live session so far.
+    pub async fn set_live_charged(&self, call_id: &str, charged_ms: u64, ttl: Duration) {
+        let mut conn = self.conn.get();
+        let cmd = redis::cmd("SET")
+            .arg(self.charged_key(call_id))
+            .arg(charged_ms)
+            .arg("EX")
+            .arg(ttl.as_secs().max(1))
+            .to_owned();
+        self.bounded("live_charged_set", cmd.query_async::<()>(&mut conn))
+            .await;
+    }
+
+    /// What has been charged of a Live session (0 if nothing is recorded);
+    /// `None` when Redis did not say.
+    pub async fn live_charged(&self, call_id: &str) -> Option<u64> {
+        let mut conn = self.conn.get();
+        let cmd = redis::cmd("GET").arg(self.charged_key(call_id)).to_owned();
+        self.bounded(
+            "live_charged_get",
+            cmd.query_async::<Option<u64>>(&mut conn),
+        )
+        .await
+        .map(Option::unwrap_or_default)
+    }
+
+    /// Forgets an ended Live session's hold and charge, keeping its record
+    /// (its owner) for [`super::ownership::RETIRED_FOR`].
+    pub async fn retire(&self, route: &RouteConfig, call_id: &str) {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .expire(
+                self.record_key(call_id),
+                super::ownership::RETIRED_FOR.as_secs() as i64,
+            )
+            .ignore()
+            .del(self.holder_key(call_id))
+            .ignore()
+            .del(self.charged_key(call_id))
+            .ignore()
+            .srem(index_key(&self.prefix, route), call_id)
+            .ignore();
+        let mut conn = self.conn.get();
+        self.bounded("call_retire", pipe.query_async::<()>(&mut conn))
+            .await;
     }
 
     async fn bounded<T>(

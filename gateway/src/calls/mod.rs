@@ -15,7 +15,10 @@
 //!   asked, so that concurrent accepts make one call;
 //! - [`fleet`]: with Redis, call records any replica can read, and the
 //!   hand-over of sidebands between replicas;
-//! - [`sideband`]: the metered sideband of one call, and how it ends.
+//! - [`sideband`]: the metered sideband of one call, and how it ends;
+//! - [`live`]: GPT-Live's WebRTC sessions (create, fork, recording, call
+//!   control), calls in all but their wire shapes;
+//! - [`routes`]: the routes of both, composed over one state.
 //!
 //! Caveat: turns that happen while no sideband is attached (between the
 //! answer and the sideband's upgrade, or during a hand-over) are not seen
@@ -24,9 +27,11 @@
 pub mod api;
 pub mod claim;
 pub mod fleet;
+pub mod live;
 pub mod offer;
 pub mod ownership;
 pub mod refusals;
+pub mod routes;
 pub mod sideband;
 pub mod upstream;
 

@@ -13,7 +13,11 @@
 //! claim is made in the fleet's record too ([`super::fleet`]).
 //!
 //! Records live in this process's memory and are removed when the call's
-//! sideband ends. [`may_act`] and [`decide`] are the pure decisions.
+//! sideband ends; a GPT-Live session's record is *retired* instead
+//! ([`Owners::retire`]): kept for [`RETIRED_FOR`] (at most
+//! [`MAX_RETIRED`] of them), since a stored Live session's recording and
+//! forks are asked for after it ended. [`may_act`] and [`decide`] are the
+//! pure decisions.
 //!
 //! A hangup or reject the upstream answered is told to the call's sideband
 //! ([`Owners::client_ended`], watched through [`Owners::client_end`]): the
@@ -23,6 +27,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -81,9 +86,18 @@ pub fn decide(action: &str, owner: Option<&Owner>, key: &KeyEntry) -> Decision {
     }
 }
 
+/// How long an ended Live session's owner is kept (its recording and
+/// forks stay the owner's alone).
+pub const RETIRED_FOR: Duration = Duration::from_secs(24 * 3600);
+/// The most ended Live sessions' owners kept in memory (the oldest go
+/// first); with Redis the fleet's records keep them too.
+pub const MAX_RETIRED: usize = 100_000;
+
 /// Call owners, by call id.
 #[derive(Debug, Default)]
 pub struct Owners {
+    /// Ended Live sessions: owner and when it ended.
+    retired: Mutex<HashMap<String, (Owner, Instant)>>,
     calls: Mutex<HashMap<String, Owner>>,
     /// Per call held here, fired when the client's hangup or reject was
     /// answered by the upstream.
@@ -132,6 +146,37 @@ impl Owners {
         if calls.get(call_id).is_some_and(|o| o.accepting) {
             calls.remove(call_id);
         }
+    }
+
+    /// The owner of a call held here, or of a Live session that ended here
+    /// within [`RETIRED_FOR`].
+    pub fn known(&self, call_id: &str) -> Option<Owner> {
+        self.get(call_id).or_else(|| {
+            let retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+            retired
+                .get(call_id)
+                .filter(|(_, at)| at.elapsed() < RETIRED_FOR)
+                .map(|(o, _)| o.clone())
+        })
+    }
+
+    /// A Live session ended: its owner is kept (see [`Owners::known`]).
+    pub fn retire(&self, call_id: &str, now: Instant) {
+        let owner = self.lock().remove(call_id);
+        self.ends().remove(call_id);
+        let Some(owner) = owner else { return };
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        retired.retain(|_, (_, at)| now.saturating_duration_since(*at) < RETIRED_FOR);
+        if retired.len() >= MAX_RETIRED {
+            let oldest = retired
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                retired.remove(&k);
+            }
+        }
+        retired.insert(call_id.to_string(), (owner, now));
     }
 
     pub fn remove(&self, call_id: &str) {
@@ -243,6 +288,22 @@ mod tests {
             transport: Transport::Sip,
             accepting: true,
         }
+    }
+
+    #[test]
+    fn an_ended_live_sessions_owner_stays_known_and_a_removed_calls_does_not() {
+        let owners = Owners::default();
+        let live = Owner {
+            accepting: false,
+            ..accepting("a")
+        };
+        owners.settle("live_1", live.clone());
+        owners.settle("rtc_1", live.clone());
+        owners.retire("live_1", Instant::now());
+        owners.remove("rtc_1");
+        assert_eq!(owners.get("live_1"), None, "no longer held here");
+        assert_eq!(owners.known("live_1"), Some(live));
+        assert_eq!(owners.known("rtc_1"), None);
     }
 
     #[test]

@@ -33,6 +33,17 @@
 //!   here (after the hangup's answer when the gateway hangs up), a row per
 //!   flush window.
 //!
+//! - A GPT-Live WebRTC session (a route with `endpoint = "live"`) attaches
+//!   at `…/{id}/attach` and is metered by the cumulative seconds its
+//!   `session.usage.updated` events report ([`crate::metering::live`]), its
+//!   rows naming `live_session_id`. When the gateway hangs it up, the
+//!   final figure is read from `session.closed` (waited for, bounded by
+//!   [`relay::CLOSE_GRACE`]), else estimated. With Redis, what was charged
+//!   is kept beside the call's record after every window, so a replica
+//!   that adopts the session charges only what is new; without Redis, a
+//!   drain hangs a Live session up (it is billed by the second, and nobody
+//!   would meter it after).
+//!
 //! Caveat: the upstream sends nothing for turns that happened before the
 //! sideband attached; those are not metered.
 
@@ -49,12 +60,13 @@ use crate::auth::KeyEntry;
 use crate::config::Endpoint;
 use crate::gateway::{Gateway, Route};
 use crate::metering::call_time::CallClock;
+use crate::metering::live::LiveUsage;
 use crate::metering::{EndReason, SessionMeta};
 use crate::metrics::OutcomeLabels;
 use crate::relay::{self, End, Kill, Tap};
 use crate::telemetry::context::TraceParent;
 
-use super::fleet::{CallFleet, HOLD_RENEW};
+use super::fleet::{CallFleet, HOLD_RENEW, RECORD_GRACE};
 use super::ownership::Owners;
 use super::{upstream, Transport};
 
@@ -183,6 +195,10 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     let mut meta = SessionMeta::new(call.session_id.clone(), &call.key, &route)
         .with_client_secret(call.client_secret_id.clone())
         .for_call(call.transport.as_str(), &call.id);
+    let is_live = route.endpoint == Endpoint::Live;
+    if is_live {
+        meta = meta.for_live_session(Some(call.id.clone()));
+    }
     // Calls go to the route's first upstream (`calls::upstream`).
     if let Some(up) = call.route.upstreams.first() {
         meta = meta.on_upstream(&up.config, &route);
@@ -194,9 +210,21 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     // upstream has answered) to its end ([`crate::metering::call_time`]).
     let clock = (route.endpoint == Endpoint::Translations)
         .then(|| Arc::new(CallClock::new(SystemTime::now())));
-    let meter = match &clock {
-        Some(c) => meter.measuring_call(c.clone()),
-        None => meter,
+    // A Live session is billed by the cumulative seconds it reports, from
+    // what another replica charged already, if it metered it before.
+    let live = match (is_live, &fleet) {
+        (false, _) => None,
+        (true, Some(f)) => match f.live_charged(&call.id).await {
+            Some(ms) if ms > 0 => Some(Arc::new(LiveUsage::resumed(std::time::Instant::now(), ms))),
+            _ => Some(Arc::new(LiveUsage::new(call.started.into_std()))),
+        },
+        (true, None) => Some(Arc::new(LiveUsage::new(call.started.into_std()))),
+    };
+    let charged_ttl = Duration::from_secs(gw.config.relay.max_session_secs) + RECORD_GRACE;
+    let meter = match (&clock, &live) {
+        (Some(c), _) => meter.measuring_call(c.clone()),
+        (None, Some(u)) => meter.measuring_live(u.clone()),
+        (None, None) => meter,
     };
     gw.tasks.spawn(meter.run());
     let call_over = |clock: &Option<Arc<CallClock>>| {
@@ -243,7 +271,7 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                 .await;
                 tokio::select! {
                     msg = rx.next() => match msg {
-                        Some(Ok(Message::Text(t))) => tracker.on_upstream_text(&t),
+                        Some(Ok(Message::Text(t))) => on_text(&mut tracker, live.as_deref(), &t),
                         Some(Ok(Message::Close(_))) => break SidebandEnd::CallEnded,
                         // The connection dropped without a close: the call's
                         // media may well go on, so watch it again.
@@ -253,6 +281,11 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                     k = &mut kill => break SidebandEnd::Killed(k),
                     _ = client_end.cancelled() => break SidebandEnd::ClientHangup,
                     _ = tokio::time::sleep_until(deadline) => break SidebandEnd::MaxDuration,
+                    _ = charged(live.as_deref()), if fleet.is_some() => {
+                        if let (Some(f), Some(u)) = (&fleet, &live) {
+                            f.set_live_charged(&call.id, u.charged_ms(), charged_ttl).await;
+                        }
+                    }
                     _ = &mut let_go => break SidebandEnd::LetGo,
                     _ = renew.tick(), if fleet.is_some() => {
                         if let Some(f) = &fleet {
@@ -288,6 +321,15 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
             // still the client's to have ended (the select took either).
             let end = match end {
                 SidebandEnd::CallEnded if client_end.is_cancelled() => SidebandEnd::ClientHangup,
+                // Nobody would meter a Live session let go without a fleet.
+                SidebandEnd::LetGo if live.is_some() && fleet.is_none() => {
+                    SidebandEnd::Killed(Kill {
+                        code: 1001,
+                        reason: "server shutting down".into(),
+                        error_event: None,
+                        outcome: "shutdown",
+                    })
+                }
                 end => end,
             };
             if !end.hangs_up() {
@@ -306,6 +348,20 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                 relay::cancel_in_flight(&mut leg, &mut tracker).await;
                 hang_up(&gw, &call, &end).await;
                 call_over(&clock);
+                if let Some(u) = &live {
+                    // The final figure comes in `session.closed`.
+                    let _ = tokio::time::timeout(relay::CLOSE_GRACE, async {
+                        while !u.closed() {
+                            std::future::poll_fn(|cx| tracker.poll_ready(cx)).await;
+                            match rx.next().await {
+                                Some(Ok(Message::Text(t))) => on_text(&mut tracker, Some(u), &t),
+                                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                                Some(Ok(_)) => {}
+                            }
+                        }
+                    })
+                    .await;
+                }
             } else if matches!(end, SidebandEnd::AttachFailed(_)) {
                 // The sideband could not be attached again: a call the
                 // gateway cannot see cannot be governed.
@@ -320,7 +376,7 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                         std::future::poll_fn(|cx| tracker.poll_ready(cx)).await;
                         let Some(Ok(m)) = rx.next().await else { break };
                         if let Message::Text(t) = m {
-                            tracker.on_upstream_text(&t);
+                            on_text(&mut tracker, live.as_deref(), &t);
                         }
                     }
                 })
@@ -330,20 +386,41 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
         }
     };
     call_over(&clock);
-    tracker.finish(end.end_reason());
+    let reason = end.end_reason();
+    if let Some(u) = &live {
+        // Before the tracker finishes: the meter's last row carries it.
+        match &end {
+            SidebandEnd::LetGo | SidebandEnd::TakenOver => u.let_go(),
+            SidebandEnd::CallEnded | SidebandEnd::ClientHangup if u.closed() => {
+                u.ended(200, "session_closed")
+            }
+            _ => u.ended(reason.status(), reason.as_str()),
+        }
+    }
+    tracker.finish(reason);
     if let Some(t) = trace {
         t.ended(end.outcome(), None, None);
     }
-    owners.remove(&call.id);
+    let handed_over = matches!(end, SidebandEnd::LetGo | SidebandEnd::TakenOver);
+    if is_live && !handed_over {
+        owners.retire(&call.id, std::time::Instant::now());
+    } else {
+        owners.remove(&call.id);
+    }
     match (&fleet, &end) {
         (Some(f), SidebandEnd::LetGo | SidebandEnd::TakenOver) => {
             // Another replica re-attaches; the key's fleet slot goes with
-            // the call.
+            // the call, and a Live session's charge so far (its last row
+            // here charges up to the figure seen, no more).
+            if let Some(u) = &live {
+                f.set_live_charged(&call.id, u.seen_ms(), charged_ttl).await;
+            }
             if let Some(lease) = call.permit.take_lease() {
                 lease.hand_off();
             }
             f.release(&call.id).await;
         }
+        (Some(f), _) if is_live => f.retire(&route, &call.id).await,
         (Some(f), _) => f.forget(&route, &call.id).await,
         (None, _) => {}
     }
@@ -377,6 +454,23 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
         );
     }
     drop(call.permit);
+}
+
+/// An upstream text frame: to the tracker, and for a Live session its
+/// usage figures.
+fn on_text(tracker: &mut crate::metering::tracker::TurnTracker, live: Option<&LiveUsage>, t: &str) {
+    tracker.on_upstream_text(t);
+    if let Some(u) = live {
+        u.on_upstream(t.as_bytes());
+    }
+}
+
+/// Fires when a Live session's meter charged a window (never otherwise).
+async fn charged(live: Option<&LiveUsage>) {
+    match live {
+        Some(u) => u.charged.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// When a call's hold is renewed: every [`HOLD_RENEW`], the first one

@@ -4,7 +4,10 @@
 //! - URLs are derived from the route's WebSocket URL ([`calls_url`],
 //!   [`sideband_url`]): `ws`→`http`, `wss`→`https`, the path plus `/calls`
 //!   (OpenAI `/v1/realtime/calls`, Azure GA `/openai/v1/realtime/calls`),
-//!   the route's other query parameters (`api-version`) kept. A beta-protocol
+//!   the route's other query parameters (`api-version`) kept. A GPT-Live
+//!   route's collection is its own path (`/v1/live/sessions`: the primary
+//!   WebSocket, the WebRTC create and `…/{id}/{action}` share it) and its
+//!   sideband is `…/{id}/attach` (openai-python `resources/live/sideband.py`). A beta-protocol
 //!   or Azure-preview route has no calls API: [`CallsRouteError`].
 //! - One request per connection with hyper's HTTP/1 client over the
 //!   project's rustls config (no pooling: a call makes a handful of
@@ -33,6 +36,9 @@ use crate::upstream::tls;
 
 /// The largest upstream answer body read (an SDP answer is a few KiB).
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
+/// The largest Live recording relayed (`GET …/{id}/content`), buffered
+/// whole: about an hour of 16 kHz mono PCM.
+pub const MAX_RECORDING_BYTES: usize = 128 << 20;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CallsRouteError {
@@ -59,7 +65,7 @@ pub enum UpstreamCallError {
     Http(String),
     #[error("timed out after {0:?}")]
     Timeout(Duration),
-    #[error("the answer is larger than {MAX_ANSWER_BYTES} bytes")]
+    #[error("the answer is larger than the gateway relays")]
     AnswerTooLarge,
     #[error("sideband upgrade refused with HTTP {0}")]
     SidebandRefused(u16),
@@ -85,7 +91,8 @@ pub fn calls_url(route: &RouteConfig) -> Result<Url, CallsRouteError> {
     let up = primary(route)?;
     let mut url = Url::parse(&up.upstream_url).map_err(|e| CallsRouteError::Url(e.to_string()))?;
     let path = url.path().trim_end_matches('/').to_string();
-    if up.provider == Provider::Azure && !path.ends_with("/openai/v1/realtime") {
+    let live = route.endpoint == Endpoint::Live;
+    if up.provider == Provider::Azure && !live && !path.ends_with("/openai/v1/realtime") {
         return Err(CallsRouteError::AzurePreview);
     }
     let scheme = match url.scheme() {
@@ -95,7 +102,9 @@ pub fn calls_url(route: &RouteConfig) -> Result<Url, CallsRouteError> {
     };
     url.set_scheme(scheme)
         .map_err(|_| CallsRouteError::Url("cannot change scheme".into()))?;
-    url.set_path(&format!("{path}/calls"));
+    if !live {
+        url.set_path(&format!("{path}/calls"));
+    }
     let kept: Vec<(String, String)> = url
         .query_pairs()
         .filter(|(k, _)| k != "model" && k != "deployment")
@@ -125,6 +134,14 @@ pub fn action_url(
 /// model.
 pub fn sideband_url(route: &RouteConfig, call_id: &str) -> Result<Url, CallsRouteError> {
     let calls = calls_url(route)?;
+    if route.endpoint == Endpoint::Live {
+        // `wss://…/v1/live/sessions/{id}/attach`, the scheme back to ws.
+        let mut url = action_url(route, call_id, "attach")?;
+        let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
+        url.set_scheme(scheme)
+            .map_err(|_| CallsRouteError::Url("cannot change scheme".into()))?;
+        return Ok(url);
+    }
     let mut url = Url::parse(&primary(route)?.upstream_url)
         .map_err(|e| CallsRouteError::Url(e.to_string()))?;
     let kept: Vec<(String, String)> = calls
@@ -182,16 +199,46 @@ pub async fn post(
     body: Vec<u8>,
     timeout: Duration,
 ) -> Result<Answer, UpstreamCallError> {
-    tokio::time::timeout(timeout, post_inner(route, url, content_type, body))
+    let req = request(
+        route,
+        Method::POST,
+        url,
+        content_type,
+        body,
+        MAX_ANSWER_BYTES,
+    );
+    tokio::time::timeout(timeout, req)
         .await
         .map_err(|_| UpstreamCallError::Timeout(timeout))?
 }
 
-async fn post_inner(
+/// GETs `url` with the route's key, within `timeout` (a Live recording:
+/// its body bounded by [`MAX_RECORDING_BYTES`]).
+pub async fn get(
     route: &RouteConfig,
+    url: &Url,
+    timeout: Duration,
+) -> Result<Answer, UpstreamCallError> {
+    let req = request(
+        route,
+        Method::GET,
+        url,
+        None,
+        Vec::new(),
+        MAX_RECORDING_BYTES,
+    );
+    tokio::time::timeout(timeout, req)
+        .await
+        .map_err(|_| UpstreamCallError::Timeout(timeout))?
+}
+
+async fn request(
+    route: &RouteConfig,
+    method: Method,
     url: &Url,
     content_type: Option<&str>,
     body: Vec<u8>,
+    limit: usize,
 ) -> Result<Answer, UpstreamCallError> {
     let io = connect(route, url).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
@@ -204,11 +251,16 @@ async fn post_inner(
         Some(q) => format!("{}?{q}", url.path()),
         None => url.path().to_string(),
     };
+    let accept = if method == Method::GET {
+        "application/octet-stream, */*"
+    } else {
+        "application/sdp, application/json"
+    };
     let mut req = Request::builder()
-        .method(Method::POST)
+        .method(method)
         .uri(path_and_query)
         .header(header::HOST, url.authority())
-        .header(header::ACCEPT, "application/sdp, application/json");
+        .header(header::ACCEPT, accept);
     if let Some(ct) = content_type {
         req = req.header(header::CONTENT_TYPE, ct);
     }
@@ -225,7 +277,7 @@ async fn post_inner(
             .await
             .map_err(|e| UpstreamCallError::Http(e.to_string()))?;
         let (parts, body) = resp.into_parts();
-        let body = http_body_util::Limited::new(body, MAX_ANSWER_BYTES)
+        let body = http_body_util::Limited::new(body, limit)
             .collect()
             .await
             .map_err(|_| UpstreamCallError::AnswerTooLarge)?
@@ -362,6 +414,30 @@ mod tests {
         assert_eq!(
             sideband_url(&azure, "rtc_2").unwrap().as_str(),
             "wss://r.openai.azure.com/openai/v1/realtime?api-version=2025-08-28&call_id=rtc_2"
+        );
+    }
+
+    #[test]
+    fn a_live_routes_sessions_are_controlled_under_its_own_path() {
+        let r = RouteConfig {
+            endpoint: Endpoint::Live,
+            ..route(
+                Provider::Openai,
+                "wss://api.openai.com/v1/live/sessions",
+                Protocol::Ga,
+            )
+        };
+        assert_eq!(
+            calls_url(&r).unwrap().as_str(),
+            "https://api.openai.com/v1/live/sessions"
+        );
+        assert_eq!(
+            action_url(&r, "live_1", "content").unwrap().as_str(),
+            "https://api.openai.com/v1/live/sessions/live_1/content"
+        );
+        assert_eq!(
+            sideband_url(&r, "live_1").unwrap().as_str(),
+            "wss://api.openai.com/v1/live/sessions/live_1/attach"
         );
     }
 

@@ -22,6 +22,16 @@
 //!   it was seen (or since the session started, if none came), that last
 //!   row marked `usage_estimated`. A session that ran is never charged $0.
 //!
+//! A WebRTC Live session is metered over its sideband, which may move
+//! between replicas ([`crate::calls::sideband`]): the replica that lets it
+//! go ([`LiveUsage::let_go`]) charges up to the highest figure it saw and
+//! no estimate, and what was charged so far
+//! ([`LiveUsage::charged_ms`], published after every window with
+//! [`LiveUsage::charged`] notified) is what the adopting replica starts
+//! from ([`LiveUsage::resumed`]), so the two never charge the same seconds
+//! twice. Caveat: a replica killed between a window's charge and the
+//! publication of its figure leaves that window to be charged again.
+//!
 //! The figures cross from the relay's task to the meter's through relaxed
 //! atomics written only by the session's own task ([`LiveUsage`]); the
 //! final state is published with release/acquire before the tracker's
@@ -57,6 +67,14 @@ pub struct LiveUsage {
     /// How the session ended (`EndReason`'s status and name), set before
     /// the tracker finishes: the last row carries it.
     end: OnceLock<(u16, &'static str)>,
+    /// Charged (by another replica) before this one metered the session.
+    resumed_ms: u64,
+    /// Charged so far, published by the meter after each window.
+    charged_ms: AtomicU64,
+    /// Notified when `charged_ms` changed.
+    pub charged: tokio::sync::Notify,
+    /// Handed over to another replica: no estimate at the end.
+    let_go: AtomicBool,
 }
 
 impl LiveUsage {
@@ -67,7 +85,39 @@ impl LiveUsage {
             seen_at_ms: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             end: OnceLock::new(),
+            resumed_ms: 0,
+            charged_ms: AtomicU64::new(0),
+            charged: tokio::sync::Notify::new(),
+            let_go: AtomicBool::new(false),
         }
+    }
+
+    /// A session another replica metered up to `charged_ms`: that much is
+    /// charged already and is the figure seen so far.
+    pub fn resumed(started: Instant, charged_ms: u64) -> Self {
+        let u = Self {
+            resumed_ms: charged_ms,
+            ..Self::new(started)
+        };
+        u.seen_ms.store(charged_ms, Ordering::Relaxed);
+        u.charged_ms.store(charged_ms, Ordering::Relaxed);
+        u
+    }
+
+    /// What the meter has charged so far, in milliseconds.
+    pub fn charged_ms(&self) -> u64 {
+        self.charged_ms.load(Ordering::Relaxed)
+    }
+
+    /// The highest figure seen, in milliseconds.
+    pub fn seen_ms(&self) -> u64 {
+        self.seen_ms.load(Ordering::Relaxed)
+    }
+
+    /// The session goes on, metered by another replica: the last row
+    /// charges up to the highest figure seen and no estimate.
+    pub fn let_go(&self) {
+        self.let_go.store(true, Ordering::Release);
     }
 
     /// A cumulative figure (seconds), from a usage event or the close.
@@ -199,8 +249,8 @@ pub struct LiveWindows {
 impl LiveWindows {
     pub fn new(usage: std::sync::Arc<LiveUsage>) -> Self {
         Self {
+            charged_ms: usage.resumed_ms,
             usage,
-            charged_ms: 0,
             windows: 0,
             since: SystemTime::now(),
         }
@@ -211,7 +261,7 @@ impl LiveWindows {
     /// always written.
     pub fn take(&mut self, last: bool) -> Option<TurnRecord> {
         let u = &self.usage;
-        let closed = last && u.closed();
+        let closed = last && (u.closed() || u.let_go.load(Ordering::Acquire));
         let seen = u.seen_ms.load(Ordering::Relaxed);
         let (target, estimated) = if last {
             let since = (u.started.elapsed().as_millis() as u64)
@@ -225,6 +275,8 @@ impl LiveWindows {
             return None;
         }
         self.charged_ms += ms;
+        u.charged_ms.store(self.charged_ms, Ordering::Relaxed);
+        u.charged.notify_one();
         let now = SystemTime::now();
         let started_at = std::mem::replace(&mut self.since, now);
         self.windows += 1;
@@ -353,6 +405,32 @@ mod tests {
             Some("live_1")
         );
         assert_eq!(started_id("{}"), None);
+    }
+
+    #[test]
+    fn a_session_handed_over_is_charged_once_across_the_two_replicas() {
+        let started = Instant::now() - std::time::Duration::from_secs(60);
+        let a = Arc::new(LiveUsage::new(started));
+        let mut wa = LiveWindows::new(a.clone());
+        a.on_upstream(usage(20.0).as_bytes());
+        assert_eq!(seconds(&wa.take(false).unwrap()), 20.0);
+        a.on_upstream(usage(25.0).as_bytes());
+        a.let_go();
+        // No estimate for the time since: the next replica meters it.
+        let last = wa.take(true).unwrap();
+        assert_eq!(
+            (seconds(&last), last.kind),
+            (5.0, TurnKind::Live { estimated: false })
+        );
+        assert_eq!(a.charged_ms(), 25_000);
+
+        let b = Arc::new(LiveUsage::resumed(Instant::now(), a.charged_ms()));
+        let mut wb = LiveWindows::new(b.clone());
+        b.on_upstream(usage(24.0).as_bytes());
+        assert!(wb.take(false).is_none(), "nothing charged twice");
+        b.on_upstream(usage(40.0).as_bytes());
+        b.on_upstream(closed(42.0).as_bytes());
+        assert_eq!(seconds(&wb.take(true).unwrap()), 17.0);
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod fleet;
 mod keys;
 mod live_config;
 mod live_sessions;
+mod live_webrtc;
 mod log_pipe;
 mod log_secrets;
 mod metering;

@@ -1,0 +1,282 @@
+//! GPT-Live WebRTC sessions (`POST /v1/live/sessions`) through a real
+//! gateway process in front of the simulator: created after admission (the
+//! key's models, its budget), owned by the key that created them (anyone
+//! else's hangup, recording download or fork is 404), metered over the
+//! `/attach` sideband by the cumulative seconds it reports and charged
+//! exactly the upstream's figure, forked as new sessions of the parent's
+//! model, and with Redis adopted by another process when the metering one
+//! dies.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::common::*;
+use patchbay_sim::{LiveSim, SimConfig, SimHandle};
+use serde_json::{json, Value};
+
+const LIVE: &str = "gpt-live-1";
+const USD_PER_MINUTE: f64 = 0.05;
+const OFFER: &str = "v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n\
+m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuvwx\r\n\
+a=setup:actpass\r\na=mid:0\r\na=sendrecv\r\na=rtpmap:111 opus/48000/2\r\n";
+
+/// A simulator whose Live sessions bill a minute per real second,
+/// reported every 50 ms.
+async fn live_sim() -> SimHandle {
+    sim(SimConfig {
+        live: LiveSim {
+            usage_interval: Duration::from_millis(50),
+            time_scale: 60.0,
+            fault: None,
+        },
+        ..SimConfig::default()
+    })
+    .await
+}
+
+/// The Live route on `sim`, priced per minute, a flush every second.
+fn live_config(sim: &SimHandle) -> String {
+    format!(
+        "[[routes]]\nmodel = \"{LIVE}\"\nendpoint = \"live\"\nupstream_url = \"ws://{}/v1/live/sessions\"\n\
+         api_key_env = \"SIM_KEY\"\n[[prices]]\nmodel = \"{LIVE}\"\nusd_per_minute = {USD_PER_MINUTE}\n\
+         [metering]\nflush_secs = 1\n",
+        sim.addr
+    )
+}
+
+async fn post(addr: SocketAddr, key: &str, path: &str, body: &Value) -> Answer {
+    let bearer = format!("Bearer {key}");
+    let headers = [
+        ("Authorization", bearer.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    request(addr, "POST", path, &headers, body.to_string().as_bytes()).await
+}
+
+async fn get(addr: SocketAddr, key: &str, path: &str) -> Answer {
+    let bearer = format!("Bearer {key}");
+    request(
+        addr,
+        "GET",
+        path,
+        &[("Authorization", bearer.as_str())],
+        b"",
+    )
+    .await
+}
+
+/// `client.live.create(session={"model": model}, transport=…)`.
+async fn create(addr: SocketAddr, key: &str, model: &str) -> Answer {
+    let body = json!({"session": {"model": model, "instructions": "be brief"},
+                      "transport": {"type": "webrtc", "sdp": OFFER}});
+    post(addr, key, "/v1/live/sessions", &body).await
+}
+
+async fn fork(addr: SocketAddr, key: &str, id: &str) -> Answer {
+    let body = json!({"transport": {"type": "webrtc", "sdp": OFFER}});
+    post(addr, key, &format!("/v1/live/sessions/{id}/fork"), &body).await
+}
+
+async fn act(addr: SocketAddr, key: &str, id: &str, action: &str) -> Answer {
+    post(
+        addr,
+        key,
+        &format!("/v1/live/sessions/{id}/{action}"),
+        &json!({}),
+    )
+    .await
+}
+
+fn id_of(a: &Answer) -> String {
+    assert_eq!(a.status, 200, "{}", a.body);
+    let v = a.json();
+    assert_eq!(v["transport"]["type"], "webrtc", "{v}");
+    assert!(
+        v["transport"]["sdp"].as_str().unwrap().contains("a=mid:0"),
+        "{v}"
+    );
+    v["session"]["id"].as_str().unwrap().to_string()
+}
+
+fn rows_of(rows: &[Value], id: &str) -> Vec<Value> {
+    rows.iter()
+        .filter(|r| r["live_session_id"] == id)
+        .cloned()
+        .collect()
+}
+
+fn seconds(rows: &[Value]) -> f64 {
+    rows.iter()
+        .map(|r| r["audio_seconds"].as_f64().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_live_webrtc_session_is_metered_over_its_sideband_and_charged_exactly_its_seconds() {
+    let sim = live_sim().await;
+    let mut gw = Child::start(&sim.url(false), &live_config(&sim), &[]).await;
+    let id = id_of(&create(gw.addr, CLIENT_KEY, LIVE).await);
+    assert!(id.starts_with("live_"), "{id}");
+    let created = sim.stats.calls.created();
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].session.as_ref().unwrap()["model"], LIVE);
+    assert_eq!(
+        created[0].key, UPSTREAM_KEY,
+        "forwarded with the upstream key"
+    );
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(act(gw.addr, CLIENT_KEY, &id, "hangup").await.status, 200);
+    let recording = get(
+        gw.addr,
+        CLIENT_KEY,
+        &format!("/v1/live/sessions/{id}/content"),
+    )
+    .await;
+    assert_eq!(recording.status, 200, "the ended session's recording");
+    assert_eq!(recording.body.len(), patchbay_sim::LIVE_RECORDING_BYTES);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+    let rows = rows_of(&gw.stdout_rows(), &id);
+    let billed = sim.stats.live_seconds.load(Ordering::Relaxed) as f64;
+    assert!(billed >= 60.0, "a simulated minute: {billed}");
+    assert!(rows.len() >= 2, "windows and a last row: {rows:?}");
+    assert!(
+        (seconds(&rows) - billed).abs() < 1e-6,
+        "charged {} for {billed}: {rows:?}",
+        seconds(&rows)
+    );
+    let cost: f64 = rows.iter().map(|r| r["cost_usd"].as_f64().unwrap()).sum();
+    assert!(
+        (cost - billed / 60.0 * USD_PER_MINUTE).abs() < 1e-9,
+        "{rows:?}"
+    );
+    let last = rows.last().unwrap();
+    assert_eq!(last["end_reason"], "session_closed", "{rows:?}");
+    assert!(rows.iter().all(|r| r["transport"] == "webrtc"), "{rows:?}");
+}
+
+#[tokio::test]
+async fn another_keys_hangup_recording_fork_and_control_of_a_live_session_are_404() {
+    let sim = live_sim().await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &(key_entry("owner", "pb-owner", "") + &key_entry("other", "pb-other", "")),
+    );
+    let extra = format!(
+        "{}[keys]\nfile = \"{}\"\n",
+        live_config(&sim),
+        keys.0.display()
+    );
+    let gw = Child::start(&sim.url(false), &extra, &[]).await;
+    let id = id_of(&create(gw.addr, "pb-owner", LIVE).await);
+    let content = format!("/v1/live/sessions/{id}/content");
+    for action in ["hangup", "refer", "reject", "accept"] {
+        let a = act(gw.addr, "pb-other", &id, action).await;
+        assert_eq!(a.status, 404, "{action}: {}", a.body);
+    }
+    assert_eq!(get(gw.addr, "pb-other", &content).await.status, 404);
+    assert_eq!(fork(gw.addr, "pb-other", &id).await.status, 404);
+    assert!(
+        sim.stats.calls.actions().is_empty(),
+        "nothing went upstream"
+    );
+    assert_eq!(sim.stats.calls.created().len(), 1, "no fork went upstream");
+
+    // The owner's fork is a new session of the parent's model.
+    let child = id_of(&fork(gw.addr, "pb-owner", &id).await);
+    assert_ne!(child, id);
+    assert_eq!(sim.stats.calls.created().len(), 2);
+    assert_eq!(get(gw.addr, "pb-owner", &content).await.status, 200);
+    assert_eq!(act(gw.addr, "pb-other", &child, "hangup").await.status, 404);
+    for s in [&id, &child] {
+        assert_eq!(act(gw.addr, "pb-owner", s, "hangup").await.status, 200);
+        assert!(sim.stats.calls.ended(s));
+    }
+    let unknown = act(gw.addr, "pb-owner", "live_unknown", "hangup").await;
+    assert_eq!(unknown.status, 404);
+}
+
+#[tokio::test]
+async fn a_create_is_refused_by_the_keys_models_and_a_spent_budget_before_anything_goes_upstream() {
+    let sim = live_sim().await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &(key_entry("narrow", "pb-narrow", "models = [\"gpt-realtime\"]")
+            + &key_entry("broke", "pb-broke", "budget_usd = 0.0")
+            + &key_entry("wide", "pb-wide", "models = [\"gpt-live-1\"]")),
+    );
+    let extra = format!(
+        "{}[keys]\nfile = \"{}\"\n",
+        live_config(&sim),
+        keys.0.display()
+    );
+    let gw = Child::start(&sim.url(false), &extra, &[]).await;
+    let narrow = create(gw.addr, "pb-narrow", LIVE).await;
+    assert_eq!(narrow.status, 403, "{}", narrow.body);
+    let broke = create(gw.addr, "pb-broke", LIVE).await;
+    assert_eq!(broke.status, 402, "{}", broke.body);
+    assert_eq!(broke.json()["error"]["code"], "insufficient_quota");
+    let realtime = create(gw.addr, "pb-wide", MODEL).await;
+    assert_eq!(
+        realtime.json()["error"]["code"],
+        "wrong_endpoint",
+        "{}",
+        realtime.body
+    );
+    let bad = post(
+        gw.addr,
+        "pb-wide",
+        "/v1/live/sessions",
+        &json!({"session": {"model": LIVE}, "transport": {"type": "webrtc"}}),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(
+        sim.stats.calls.created().is_empty(),
+        "nothing went upstream"
+    );
+    let wide = create(gw.addr, "pb-wide", LIVE).await;
+    assert_eq!(wide.status, 200, "{}", wide.body);
+}
+
+#[tokio::test]
+async fn with_redis_a_live_session_is_adopted_when_its_metering_process_dies_and_charged_once() {
+    let Some(url) = redis_url("live session hand-over between processes") else {
+        return;
+    };
+    let sim = live_sim().await;
+    let extra = format!(
+        "{}[store]\nredis_url_env = \"{REDIS_ENV}\"\n",
+        live_config(&sim)
+    );
+    let env = [(REDIS_ENV, url.as_str())];
+    let mut first = Child::start(&sim.url(false), &extra, &env).await;
+    let mut second = Child::start(&sim.url(false), &extra, &env).await;
+    let id = id_of(&create(first.addr, CLIENT_KEY, LIVE).await);
+    // A few windows charged by the first, then it dies.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    first.process.kill().unwrap();
+    let _ = first.process.wait();
+    let first_rows = rows_of(&first.stdout_rows(), &id);
+    assert!(!first_rows.is_empty(), "the first process metered windows");
+    // The second adopts it once the hold lapses, and meters from there.
+    tokio::time::sleep(patchbay_gateway::calls::fleet::HOLD_TTL + Duration::from_secs(4)).await;
+    assert_eq!(
+        act(second.addr, CLIENT_KEY, &id, "hangup").await.status,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    second.sigterm();
+    second.wait_exit(Duration::from_secs(15)).await;
+    let second_rows = rows_of(&second.stdout_rows(), &id);
+    assert!(!second_rows.is_empty(), "the second process metered it");
+    let billed = sim.stats.live_seconds.load(Ordering::Relaxed) as f64;
+    let charged = seconds(&first_rows) + seconds(&second_rows);
+    assert!(
+        (charged - billed).abs() < 1e-6,
+        "charged {charged} for {billed}: {first_rows:?} {second_rows:?}"
+    );
+    assert_eq!(second_rows.last().unwrap()["end_reason"], "session_closed");
+}
