@@ -108,7 +108,7 @@ fn increase(samples: &VecDeque<(Instant, f64)>) -> f64 {
         .iter()
         .zip(samples.iter().skip(1))
         .map(|((_, a), (_, b))| if b >= a { b - a } else { *b })
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 /// The live-status state of every route, kept across rounds by the leader.
@@ -167,7 +167,8 @@ impl Tracker {
                     true
                 }
             });
-            let spend: f64 = state.costs.values().map(increase).sum();
+            // A fold from +0.0: an empty `sum()` of floats is -0.0, printed "-0.0000".
+            let spend = state.costs.values().map(increase).fold(0.0, |a, b| a + b);
             figures.spend_usd = format!("{spend:.4}");
             figures.spend_window_seconds =
                 now.duration_since(since).min(SPEND_WINDOW).as_secs() as i64;

@@ -1225,3 +1225,5 @@ async fn pod_overrides_are_applied_on_the_deployments_pod_template() {
     );
     task.abort();
 }
+
+mod expose;
