@@ -28,7 +28,7 @@
 //! Only `response.created`, `response.done`,
 //! `conversation.item.input_audio_transcription.completed` and the rare
 //! `session.created`/`session.updated` are deserialised, each into a struct
-//! that skips every field it does not name. Deltas matter only until their
+//! that skips every field it does not name ([`super::upstream_events`]). Deltas matter only until their
 //! turn has its first token: then the tracker looks for `"response_id"` in
 //! the delta, and afterwards skips deltas after step 1 or 2.
 //!
@@ -72,12 +72,12 @@ use std::time::{Duration, SystemTime};
 
 use memchr::memmem::{Finder, FinderRev};
 use prometheus_client::metrics::counter::Counter;
-use serde::{Deserialize, Deserializer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::PollSender;
 
-use super::pricing::{Usage, UsageJson};
+use super::pricing::Usage;
+use super::upstream_events::{CreatedEvent, DoneEvent, SessionEvent, TranscriptionEvent};
 use crate::event::{event_type, leading_event_type, plain_string, skip_ws};
 use crate::relay::{End, Tap};
 
@@ -810,151 +810,6 @@ fn response_id_of(b: &[u8]) -> Option<&str> {
     }
     let (start, end) = plain_string(b, skip_ws(b, i + 1))?;
     std::str::from_utf8(&b[start..end]).ok()
-}
-
-/// A field that is `None` when absent, null or of an unexpected shape, so
-/// one odd field never loses the rest of the event. The field's JSON is
-/// taken as it is (a [`RawValue`]: one copy of its text) and parsed on its
-/// own, rather than built into a `serde_json::Value` tree first (an
-/// allocation per node, for subtrees such as a session's audio config).
-///
-/// [`RawValue`]: serde_json::value::RawValue
-fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
-{
-    let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
-    Ok(serde_json::from_str(raw.get()).ok())
-}
-
-/// [`lenient`] for a string field, without the raw copy: a string is
-/// taken, anything else (a number, an object, null) is skipped as `None`.
-fn lenient_string<'de, D>(d: D) -> Result<Option<String>, D::Error>
-where
-    D: Deserializer<'de>,
-{
-    struct StringOrSkip;
-
-    impl<'de> serde::de::Visitor<'de> for StringOrSkip {
-        type Value = Option<String>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any JSON value")
-        }
-
-        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            Ok(Some(v.to_owned()))
-        }
-
-        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
-            Ok(Some(v))
-        }
-
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
-            d.deserialize_any(self)
-        }
-
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
-            serde::de::IgnoredAny.visit_seq(a).map(|_| None)
-        }
-
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
-            serde::de::IgnoredAny.visit_map(a).map(|_| None)
-        }
-    }
-
-    d.deserialize_any(StringOrSkip)
-}
-
-#[derive(Deserialize)]
-struct CreatedEvent {
-    #[serde(default)]
-    response: Option<ResponseHead>,
-}
-
-#[derive(Deserialize)]
-struct ResponseHead {
-    #[serde(default, deserialize_with = "lenient_string")]
-    id: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct DoneEvent {
-    #[serde(default)]
-    response: Option<DoneResponse>,
-}
-
-#[derive(Deserialize, Default)]
-struct DoneResponse {
-    #[serde(default, deserialize_with = "lenient_string")]
-    id: Option<String>,
-    #[serde(default, deserialize_with = "lenient_string")]
-    status: Option<String>,
-    #[serde(default, deserialize_with = "super::whole::usage")]
-    usage: Option<UsageJson>,
-}
-
-#[derive(Deserialize)]
-struct TranscriptionEvent {
-    #[serde(default, deserialize_with = "super::whole::usage")]
-    usage: Option<UsageJson>,
-}
-
-#[derive(Deserialize)]
-struct SessionEvent {
-    #[serde(default)]
-    session: Option<SessionObject>,
-}
-
-#[derive(Deserialize)]
-struct SessionObject {
-    #[serde(default, deserialize_with = "lenient")]
-    audio: Option<AudioConfig>,
-    #[serde(default, deserialize_with = "lenient")]
-    input_audio_transcription: Option<TranscriptionConfig>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct AudioConfig {
-    input: Option<AudioInput>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct AudioInput {
-    transcription: Option<TranscriptionConfig>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct TranscriptionConfig {
-    model: Option<String>,
 }
 
 #[cfg(test)]
