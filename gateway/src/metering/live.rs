@@ -246,6 +246,7 @@ impl LiveWindows {
                 ..Usage::default()
             }),
             response_id: None,
+            conversation_id: None,
         })
     }
 }

@@ -34,7 +34,9 @@
 //!
 //! Semantics:
 //! - `response.created` opens a turn (its clock starts); `response.done`
-//!   closes the turn with the same response id. A `done` whose `created` was
+//!   closes the turn with the same response id. The turn keeps the
+//!   response's id and its `conversation_id` (read in the same pass) for
+//!   telemetry. A `done` whose `created` was
 //!   never seen is still billed, with zero latency.
 //! - A response id is charged once per session: a `response.done` for a
 //!   response this session already metered (a replayed event) makes no
@@ -253,12 +255,17 @@ pub struct TurnRecord {
     /// The response's id, as its events named it (moved from the open
     /// turn, never parsed again); `None` for other kinds of turn.
     pub response_id: Option<String>,
+    /// The conversation the response was added to, as its `response.done`
+    /// (else its `response.created`) named it: `None` for a response out
+    /// of band, and for other kinds of turn.
+    pub conversation_id: Option<String>,
 }
 
 #[derive(Debug)]
 struct OpenTurn {
     n: u64,
     response_id: Option<String>,
+    conversation_id: Option<String>,
     started: Instant,
     started_at: SystemTime,
     ttft: Option<Duration>,
@@ -403,6 +410,7 @@ impl TurnTracker {
                 end_reason: reason.as_str(),
                 usage: None,
                 response_id: t.response_id,
+                conversation_id: t.conversation_id,
             };
             self.emit(rec);
         }
@@ -440,10 +448,10 @@ impl TurnTracker {
     }
 
     fn on_created(&mut self, text: &str) {
-        let id = serde_json::from_str::<CreatedEvent>(text)
+        let (id, conversation_id) = serde_json::from_str::<CreatedEvent>(text)
             .ok()
             .and_then(|e| e.response)
-            .and_then(|r| r.id);
+            .map_or((None, None), |r| (r.id, r.conversation_id));
         if id.is_some() && self.open.iter().any(|t| t.response_id == id) {
             return;
         }
@@ -468,6 +476,7 @@ impl TurnTracker {
                 end_reason: "never_done",
                 usage: None,
                 response_id: oldest.response_id,
+                conversation_id: oldest.conversation_id,
             };
             self.emit_junk(rec);
         }
@@ -475,6 +484,7 @@ impl TurnTracker {
         self.open.push(OpenTurn {
             n,
             response_id: id,
+            conversation_id,
             started: Instant::now(),
             started_at: SystemTime::now(),
             ttft: None,
@@ -547,6 +557,7 @@ impl TurnTracker {
                     end_reason,
                     usage,
                     response_id: t.response_id,
+                    conversation_id: response.conversation_id.or(t.conversation_id),
                 }
             }
             None => TurnRecord {
@@ -560,6 +571,7 @@ impl TurnTracker {
                 end_reason,
                 usage,
                 response_id: response.id,
+                conversation_id: response.conversation_id,
             },
         };
         self.emit(rec);
@@ -583,6 +595,7 @@ impl TurnTracker {
             end_reason: "completed",
             usage: event.usage.as_ref().map(Usage::from_json),
             response_id: None,
+            conversation_id: None,
         };
         self.emit(rec);
     }
@@ -991,6 +1004,50 @@ mod tests {
         assert!(r.ttft.unwrap() <= r.latency);
         assert_eq!(r.usage.unwrap().total, 187);
         assert_eq!(t.open_turns(), 0);
+    }
+
+    /// openai-python `types/realtime/realtime_response.py`:
+    /// `conversation_id` is in `response.created` and `response.done`, null
+    /// for a response out of band (`"conversation": "none"`).
+    #[test]
+    fn a_turn_carries_the_conversation_its_response_names() {
+        let (mut t, mut rx, _) = tracker();
+        let created = |id: &str, conv: &str| {
+            format!(
+                r#"{{"type":"response.created","event_id":"e1","response":{{"id":"{id}","conversation_id":{conv},"status":"in_progress"}}}}"#
+            )
+        };
+        let done = |id: &str, conv: &str| {
+            format!(
+                r#"{{"type":"response.done","event_id":"e9","response":{{"id":"{id}","conversation_id":{conv},"status":"completed","usage":null}}}}"#
+            )
+        };
+        t.on_upstream_text(&created("r1", r#""conv_1""#));
+        t.on_upstream_text(&done("r1", r#""conv_1""#));
+        // Out of band: null in both events.
+        t.on_upstream_text(&created("r2", "null"));
+        t.on_upstream_text(&done("r2", "null"));
+        // Only its `response.created` named it; and a turn cut short.
+        t.on_upstream_text(&created("r3", r#""conv_1""#));
+        t.on_upstream_text(
+            r#"{"type":"response.done","response":{"id":"r3","status":"completed"}}"#,
+        );
+        t.on_upstream_text(&created("r4", r#""conv_1""#));
+        t.finish(EndReason::ClientLeft);
+        let convs: Vec<_> = drain(&mut rx)
+            .into_iter()
+            .map(|r| (r.response_id.unwrap(), r.conversation_id))
+            .collect();
+        let conv = Some("conv_1".to_string());
+        assert_eq!(
+            convs,
+            [
+                ("r1".into(), conv.clone()),
+                ("r2".into(), None),
+                ("r3".into(), conv.clone()),
+                ("r4".into(), conv),
+            ]
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! each into a struct that names only the fields metering reads and skips
 //! every other one (openai-python's `types/realtime/` names each shape):
 //! `response.created` and `response.done` (`realtime_response.py`: the
-//! response's id, status and usage), the input
+//! response's id, conversation id, status and usage), the input
 //! transcription's usage, and a session event's transcription model.
 //!
 //! Every field is lenient: absent, null or of an unexpected shape it is
@@ -102,6 +102,9 @@ pub(super) struct CreatedEvent {
 pub(super) struct ResponseHead {
     #[serde(default, deserialize_with = "lenient_string")]
     pub(super) id: Option<String>,
+    /// [`DoneResponse::conversation_id`], as `response.created` names it.
+    #[serde(default, deserialize_with = "lenient_string")]
+    pub(super) conversation_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -114,6 +117,13 @@ pub(super) struct DoneEvent {
 pub(super) struct DoneResponse {
     #[serde(default, deserialize_with = "lenient_string")]
     pub(super) id: Option<String>,
+    /// The conversation the response was added to: openai-python's
+    /// `types/realtime/realtime_response.py` (`RealtimeResponse.conversation_id`,
+    /// carried by `response.created` and `response.done`), an id like
+    /// `conv_1234` for the session's default conversation and null for a
+    /// response created out of band (`"conversation": "none"`).
+    #[serde(default, deserialize_with = "lenient_string")]
+    pub(super) conversation_id: Option<String>,
     #[serde(default, deserialize_with = "lenient_string")]
     pub(super) status: Option<String>,
     #[serde(default, deserialize_with = "super::whole::usage")]
