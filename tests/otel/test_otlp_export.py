@@ -14,7 +14,15 @@ decodes every request with `opentelemetry.proto`'s generated classes:
   turn (`patchbay.request_id`), and so do its cost and time to first token;
 - each session has its `gen_ai.client.realtime_session.started` and
   `.ended` events, with the key id (never the key), outcome and close code;
-- the `gen_ai.client.token.usage` histogram counts the rows' tokens;
+- every span's `gen_ai.conversation.id` is the conversation the client saw
+  in its response's `response.done` (openai-python's
+  `types/realtime/realtime_response.py`: `conversation_id`), one per
+  session;
+- the `gen_ai.client.token.usage` and
+  `gen_ai.client.inference.usage.{input,output}_tokens` histograms count
+  the rows' tokens, and the `gen_ai.client.inference.usage.detailed.*`
+  counters add up, modality by modality, to the rows' (and the spans')
+  tokens;
 - a WebRTC call created with a `traceparent` has its sideband's turns in
   the client's trace, and its events;
 - a translation session has its events but no `realtime_inference` span
@@ -215,6 +223,8 @@ class Gateway:
             f'[[prices]]\nmodel = "{TRANSLATE}"\nusd_per_minute = 0.034\n'
             f'[telemetry]\nendpoint = "{endpoint}"\nbatch_delay_ms = 100\nmetrics_interval_ms = 300\n'
         )
+        # Response id -> the `conversation_id` its `response.done` named.
+        self.conversation_of: dict[str, str | None] = {}
         self.rows_path = work / f"rows-{self.port}.jsonl"
         self.log_path = work / f"gateway-{self.port}.log"
         env = dict(os.environ, OTEL_CHECK_UPSTREAM_KEY=UPSTREAM_KEY, OTEL_SERVICE_NAME="patchbay-otel-check",
@@ -253,6 +263,8 @@ class Gateway:
                     seen.append(event["type"])
                     assert event["type"] != "error", event
                     if event["type"] == "response.done":
+                        response = event["response"]
+                        self.conversation_of[response["id"]] = response.get("conversation_id")
                         break
         return seen
 
@@ -381,6 +393,9 @@ def check_turns_events_and_metrics(gw: Gateway, received: Received) -> None:
         row = by_request[a["patchbay.request_id"]]
         assert a["gen_ai.realtime_session.id"] == row["session_id"]
         assert a["gen_ai.response.id"].startswith("resp_")
+        # The conversation the client was told of, in the same turn's done.
+        assert a["gen_ai.conversation.id"] == gw.conversation_of[a["gen_ai.response.id"]]
+        assert a["gen_ai.conversation.id"].startswith("conv_")
         for attribute, field in USAGE_ATTRIBUTES.items():
             assert a[attribute] == row[field], (attribute, a[attribute], row[field])
         assert sum(a[k] for k in CACHED_BY_MODALITY) == row["input_cached_tokens"]
@@ -399,6 +414,11 @@ def check_turns_events_and_metrics(gw: Gateway, received: Received) -> None:
     for span, _ in traced:
         assert span.parent_span_id.hex() == CLIENT_SPAN_ID
     assert traced[0][1]["session_id"] == traced[1][1]["session_id"]
+    # One conversation per session: the same for both turns of the first,
+    # another for the second session.
+    conversation = {attrs(s.attributes)["gen_ai.conversation.id"] for s, _ in traced}
+    assert len(conversation) == 1
+    assert attrs(untraced[0][0].attributes)["gen_ai.conversation.id"] not in conversation
     assert {s.span_id for s, _ in traced} != {traced[0][0].span_id}
     # The other session: a trace of its own, no parent.
     assert untraced[0][0].parent_span_id == b""
@@ -440,6 +460,61 @@ def check_turns_events_and_metrics(gw: Gateway, received: Received) -> None:
     }
     duration = metrics["gen_ai.client.operation.duration"]
     assert sum(p.count for p in duration.histogram.data_points) == 3
+    check_inference_usage_metrics(metrics, rows, [attrs(s.attributes) for _, s in spans])
+
+
+def total(rows: list[dict[str, Any]], field: str) -> int:
+    return sum(r[field] for r in rows)
+
+
+def check_inference_usage_metrics(metrics: dict[str, Any], rows: list[dict[str, Any]],
+                                  spans: list[dict[str, Any]]) -> None:
+    """The inference usage metrics of the conventions
+    (`gen-ai-inference-usage-metrics.md`) against the rows (and the spans,
+    for cached tokens by modality, which the rows only sum)."""
+    for direction in ("input", "output"):
+        # Per-turn histograms, deliberately not by modality.
+        h = metrics[f"gen_ai.client.inference.usage.{direction}_tokens"]
+        assert h.unit == "{token}"
+        points = h.histogram.data_points
+        assert sum(p.count for p in points) == len(rows)
+        assert sum(p.sum for p in points) == total(rows, f"{direction}_tokens")
+        for p in points:
+            a = attrs(p.attributes)
+            assert a["gen_ai.operation.name"] == "realtime_inference"
+            assert a["gen_ai.request.model"] == MODEL
+            assert "gen_ai.token.modality" not in a and "gen_ai.token.type" not in a
+
+    def by_modality(name: str) -> dict[str, int]:
+        m = metrics[name]
+        assert m.unit == "{token}"
+        assert m.WhichOneof("data") == "sum"
+        assert m.sum.is_monotonic
+        assert m.sum.aggregation_temporality == 2  # CUMULATIVE
+        out: dict[str, int] = {}
+        for p in m.sum.data_points:
+            a = attrs(p.attributes)
+            assert a["gen_ai.request.model"] == MODEL and a["gen_ai.provider.name"] == "openai"
+            out[a["gen_ai.token.modality"]] = p.as_int
+        return out
+
+    detailed = "gen_ai.client.inference.usage.detailed"
+    # The rows break every token down by modality: nothing is unknown.
+    assert by_modality(f"{detailed}.input_tokens") == {
+        "text": total(rows, "input_text_tokens"),
+        "audio": total(rows, "input_audio_tokens"),
+        "image": total(rows, "input_image_tokens"),
+    }
+    assert sum(by_modality(f"{detailed}.input_tokens").values()) == total(rows, "input_tokens")
+    assert by_modality(f"{detailed}.output_tokens") == {
+        "text": total(rows, "output_text_tokens"),
+        "audio": total(rows, "output_audio_tokens"),
+    }
+    assert sum(by_modality(f"{detailed}.output_tokens").values()) == total(rows, "output_tokens")
+    cached = by_modality(f"{detailed}.cache_read.input_tokens")
+    assert cached == {m: sum(s[f"gen_ai.usage.{m}.cache_read.input_tokens"] for s in spans)
+                      for m in ("text", "audio", "image")}
+    assert sum(cached.values()) == total(rows, "input_cached_tokens") > 0
 
 
 def dropped(metrics: str) -> float:
@@ -545,6 +620,7 @@ def test_a_call_created_with_a_traceparent_has_its_turns_in_the_clients_trace(si
         assert span.trace_id.hex() == TRACE_ID
         assert span.parent_span_id.hex() == CLIENT_SPAN_ID
         assert a["patchbay.transport"] == "webrtc"
+        assert a["gen_ai.conversation.id"].startswith("conv_")
         row = by_request[a["patchbay.request_id"]]
         assert row["call_id"] == call_id
         for attribute, field in USAGE_ATTRIBUTES.items():

@@ -298,6 +298,7 @@ impl LiveWindows {
                 ..Usage::default()
             }),
             response_id: None,
+            conversation_id: None,
         })
     }
 }

@@ -277,6 +277,7 @@ impl MeterTask {
                 ..Usage::default()
             }),
             response_id: None,
+            conversation_id: None,
         });
     }
 
@@ -403,6 +404,7 @@ impl MeterTask {
                     ended_at: rec.ended_at,
                     ttft: rec.ttft,
                     response_id: rec.response_id.as_deref(),
+                    conversation_id: rec.conversation_id.as_deref(),
                     cached_text: priced.usage.cached_text,
                     cached_audio: priced.usage.cached_audio,
                     cached_image: priced.usage.cached_image,
@@ -735,6 +737,7 @@ mod tests {
             end_reason: "completed",
             usage,
             response_id: None,
+            conversation_id: None,
         }
     }
 

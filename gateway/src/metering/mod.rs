@@ -80,6 +80,7 @@ pub mod pricing;
 mod shared;
 pub mod tracker;
 pub mod translation;
+mod upstream_events;
 mod whole;
 
 use budgets::budget_refusal;

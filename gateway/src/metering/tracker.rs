@@ -28,13 +28,15 @@
 //! Only `response.created`, `response.done`,
 //! `conversation.item.input_audio_transcription.completed` and the rare
 //! `session.created`/`session.updated` are deserialised, each into a struct
-//! that skips every field it does not name. Deltas matter only until their
+//! that skips every field it does not name ([`super::upstream_events`]). Deltas matter only until their
 //! turn has its first token: then the tracker looks for `"response_id"` in
 //! the delta, and afterwards skips deltas after step 1 or 2.
 //!
 //! Semantics:
 //! - `response.created` opens a turn (its clock starts); `response.done`
-//!   closes the turn with the same response id. A `done` whose `created` was
+//!   closes the turn with the same response id. The turn keeps the
+//!   response's id and its `conversation_id` (read in the same pass) for
+//!   telemetry. A `done` whose `created` was
 //!   never seen is still billed, with zero latency.
 //! - A response id is charged once per session: a `response.done` for a
 //!   response this session already metered (a replayed event) makes no
@@ -72,12 +74,12 @@ use std::time::{Duration, SystemTime};
 
 use memchr::memmem::{Finder, FinderRev};
 use prometheus_client::metrics::counter::Counter;
-use serde::{Deserialize, Deserializer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::PollSender;
 
-use super::pricing::{Usage, UsageJson};
+use super::pricing::Usage;
+use super::upstream_events::{CreatedEvent, DoneEvent, SessionEvent, TranscriptionEvent};
 use crate::event::{event_type, leading_event_type, plain_string, skip_ws};
 use crate::relay::{End, Tap};
 
@@ -253,12 +255,17 @@ pub struct TurnRecord {
     /// The response's id, as its events named it (moved from the open
     /// turn, never parsed again); `None` for other kinds of turn.
     pub response_id: Option<String>,
+    /// The conversation the response was added to, as its `response.done`
+    /// (else its `response.created`) named it: `None` for a response out
+    /// of band, and for other kinds of turn.
+    pub conversation_id: Option<String>,
 }
 
 #[derive(Debug)]
 struct OpenTurn {
     n: u64,
     response_id: Option<String>,
+    conversation_id: Option<String>,
     started: Instant,
     started_at: SystemTime,
     ttft: Option<Duration>,
@@ -403,6 +410,7 @@ impl TurnTracker {
                 end_reason: reason.as_str(),
                 usage: None,
                 response_id: t.response_id,
+                conversation_id: t.conversation_id,
             };
             self.emit(rec);
         }
@@ -440,10 +448,10 @@ impl TurnTracker {
     }
 
     fn on_created(&mut self, text: &str) {
-        let id = serde_json::from_str::<CreatedEvent>(text)
+        let (id, conversation_id) = serde_json::from_str::<CreatedEvent>(text)
             .ok()
             .and_then(|e| e.response)
-            .and_then(|r| r.id);
+            .map_or((None, None), |r| (r.id, r.conversation_id));
         if id.is_some() && self.open.iter().any(|t| t.response_id == id) {
             return;
         }
@@ -468,6 +476,7 @@ impl TurnTracker {
                 end_reason: "never_done",
                 usage: None,
                 response_id: oldest.response_id,
+                conversation_id: oldest.conversation_id,
             };
             self.emit_junk(rec);
         }
@@ -475,6 +484,7 @@ impl TurnTracker {
         self.open.push(OpenTurn {
             n,
             response_id: id,
+            conversation_id,
             started: Instant::now(),
             started_at: SystemTime::now(),
             ttft: None,
@@ -547,6 +557,7 @@ impl TurnTracker {
                     end_reason,
                     usage,
                     response_id: t.response_id,
+                    conversation_id: response.conversation_id.or(t.conversation_id),
                 }
             }
             None => TurnRecord {
@@ -560,6 +571,7 @@ impl TurnTracker {
                 end_reason,
                 usage,
                 response_id: response.id,
+                conversation_id: response.conversation_id,
             },
         };
         self.emit(rec);
@@ -583,6 +595,7 @@ impl TurnTracker {
             end_reason: "completed",
             usage: event.usage.as_ref().map(Usage::from_json),
             response_id: None,
+            conversation_id: None,
         };
         self.emit(rec);
     }
@@ -812,151 +825,6 @@ fn response_id_of(b: &[u8]) -> Option<&str> {
     std::str::from_utf8(&b[start..end]).ok()
 }
 
-/// A field that is `None` when absent, null or of an unexpected shape, so
-/// one odd field never loses the rest of the event. The field's JSON is
-/// taken as it is (a [`RawValue`]: one copy of its text) and parsed on its
-/// own, rather than built into a `serde_json::Value` tree first (an
-/// allocation per node, for subtrees such as a session's audio config).
-///
-/// [`RawValue`]: serde_json::value::RawValue
-fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
-{
-    let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
-    Ok(serde_json::from_str(raw.get()).ok())
-}
-
-/// [`lenient`] for a string field, without the raw copy: a string is
-/// taken, anything else (a number, an object, null) is skipped as `None`.
-fn lenient_string<'de, D>(d: D) -> Result<Option<String>, D::Error>
-where
-    D: Deserializer<'de>,
-{
-    struct StringOrSkip;
-
-    impl<'de> serde::de::Visitor<'de> for StringOrSkip {
-        type Value = Option<String>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any JSON value")
-        }
-
-        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            Ok(Some(v.to_owned()))
-        }
-
-        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
-            Ok(Some(v))
-        }
-
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
-            d.deserialize_any(self)
-        }
-
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
-            serde::de::IgnoredAny.visit_seq(a).map(|_| None)
-        }
-
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<Self::Value, A::Error> {
-            serde::de::IgnoredAny.visit_map(a).map(|_| None)
-        }
-    }
-
-    d.deserialize_any(StringOrSkip)
-}
-
-#[derive(Deserialize)]
-struct CreatedEvent {
-    #[serde(default)]
-    response: Option<ResponseHead>,
-}
-
-#[derive(Deserialize)]
-struct ResponseHead {
-    #[serde(default, deserialize_with = "lenient_string")]
-    id: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct DoneEvent {
-    #[serde(default)]
-    response: Option<DoneResponse>,
-}
-
-#[derive(Deserialize, Default)]
-struct DoneResponse {
-    #[serde(default, deserialize_with = "lenient_string")]
-    id: Option<String>,
-    #[serde(default, deserialize_with = "lenient_string")]
-    status: Option<String>,
-    #[serde(default, deserialize_with = "super::whole::usage")]
-    usage: Option<UsageJson>,
-}
-
-#[derive(Deserialize)]
-struct TranscriptionEvent {
-    #[serde(default, deserialize_with = "super::whole::usage")]
-    usage: Option<UsageJson>,
-}
-
-#[derive(Deserialize)]
-struct SessionEvent {
-    #[serde(default)]
-    session: Option<SessionObject>,
-}
-
-#[derive(Deserialize)]
-struct SessionObject {
-    #[serde(default, deserialize_with = "lenient")]
-    audio: Option<AudioConfig>,
-    #[serde(default, deserialize_with = "lenient")]
-    input_audio_transcription: Option<TranscriptionConfig>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct AudioConfig {
-    input: Option<AudioInput>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct AudioInput {
-    transcription: Option<TranscriptionConfig>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct TranscriptionConfig {
-    model: Option<String>,
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -1136,6 +1004,50 @@ mod tests {
         assert!(r.ttft.unwrap() <= r.latency);
         assert_eq!(r.usage.unwrap().total, 187);
         assert_eq!(t.open_turns(), 0);
+    }
+
+    /// openai-python `types/realtime/realtime_response.py`:
+    /// `conversation_id` is in `response.created` and `response.done`, null
+    /// for a response out of band (`"conversation": "none"`).
+    #[test]
+    fn a_turn_carries_the_conversation_its_response_names() {
+        let (mut t, mut rx, _) = tracker();
+        let created = |id: &str, conv: &str| {
+            format!(
+                r#"{{"type":"response.created","event_id":"e1","response":{{"id":"{id}","conversation_id":{conv},"status":"in_progress"}}}}"#
+            )
+        };
+        let done = |id: &str, conv: &str| {
+            format!(
+                r#"{{"type":"response.done","event_id":"e9","response":{{"id":"{id}","conversation_id":{conv},"status":"completed","usage":null}}}}"#
+            )
+        };
+        t.on_upstream_text(&created("r1", r#""conv_1""#));
+        t.on_upstream_text(&done("r1", r#""conv_1""#));
+        // Out of band: null in both events.
+        t.on_upstream_text(&created("r2", "null"));
+        t.on_upstream_text(&done("r2", "null"));
+        // Only its `response.created` named it; and a turn cut short.
+        t.on_upstream_text(&created("r3", r#""conv_1""#));
+        t.on_upstream_text(
+            r#"{"type":"response.done","response":{"id":"r3","status":"completed"}}"#,
+        );
+        t.on_upstream_text(&created("r4", r#""conv_1""#));
+        t.finish(EndReason::ClientLeft);
+        let convs: Vec<_> = drain(&mut rx)
+            .into_iter()
+            .map(|r| (r.response_id.unwrap(), r.conversation_id))
+            .collect();
+        let conv = Some("conv_1".to_string());
+        assert_eq!(
+            convs,
+            [
+                ("r1".into(), conv.clone()),
+                ("r2".into(), None),
+                ("r3".into(), conv.clone()),
+                ("r4".into(), conv),
+            ]
+        );
     }
 
     #[test]

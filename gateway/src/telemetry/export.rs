@@ -36,7 +36,7 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use super::aggregate::{Aggregates, TurnSample};
 use super::config::{shown, Endpoint, Protocol, Settings};
 use super::grpc;
-use super::proto::{self, LogData, Origin, SpanData};
+use super::proto::{self, LogData, MetricData, Origin, SpanData};
 use super::transport::ExportError;
 use super::transport::{connect, Answer, Conn};
 use crate::metrics::TelemetryDropLabels;
@@ -220,9 +220,9 @@ impl Exporter {
         }
         self.metrics_dirty = false;
         let snapshot = self.aggregates.snapshot(SystemTime::now());
-        let body = proto::encode_histograms(&self.origin, &snapshot);
+        let body = proto::encode_metrics(&self.origin, &snapshot);
         let endpoint = self.settings.endpoints.metrics.clone();
-        let points = snapshot.iter().map(|h| h.points.len()).sum();
+        let points = snapshot.iter().map(MetricData::points).sum();
         if !self.send(Signal::Metrics, &endpoint, body, points).await {
             // Cumulative: the next export carries these counts again.
             self.metrics_dirty = true;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::HeaderMap;
 use tokio::sync::{mpsc, oneshot};
 
-use super::aggregate::TurnSample;
+use super::aggregate::{TokenCounts, TurnSample};
 use super::config::{shown, Settings};
 use super::context::{new_trace_id, Sampler, TraceParent, TRACEPARENT};
 use super::export::{Drops, Exporter, Item, Signal, QUEUE_FULL};
@@ -172,7 +172,7 @@ impl SessionTrace {
         let sample = TurnSample {
             model: row.model.clone(),
             provider: provider_name(&row.provider),
-            tokens: (!row.usage_unknown).then_some((row.input_tokens, row.output_tokens)),
+            tokens: TokenCounts::of(turn),
             seconds: turn
                 .ended_at
                 .duration_since(turn.started_at)

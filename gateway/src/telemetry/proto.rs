@@ -94,6 +94,41 @@ pub struct HistogramData {
     pub points: Vec<HistogramPoint>,
 }
 
+/// One point of a monotonic sum (a counter), cumulative since `start`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SumPoint {
+    pub attributes: Vec<Attribute>,
+    pub start: SystemTime,
+    pub time: SystemTime,
+    pub value: u64,
+}
+
+/// A counter metric and its points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SumData {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub unit: &'static str,
+    pub points: Vec<SumPoint>,
+}
+
+/// A metric of either kind the gateway exports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetricData {
+    Histogram(HistogramData),
+    Sum(SumData),
+}
+
+impl MetricData {
+    /// Its data points.
+    pub fn points(&self) -> usize {
+        match self {
+            Self::Histogram(h) => h.points.len(),
+            Self::Sum(s) => s.points.len(),
+        }
+    }
+}
+
 /// What every request carries: the resource and the instrumentation scope.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Origin {
@@ -295,16 +330,42 @@ fn log_record(out: &mut Vec<u8>, l: &LogData) {
 
 /// `ExportMetricsServiceRequest` (resource_metrics 1 → `ResourceMetrics`
 /// → `ScopeMetrics`: metrics 2).
-pub fn encode_histograms(origin: &Origin, metrics: &[HistogramData]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(512);
+pub fn encode_metrics(origin: &Origin, metrics: &[MetricData]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1024);
     message(&mut out, 1, |rm| {
         resource_and_scope(rm, origin, |sm| {
-            for h in metrics {
-                message(sm, 2, |m| histogram(m, h));
+            for metric in metrics {
+                message(sm, 2, |m| match metric {
+                    MetricData::Histogram(h) => histogram(m, h),
+                    MetricData::Sum(s) => sum(m, s),
+                });
             }
         });
     });
     out
+}
+
+/// `Metric`: name 1, description 2, unit 3, sum 7 (`Sum`: data_points 1,
+/// aggregation_temporality 2 = CUMULATIVE, is_monotonic 3).
+fn sum(out: &mut Vec<u8>, s: &SumData) {
+    string(out, 1, s.name);
+    string(out, 2, s.description);
+    string(out, 3, s.unit);
+    message(out, 7, |sum| {
+        for p in &s.points {
+            message(sum, 1, |dp| sum_point(dp, p));
+        }
+        uint(sum, 2, 2);
+        uint(sum, 3, 1);
+    });
+}
+
+/// `NumberDataPoint`: start 2, time 3, as_int 6 (sfixed64), attributes 7.
+fn sum_point(out: &mut Vec<u8>, p: &SumPoint) {
+    fixed64(out, 2, nanos(p.start));
+    fixed64(out, 3, nanos(p.time));
+    fixed64(out, 6, p.value.min(i64::MAX as u64));
+    attributes(out, 7, &p.attributes);
 }
 
 /// `Metric`: name 1, description 2, unit 3, histogram 9 (`Histogram`:

@@ -32,6 +32,9 @@ pub const EVENT_ENDED: &str = "gen_ai.client.realtime_session.ended";
 /// The span event at a turn's first output token.
 pub const EVENT_FIRST_TOKEN: &str = "gen_ai.first_token";
 pub const SESSION_ID: &str = "gen_ai.realtime_session.id";
+/// The upstream's conversation, on each turn's span: a conversation can
+/// outlive a session, so it is never the session's id.
+pub const CONVERSATION_ID: &str = "gen_ai.conversation.id";
 
 /// A session, as its events and spans name it.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +60,9 @@ pub struct Turn<'a> {
     pub ttft: Option<Duration>,
     /// The upstream's response id, when its events named one.
     pub response_id: Option<&'a str>,
+    /// The upstream's conversation the response was added to
+    /// (`gen_ai.conversation.id`); `None` for a response out of band.
+    pub conversation_id: Option<&'a str>,
     /// Cached input tokens by modality (the row has their sum).
     pub cached_text: u64,
     pub cached_audio: u64,
@@ -111,6 +117,11 @@ pub fn turn_span(
     a.push((SESSION_ID, Value::Str(facts.session_id.clone())));
     if let Some(id) = turn.response_id {
         a.push(("gen_ai.response.id", Value::Str(id.to_string())));
+    }
+    // The provider's own id (never one made up here, as the conventions
+    // ask): OpenAI names it in each response (`conversation_id`).
+    if let Some(id) = turn.conversation_id {
+        a.push((CONVERSATION_ID, Value::Str(id.to_string())));
     }
     a.push((
         "gen_ai.response.finish_reasons",
@@ -318,6 +329,7 @@ mod tests {
             ended_at: t0 + Duration::from_millis(900),
             ttft: Some(Duration::from_millis(120)),
             response_id: Some("resp_1"),
+            conversation_id: Some("conv_1"),
             cached_text: 3,
             cached_audio: 5,
             cached_image: 0,
@@ -358,6 +370,10 @@ mod tests {
         );
         assert_eq!(attr(&s, "patchbay.cost_usd"), Some(&Value::Double(0.0042)));
         assert_eq!(
+            attr(&s, "gen_ai.conversation.id"),
+            Some(&Value::Str("conv_1".into()))
+        );
+        assert_eq!(
             attr(&s, "gen_ai.response.finish_reasons"),
             Some(&Value::StrArray(vec!["completed".into()]))
         );
@@ -385,6 +401,28 @@ mod tests {
         assert_eq!(
             span_of(&row("failed", 502, false)).error.as_deref(),
             Some("failed")
+        );
+    }
+
+    #[test]
+    fn a_response_out_of_band_names_no_conversation() {
+        let r = row("completed", 200, false);
+        let turn = Turn {
+            row: &r,
+            started_at: UNIX_EPOCH,
+            ended_at: UNIX_EPOCH,
+            ttft: None,
+            response_id: Some("resp_2"),
+            conversation_id: None,
+            cached_text: 0,
+            cached_audio: 0,
+            cached_image: 0,
+        };
+        let s = turn_span(&facts(), [7; 16], None, &turn);
+        assert_eq!(attr(&s, "gen_ai.conversation.id"), None);
+        assert_eq!(
+            attr(&s, "gen_ai.response.id"),
+            Some(&Value::Str("resp_2".into()))
         );
     }
 

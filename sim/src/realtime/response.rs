@@ -33,11 +33,15 @@ use super::{Flow, Interrupt, Session, Ws};
 use crate::config::SimFault;
 
 /// What a `response.create` asks for (`response_create_event.py`:
-/// `response.metadata`, `response.output_modalities`).
+/// `response.metadata`, `response.output_modalities`, and
+/// `realtime_response_create_params.py`'s `conversation`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Requested {
     pub(crate) metadata: Value,
     pub(crate) output_modalities: Option<Vec<String>>,
+    /// `"conversation": "none"`: a response out of band, added to no
+    /// conversation.
+    pub(crate) out_of_band: bool,
 }
 
 impl Requested {
@@ -58,6 +62,7 @@ impl Requested {
                         .map(String::from)
                         .collect()
                 }),
+            out_of_band: r.and_then(|r| r.get("conversation")) == Some(&json!("none")),
         }
     }
 }
@@ -194,10 +199,17 @@ impl Session {
             json!(["audio"])
         };
         let metadata = requested.metadata.clone();
-        // `realtime_response.py`.
+        // `realtime_response.py`: `conversation_id` names the session's
+        // default conversation (`conv_…`, one per session here), null for
+        // a response out of band.
+        let conversation_id = if requested.out_of_band {
+            Value::Null
+        } else {
+            json!(format!("conv_{}", &self.id[5..]))
+        };
         let response = |status: &str, output: Value, usage: Value| {
             json!({"object": "realtime.response", "id": resp_id, "status": status,
-                   "status_details": null, "output": output, "conversation_id": "conv_sim",
+                   "status_details": null, "output": output, "conversation_id": conversation_id,
                    "output_modalities": modalities, "max_output_tokens": "inf",
                    "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy"}},
                    "usage": usage, "metadata": metadata})
@@ -491,6 +503,35 @@ mod tests {
 
     fn types(events: &[Value]) -> Vec<&str> {
         events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+    }
+
+    /// `realtime_response.py`: `conversation_id`.
+    #[tokio::test]
+    async fn responses_name_the_sessions_conversation_and_none_out_of_band() {
+        let mut ws = session().await;
+        send(&mut ws, json!({"type": "response.create"})).await;
+        let events = until_done(&mut ws).await;
+        let conv = events[0]["response"]["conversation_id"].clone();
+        assert!(conv.as_str().unwrap().starts_with("conv_"), "{conv}");
+        assert_eq!(events.last().unwrap()["response"]["conversation_id"], conv);
+        send(
+            &mut ws,
+            json!({"type": "response.create", "response": {"conversation": "none"}}),
+        )
+        .await;
+        let events = until_done(&mut ws).await;
+        assert_eq!(events[0]["response"]["conversation_id"], Value::Null);
+        assert_eq!(
+            events.last().unwrap()["response"]["conversation_id"],
+            Value::Null
+        );
+        // Another session, another conversation.
+        let mut other = session().await;
+        send(&mut other, json!({"type": "response.create"})).await;
+        assert_ne!(
+            until_done(&mut other).await[0]["response"]["conversation_id"],
+            conv
+        );
     }
 
     #[tokio::test]
