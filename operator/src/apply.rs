@@ -1,6 +1,7 @@
 //! Stage 3 of a reconcile: server-side apply of the desired children, in dependency order.
 //!
-//! ConfigMaps go first (the Deployment's pods mount them), then the Deployment, the Service, the
+//! ConfigMaps go first (the Deployment's pods mount them), then the pods' ServiceAccount, Role
+//! and RoleBinding (they read the pool ConfigMap through it), then the Deployment, the Service, the
 //! HPA (which scales the Deployment) and the PDB. Before the ConfigMaps, the Deployment is applied
 //! as a dry run (`dryRun=All`: validated and admitted, not stored), so a pod template the API
 //! server refuses (a bad `resources`, `tolerations`, `nodeSelector` or image value) stops the
@@ -23,8 +24,9 @@ use std::fmt::Debug;
 use k8s_openapi::api::{
     apps::v1::Deployment,
     autoscaling::v2::HorizontalPodAutoscaler,
-    core::v1::{ConfigMap, Service},
+    core::v1::{ConfigMap, Service, ServiceAccount},
     policy::v1::PodDisruptionBudget,
+    rbac::v1::{Role, RoleBinding},
 };
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
@@ -132,6 +134,9 @@ pub async fn apply_all(
     let Desired {
         gateway_config,
         pool_config,
+        service_account,
+        pool_reader_role,
+        pool_reader_binding,
         deployment,
         service,
         hpa,
@@ -155,6 +160,13 @@ pub async fn apply_all(
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     apply_one(ctx, &config_maps, gateway_config).await?;
     apply_one(ctx, &config_maps, pool_config).await?;
+    // The pods' account exists before a pod names it; its grant before a pod watches.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    apply_one(ctx, &accounts, service_account).await?;
+    let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
+    apply_one(ctx, &roles, pool_reader_role).await?;
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
+    apply_one(ctx, &bindings, pool_reader_binding).await?;
     if let Some(replicas) = replicas_to_hand_off(deployment, before) {
         let handoff = serde_json::json!({
             "apiVersion": "apps/v1",

@@ -66,8 +66,11 @@ fn http_routes(ctx: &Context, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(ctx.client.clone(), namespace, &http_route_resource())
 }
 
+/// A 404, whether the API server says `NotFound` of an object or, for a resource it does not
+/// serve at all, answers `404 page not found` in plain text (which the client cannot parse as a
+/// `Status`, so only the code is there).
 fn is_not_found(error: &Error) -> bool {
-    matches!(error, Error::Api { source, .. } if matches!(&**source, kube::Error::Api(s) if s.is_not_found()))
+    matches!(error, Error::Api { source, .. } if matches!(&**source, kube::Error::Api(s) if s.code == 404))
 }
 
 /// Who holds the route's `HTTPRoute` name. A cluster without the Gateway API answers 404 like a

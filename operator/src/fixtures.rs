@@ -246,6 +246,17 @@ impl Reply {
         self.json(StatusCode::OK, body);
     }
 
+    /// How the API server answers a path it serves nothing at (a resource whose CRD is not
+    /// installed, an API group it does not have): plain text, not a `Status`.
+    pub fn page_not_found(self) {
+        let response = Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .header("content-type", "text/plain; charset=utf-8")
+            .body(Body::from(b"404 page not found\n".to_vec()))
+            .expect("response");
+        self.0.send_response(response);
+    }
+
     pub fn not_found(self, what: &str) {
         self.json(
             StatusCode::NOT_FOUND,

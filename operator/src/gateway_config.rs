@@ -294,6 +294,12 @@ pub fn default_url(url: Option<&str>, provider: Provider, endpoint: Endpoint) ->
 /// Render `gateway.toml` for a route. The spec must have passed validation (an Azure route
 /// carries its URL); a missing URL renders as an empty string, which the gateway rejects.
 pub fn render(spec: &RealtimeRouteSpec) -> String {
+    render_watching(spec, None)
+}
+
+/// [`render`], with `[pool] size_configmap` naming the pool ConfigMap the pods watch through
+/// the API server (their ServiceAccount may read that one ConfigMap and nothing else).
+pub fn render_watching(spec: &RealtimeRouteSpec, pool_configmap: Option<&str>) -> String {
     let doc = GatewayToml {
         server: Server {
             listen: format!("0.0.0.0:{HTTP_PORT}"),
@@ -314,6 +320,7 @@ pub fn render(spec: &RealtimeRouteSpec) -> String {
             max_idle_secs: unsigned(spec.pool.max_idle_seconds),
             max_size: unsigned(spec.pool.max_size),
             size_file: Some(pool_size_path().into()),
+            size_configmap: pool_configmap.map(String::from),
             ..PoolConfig::default()
         },
         // Not in the spec: the gateway's defaults, written out.

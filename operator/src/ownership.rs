@@ -16,14 +16,15 @@ use std::fmt::Debug;
 use k8s_openapi::api::{
     apps::v1::Deployment,
     autoscaling::v2::HorizontalPodAutoscaler,
-    core::v1::{ConfigMap, Service},
+    core::v1::{ConfigMap, Service, ServiceAccount},
     policy::v1::PodDisruptionBudget,
+    rbac::v1::{Role, RoleBinding},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use crate::build::{gateway_name, pool_name, service_name};
+use crate::build::{gateway_name, pool_name, pool_reader_name, service_name};
 use crate::context::Context;
 use crate::crd::RealtimeRoute;
 use crate::error::{Error, Result};
@@ -114,6 +115,20 @@ pub async fn claim_children(
         let found = holder(ctx, &config_maps, &name, route).await?;
         refuse_taken("ConfigMap", namespace, &name, found)?;
     }
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let found = holder(ctx, &accounts, &gateway, route).await?;
+    refuse_taken("ServiceAccount", namespace, &gateway, found)?;
+    let reader = pool_reader_name(route);
+    let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
+    refuse_taken(
+        "Role",
+        namespace,
+        &reader,
+        holder(ctx, &roles, &reader, route).await?,
+    )?;
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
+    let found = holder(ctx, &bindings, &reader, route).await?;
+    refuse_taken("RoleBinding", namespace, &reader, found)?;
     let service = service_name(route);
     refuse_taken(
         "Service",

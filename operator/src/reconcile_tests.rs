@@ -26,6 +26,10 @@ fn apps(name: &str) -> String {
     format!("/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{name}")
 }
 
+fn rbac_path(kind: &str, name: &str) -> String {
+    format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/{kind}/{name}")
+}
+
 fn hpa_path(name: &str) -> String {
     format!("/apis/autoscaling/v2/namespaces/{NAMESPACE}/horizontalpodautoscalers/{name}")
 }
@@ -93,6 +97,9 @@ async fn observe_with_hpa(
     for path in [
         core("configmaps", &gw()),
         core("configmaps", &format!("{ROUTE_NAME}-pool")),
+        core("serviceaccounts", &gw()),
+        rbac_path("roles", &format!("{}-pool", gw())),
+        rbac_path("rolebindings", &format!("{}-pool", gw())),
         core("services", ROUTE_NAME),
     ] {
         let (_, reply) = server.expect(Method::GET, &path).await;
@@ -188,6 +195,21 @@ async fn expect_apply(server: &mut ApiServer, path: &str) -> Value {
 async fn expect_config_maps(server: &mut ApiServer) -> (Value, Value) {
     let config = expect_apply(server, &core("configmaps", &gw())).await;
     let pool = expect_apply(server, &core("configmaps", &format!("{ROUTE_NAME}-pool"))).await;
+    // The pods' account and its read access to the pool ConfigMap, before the Deployment.
+    let account = expect_apply(server, &core("serviceaccounts", &gw())).await;
+    assert_owned(&account);
+    let role = expect_apply(server, &rbac_path("roles", &format!("{}-pool", gw()))).await;
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"],
+                "resourceNames": [format!("{ROUTE_NAME}-pool")], "verbs": ["get", "list", "watch"]}])
+    );
+    let binding = expect_apply(
+        server,
+        &rbac_path("rolebindings", &format!("{}-pool", gw())),
+    )
+    .await;
+    assert_eq!(binding["subjects"][0]["name"], gw());
     (config, pool)
 }
 
@@ -622,6 +644,9 @@ async fn a_child_name_taken_by_someone_else(kind: &str, name: &str, taken: &str)
     let claims = [
         core("configmaps", &gw()),
         core("configmaps", &format!("{ROUTE_NAME}-pool")),
+        core("serviceaccounts", &gw()),
+        rbac_path("roles", &format!("{}-pool", gw())),
+        rbac_path("rolebindings", &format!("{}-pool", gw())),
         core("services", ROUTE_NAME),
         hpa_path(&gw()),
         pdb_path(&gw()),

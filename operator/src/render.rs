@@ -123,6 +123,9 @@ fn children_yaml(children: Desired) -> String {
     let Desired {
         gateway_config,
         pool_config,
+        service_account,
+        pool_reader_role,
+        pool_reader_binding,
         deployment,
         service,
         hpa,
@@ -134,6 +137,9 @@ fn children_yaml(children: Desired) -> String {
     let mut docs = vec![
         yaml(&gateway_config),
         yaml(&pool_config),
+        yaml(&service_account),
+        yaml(&pool_reader_role),
+        yaml(&pool_reader_binding),
         yaml(&deployment),
         yaml(&service),
     ];
@@ -198,6 +204,9 @@ spec:
             [
                 ("ConfigMap", "voice-gateway"),
                 ("ConfigMap", "voice-pool"),
+                ("ServiceAccount", "voice-gateway"),
+                ("Role", "voice-gateway-pool"),
+                ("RoleBinding", "voice-gateway-pool"),
                 ("Deployment", "voice-gateway"),
                 ("Service", "voice"),
                 ("HorizontalPodAutoscaler", "voice-gateway"),
@@ -233,7 +242,7 @@ spec:
         );
         let out = render(&text, &INPUT).unwrap();
         let names = kinds_and_names(&out);
-        assert_eq!(names.len(), 12);
+        assert_eq!(names.len(), 18);
         assert!(names.contains(&("Service".into(), "other".into())));
         assert!(out.contains("namespace: elsewhere"));
     }

@@ -6,12 +6,13 @@ use patchbay_operator::crd::RealtimeRoute;
 use patchbay_operator::validate;
 use serde::Deserialize;
 
-const EXAMPLES: [&str; 5] = [
+const EXAMPLES: [&str; 6] = [
     "realtimeroute.yaml",
     "realtimeroute-minimal.yaml",
     "realtimeroute-full.yaml",
     "realtimeroute-upstreams.yaml",
     "realtimeroute-translations.yaml",
+    "realtimeroute-gateway-api.yaml",
 ];
 
 fn example_routes(file: &str) -> Vec<RealtimeRoute> {

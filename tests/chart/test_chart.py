@@ -42,6 +42,10 @@ OPERATOR_RULES = {
     # Deleted when a route stops autoscaling; every other child goes with its route.
     ("autoscaling", "horizontalpodautoscalers"): APPLIED | {"delete"},
     ("policy", "poddisruptionbudgets"): APPLIED,
+    # The gateway pods' account and its read access to their pool ConfigMap (by name).
+    ("", "serviceaccounts"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     # spec.expose: the owned HTTPRoute, read by name (no list/watch: the CRDs may be absent),
     # applied, deleted when the route stops asking; its parent Gateways only read.
     ("gateway.networking.k8s.io", "httproutes"): {"get", "create", "patch", "delete"},

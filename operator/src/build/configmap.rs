@@ -17,7 +17,7 @@ pub fn gateway_config_map(route: &RealtimeRoute) -> ConfigMap {
         metadata: child_meta(route, gateway_name(route)),
         data: Some(BTreeMap::from([(
             CONFIG_FILE_NAME.to_string(),
-            gateway_config::render(&route.spec),
+            gateway_config::render_watching(&route.spec, Some(&pool_name(route))),
         )])),
         ..ConfigMap::default()
     }

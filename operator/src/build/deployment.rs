@@ -137,7 +137,9 @@ fn pod_spec(route: &RealtimeRoute, default_image: &str) -> PodSpec {
     PodSpec {
         containers: vec![container(spec, default_image)],
         termination_grace_period_seconds: Some(termination_grace_period_seconds(spec)),
-        automount_service_account_token: Some(false),
+        // The token reads the pool ConfigMap and nothing else (see `build::rbac`).
+        service_account_name: Some(super::meta::gateway_name(route)),
+        automount_service_account_token: Some(true),
         enable_service_links: Some(false),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),

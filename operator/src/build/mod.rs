@@ -13,13 +13,15 @@ mod hpa;
 mod httproute;
 mod meta;
 mod pdb;
+mod rbac;
 mod service;
 
 use k8s_openapi::api::{
     apps::v1::Deployment,
     autoscaling::v2::HorizontalPodAutoscaler,
-    core::v1::{ConfigMap, Service},
+    core::v1::{ConfigMap, Service, ServiceAccount},
     policy::v1::PodDisruptionBudget,
+    rbac::v1::{Role, RoleBinding},
 };
 
 pub use configmap::{config_hash, gateway_config_map, pool_config_map};
@@ -34,6 +36,7 @@ pub use meta::{
     MANAGED_BY_SELECTOR, MANAGER,
 };
 pub use pdb::pdb;
+pub use rbac::{pool_reader_binding, pool_reader_name, pool_reader_role, service_account};
 pub use service::service;
 
 use crate::crd::RealtimeRoute;
@@ -53,6 +56,10 @@ pub struct BuildInput<'a> {
 pub struct Desired {
     pub gateway_config: ConfigMap,
     pub pool_config: ConfigMap,
+    /// The pods' ServiceAccount and its read access to the pool ConfigMap.
+    pub service_account: ServiceAccount,
+    pub pool_reader_role: Role,
+    pub pool_reader_binding: RoleBinding,
     pub deployment: Deployment,
     pub service: Service,
     /// `None` when the replica count is fixed: an existing HPA is then deleted.
@@ -77,6 +84,9 @@ pub fn desired(input: &BuildInput<'_>) -> Desired {
         service: service(input.route),
         hpa: hpa(input.route),
         pdb: pdb(input.route),
+        service_account: service_account(input.route),
+        pool_reader_role: pool_reader_role(input.route),
+        pool_reader_binding: pool_reader_binding(input.route),
         http_route: http_route(input.route),
         gateway_config,
         pool_config,
@@ -95,6 +105,9 @@ mod tests {
         let mut metas = vec![
             &d.gateway_config.metadata,
             &d.pool_config.metadata,
+            &d.service_account.metadata,
+            &d.pool_reader_role.metadata,
+            &d.pool_reader_binding.metadata,
             &d.deployment.metadata,
             &d.service.metadata,
             &d.pdb.metadata,

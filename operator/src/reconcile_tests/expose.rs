@@ -39,11 +39,14 @@ async fn applied_through_pdb(server: &mut ApiServer) {
     expect_service_and_pdb(server).await;
 }
 
-async fn expect_http_route_claim(server: &mut ApiServer, answer: Option<Value>) {
+/// The claim of the HTTPRoute's name: `answer` when it exists; else a 404 as the API server
+/// gives it, for a missing object (`installed`) or for a resource it does not serve at all.
+async fn expect_http_route_claim(server: &mut ApiServer, answer: Option<Value>, installed: bool) {
     let (_, reply) = server.expect(Method::GET, &http_route_path()).await;
-    match answer {
-        Some(meta) => reply.ok(&meta),
-        None => reply.not_found("httproute"),
+    match (answer, installed) {
+        (Some(meta), _) => reply.ok(&meta),
+        (None, true) => reply.not_found("httproute"),
+        (None, false) => reply.page_not_found(),
     }
 }
 
@@ -58,7 +61,7 @@ async fn expect_discovery(server: &mut ApiServer, served: bool) {
             ]
         }));
     } else {
-        reply.not_found("the server could not find the requested resource");
+        reply.page_not_found();
     }
 }
 
@@ -68,8 +71,8 @@ async fn without_the_gateway_api_the_route_is_degraded_and_everything_else_recon
     let route = exposed_route();
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     running(&mut server, &route).await;
-    // The CRD is absent: the name claim reads 404 like a free name.
-    expect_http_route_claim(&mut server, None).await;
+    // The CRD is absent: the name claim's plain-text 404 counts as a free name.
+    expect_http_route_claim(&mut server, None, false).await;
     applied_through_pdb(&mut server).await;
     expect_discovery(&mut server, false).await;
     let (seen, reply) = server.expect(Method::PATCH, &status_path()).await;
@@ -98,7 +101,7 @@ async fn an_exposed_route_applies_its_http_route_and_reports_its_parents_and_url
     let route = exposed_route();
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     running(&mut server, &route).await;
-    expect_http_route_claim(&mut server, None).await;
+    expect_http_route_claim(&mut server, None, true).await;
     applied_through_pdb(&mut server).await;
     expect_discovery(&mut server, true).await;
     let (seen, reply) = server
@@ -164,7 +167,7 @@ async fn a_foreign_http_route_of_the_routes_name_is_refused_before_anything_is_a
     let route = Arc::new(exposed_route());
     let task = tokio::spawn(reconcile(route.clone(), ctx));
     observe(&mut server, None, &route.spec).await;
-    expect_http_route_claim(&mut server, Some(metadata(ROUTE_NAME, None))).await;
+    expect_http_route_claim(&mut server, Some(metadata(ROUTE_NAME, None)), true).await;
     assert_eq!(
         server.expect_event().await,
         ("Warning".into(), "NameTaken".into())
@@ -191,7 +194,12 @@ async fn a_route_that_stops_asking_deletes_its_http_route() {
     });
     let task = tokio::spawn(reconcile(Arc::new(route.clone()), ctx));
     running(&mut server, &route).await;
-    expect_http_route_claim(&mut server, Some(metadata(ROUTE_NAME, Some(ROUTE_UID)))).await;
+    expect_http_route_claim(
+        &mut server,
+        Some(metadata(ROUTE_NAME, Some(ROUTE_UID))),
+        true,
+    )
+    .await;
     applied_through_pdb(&mut server).await;
     let (_, reply) = server
         .expect(Method::DELETE, &format!("{}?", http_route_path()))
