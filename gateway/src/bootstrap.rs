@@ -133,6 +133,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         }
     }
     crate::reload::spawn_watchers(&gateway);
+    crate::pool_watch::spawn(&gateway);
     tokio::spawn(mark_ready_when_warm(gateway.clone()));
     let tls = match (
         &gateway.config.server.tls_cert_file,

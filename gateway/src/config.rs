@@ -414,6 +414,8 @@ impl Config {
                 ));
             }
         }
+        config_checks::pool_configmap(self.pool.size_configmap.as_deref())
+            .map_err(|(k, m)| ConfigError::new(k, m))?;
         if self.pool.size > self.pool.max_size {
             self.pool.size = self.pool.max_size;
         }

@@ -1,5 +1,6 @@
-//! Checks of the configuration that read more than one key: a route's
-//! endpoint against its upstream URLs, and the client listener's TLS pair.
+//! Checks of the configuration beyond a key's type: a route's endpoint
+//! against its upstream URLs, the client listener's TLS pair, and the
+//! shape of a Kubernetes name (`[pool] size_configmap`).
 
 //!
 //! Each answers the key at fault and why (the config module makes that its
@@ -69,9 +70,55 @@ pub fn tls_pair(cert: Option<&Path>, key: Option<&Path>) -> Result<(), Fault> {
     }
 }
 
+/// `[pool] size_configmap`: a ConfigMap's name.
+pub fn pool_configmap(name: Option<&str>) -> Result<(), Fault> {
+    match name {
+        Some(n) if !is_dns_name(n, false) => Err((
+            "pool.size_configmap".into(),
+            format!("{n:?} is not a ConfigMap name (lower-case letters, digits, '-' and '.')"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `s` is a DNS-1123 subdomain (what names a ConfigMap, at most
+/// 253 characters) or, with `label`, a DNS-1123 label (a namespace, at
+/// most 63). The pool size watch puts both into request paths unescaped.
+pub fn is_dns_name(s: &str, label: bool) -> bool {
+    let max = if label { 63 } else { 253 };
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !p.starts_with('-')
+            && !p.ends_with('-')
+    };
+    s.len() <= max
+        && if label {
+            part_ok(s)
+        } else {
+            s.split('.').all(part_ok)
+        }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_dns_1123() {
+        assert!(is_dns_name("voice-pool", false));
+        assert!(is_dns_name("a.b-c.d", false));
+        assert!(is_dns_name("voice", true));
+        assert!(!is_dns_name("a.b", true));
+        for bad in ["", "Voice", "-a", "a-", "a..b", "a/b", "a?b", "a b", "a%2f"] {
+            assert!(!is_dns_name(bad, false), "{bad:?}");
+        }
+        assert!(!is_dns_name(&"a".repeat(64), true));
+        assert!(pool_configmap(Some("voice-pool")).is_ok());
+        assert!(pool_configmap(Some("voice/pool")).is_err());
+        assert!(is_dns_name(&"a".repeat(63), true));
+    }
 
     fn route(endpoint: Endpoint, url: &str) -> RouteConfig<()> {
         RouteConfig {

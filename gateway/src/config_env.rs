@@ -29,8 +29,9 @@ pub const TABLE_SECTIONS: [&str; 10] = [
 ];
 
 /// `PATCHBAY_*` names the gateway reads that are not section overrides.
-const OTHER_NAMES: [&str; 3] = [
+const OTHER_NAMES: [&str; 4] = [
     "PATCHBAY_MASTER_KEY",
+    "PATCHBAY_KUBE_SERVICEACCOUNT_DIR",
     "PATCHBAY_LOG_FORMAT",
     "PATCHBAY_LOG_QUEUE_LINES",
 ];
@@ -65,6 +66,7 @@ pub fn section_keys(section: &str) -> &'static [&'static str] {
             "max_idle_secs",
             "max_size",
             "size_file",
+            "size_configmap",
             "warmup_timeout_secs",
         ],
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],

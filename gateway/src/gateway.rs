@@ -246,6 +246,10 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     /// OpenTelemetry export (off unless an endpoint is configured).
     pub telemetry: Telemetry,
+    /// Whether the size ConfigMap's watch is open and its last value was
+    /// applied ([`crate::pool_watch`]): the mounted size file, an older copy
+    /// of the same ConfigMap, is then not applied.
+    pub pool_size_watched: AtomicBool,
     ready: AtomicBool,
     /// The client listener's accepts fail for want of descriptors.
     accepts_failing: AtomicBool,
@@ -372,6 +376,7 @@ impl Gateway {
             draining: CancellationToken::new(),
             tasks: TaskTracker::new(),
             telemetry,
+            pool_size_watched: AtomicBool::new(false),
             ready: AtomicBool::new(ready),
             accepts_failing: AtomicBool::new(false),
         })
@@ -451,6 +456,14 @@ impl Gateway {
         for r in &self.routes {
             r.set_pool_size(n);
         }
+    }
+
+    /// The pool size last set, before a route splits it across its
+    /// upstreams (a Live route keeps none whatever it is).
+    pub fn pool_size(&self) -> usize {
+        self.routes
+            .first()
+            .map_or(0, |r| r.pool_size.load(Ordering::Acquire))
     }
 
     pub fn route(&self, model: &str) -> Option<&Arc<Route>> {

@@ -35,6 +35,7 @@ pub mod metering;
 pub mod metric_family;
 pub mod metrics;
 pub mod pem;
+pub mod pool_watch;
 pub mod relay;
 pub mod reload;
 pub mod secret;

@@ -86,6 +86,12 @@ pub fn sink(s: &str) -> SinkLabel {
     SinkLabel { sink: s.into() }
 }
 
+/// Where a new pool size came from: `configmap` (the watch) or `file`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
 /// A live-reloaded file (`pool_size`, `keys`, `config`) and what a changed
 /// read of it came to (`applied`, `rejected`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -140,6 +146,11 @@ pub struct Metrics {
     pub pool_hits: Family<ModelLabel, Counter>,
     pub pool_misses: Family<ReasonLabels, Counter>,
     pub pool_warm_sockets: Family<UpstreamLabels, Gauge>,
+    /// Each pool's target (its share of the route's pool size).
+    pub pool_target_sockets: Family<UpstreamLabels, Gauge>,
+    /// 1 while the pool size ConfigMap's watch is open.
+    pub pool_size_watch_up: Gauge,
+    pub pool_size_updates: Family<SourceLabel, Counter>,
     pub upstream_failovers: Family<FailoverLabels, Counter>,
     pub upstream_circuit_open: Family<UpstreamLabels, Gauge>,
     pub pool_dials: Family<ResultLabels, Counter>,
@@ -197,6 +208,9 @@ impl Metrics {
             pool_hits: Family::default(),
             pool_misses: Family::default(),
             pool_warm_sockets: Family::default(),
+            pool_target_sockets: Family::default(),
+            pool_size_watch_up: Gauge::default(),
+            pool_size_updates: Family::default(),
             upstream_failovers: Family::default(),
             upstream_circuit_open: Family::default(),
             pool_dials: Family::default(),
@@ -263,6 +277,26 @@ impl Metrics {
             "Warm upstream sockets waiting",
             Declared(m.pool_warm_sockets.clone()),
         );
+        r.register(
+            "pool_target_sockets",
+            "Warm upstream sockets each pool is sized for (its share of the pool size)",
+            Declared(m.pool_target_sockets.clone()),
+        );
+        r.register(
+            "pool_size_watch_up",
+            "1 while the watch of the pool size ConfigMap ([pool] size_configmap) is open",
+            Declared(m.pool_size_watch_up.clone()),
+        );
+        r.register(
+            "pool_size_updates",
+            "Pool size changes applied, by source (configmap, file)",
+            Declared(m.pool_size_updates.clone()),
+        );
+        for source in ["configmap", "file"] {
+            drop(m.pool_size_updates.get_or_create(&SourceLabel {
+                source: source.into(),
+            }));
+        }
         r.register(
             "pool_dials",
             "Pool dials, by upstream and result",
@@ -397,6 +431,15 @@ impl Metrics {
             Declared(m.telemetry_dropped.clone()),
         );
         Self { registry, ..m }
+    }
+
+    /// Counts a pool size change from `source` (`configmap`, `file`).
+    pub fn pool_size_updated(&self, source: &str) {
+        self.pool_size_updates
+            .get_or_create(&SourceLabel {
+                source: source.into(),
+            })
+            .inc();
     }
 
     /// The Prometheus text exposition.

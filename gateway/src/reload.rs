@@ -34,15 +34,53 @@ type Watcher = (
     fn(&Gateway, &str) -> Result<(), String>,
 );
 
-/// Applies the size file's size when it is valid and differs; a bad value
-/// is refused (the watcher logs and counts it).
-fn apply_size_file(gw: &Gateway, text: &str) -> Result<(), String> {
+/// Where a new pool size came from (`patchbay_pool_size_updates_total{source}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeSource {
+    /// `[pool] size_file`, polled.
+    File,
+    /// `[pool] size_configmap`, watched ([`crate::pool_watch`]).
+    ConfigMap,
+}
+
+impl SizeSource {
+    pub fn label(self) -> &'static str {
+        match self {
+            SizeSource::File => "file",
+            SizeSource::ConfigMap => "configmap",
+        }
+    }
+}
+
+/// Applies a pool size read from the size file or the size ConfigMap (the
+/// same text: a bare number or `REALTIME_POOL_SIZE=N`), capped at `[pool]
+/// max_size`, to every route's pools when it differs. A bad value is
+/// refused and changes nothing.
+pub fn apply_pool_size(gw: &Gateway, text: &str, source: SizeSource) -> Result<(), String> {
     let n = parse_size_file(text)?.min(gw.config.pool.max_size);
-    if gw.routes.first().is_some_and(|r| r.pool_size() != n) {
-        tracing::info!(size = n, "pool size changed");
+    let old = gw.pool_size();
+    if old != n {
+        tracing::info!(old, size = n, source = source.label(), "pool size changed");
         gw.set_pool_size(n);
+        gw.metrics.pool_size_updated(source.label());
     }
     Ok(())
+}
+
+/// Applies the size file's size; while the size ConfigMap's watch holds
+/// the current size, the mounted file is an older copy of that ConfigMap
+/// (the kubelet syncs it a minute later) and is only checked, so a stale
+/// copy never undoes a newer size.
+fn apply_size_file(gw: &Gateway, text: &str) -> Result<(), String> {
+    if gw
+        .pool_size_watched
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        parse_size_file(text)?;
+        tracing::debug!("pool size file changed; the ConfigMap watch already holds the size");
+        return Ok(());
+    }
+    apply_pool_size(gw, text, SizeSource::File)
 }
 
 /// Swaps in the keys file's key set; an invalid file keeps the current one.

@@ -114,6 +114,8 @@ pub struct Pool {
     /// This upstream's `pool_dials{result="ok"}`, looked up at its first use.
     dials_ok: OnceLock<Counter>,
     gauge: Gauge,
+    /// `pool_target_sockets`: the target, as set.
+    target_gauge: Gauge,
     tick: Duration,
     /// Current backoff in ms (0 = none), for tests and logs.
     backoff_ms: AtomicU64,
@@ -137,13 +139,13 @@ impl Pool {
         max_idle: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let gauge = metrics
-            .pool_warm_sockets
-            .get_or_create(&UpstreamLabels {
-                model: model_name.to_string(),
-                upstream: model_name.to_string(),
-            })
-            .clone();
+        let labels = UpstreamLabels {
+            model: model_name.to_string(),
+            upstream: model_name.to_string(),
+        };
+        let gauge = metrics.pool_warm_sockets.get_or_create(&labels).clone();
+        let target_gauge = metrics.pool_target_sockets.get_or_create(&labels).clone();
+        target_gauge.set(i64::try_from(target).unwrap_or(i64::MAX));
         Self {
             upstream,
             meters: metrics.model_meters(model_name),
@@ -160,6 +162,7 @@ impl Pool {
             reached_target_once: AtomicBool::new(target == 0),
             metrics,
             gauge,
+            target_gauge,
             tick: REPLENISH_TICK,
             backoff_ms: AtomicU64::new(0),
         }
@@ -188,20 +191,29 @@ impl Pool {
     /// The pool of upstream `name` of a route with several, sharing that
     /// upstream's circuit breaker.
     pub fn with_breaker(mut self, name: &str, breaker: Arc<Mutex<Breaker>>) -> Self {
-        // The series `new` made under the route's model is this upstream's
-        // no more: left, it would read 0 warm sockets for good.
-        self.metrics.pool_warm_sockets.remove(&UpstreamLabels {
+        // The series `new` made under the route's model are this upstream's
+        // no more: left, they would read 0 warm sockets for good.
+        let old = UpstreamLabels {
             model: self.model.clone(),
             upstream: self.name.clone(),
-        });
+        };
+        self.metrics.pool_warm_sockets.remove(&old);
+        self.metrics.pool_target_sockets.remove(&old);
+        let labels = UpstreamLabels {
+            model: self.model.clone(),
+            upstream: name.to_string(),
+        };
         self.gauge = self
             .metrics
             .pool_warm_sockets
-            .get_or_create(&UpstreamLabels {
-                model: self.model.clone(),
-                upstream: name.to_string(),
-            })
+            .get_or_create(&labels)
             .clone();
+        self.target_gauge = self
+            .metrics
+            .pool_target_sockets
+            .get_or_create(&labels)
+            .clone();
+        self.target_gauge.set(self.target_gauge_value());
         self.name = name.to_string();
         self.breaker = Some(breaker);
         self
@@ -247,11 +259,17 @@ impl Pool {
         self.target.load(Ordering::Acquire)
     }
 
-    /// Changes the target size; the replenisher grows or shrinks the pool.
+    fn target_gauge_value(&self) -> i64 {
+        i64::try_from(self.target()).unwrap_or(i64::MAX)
+    }
+
+    /// Changes the target size (and `pool_target_sockets`); the
+    /// replenisher grows or shrinks the pool.
     pub fn set_target(&self, n: usize) {
         if self.target.swap(n, Ordering::AcqRel) != n {
             self.wake.notify_one();
         }
+        self.target_gauge.set(self.target_gauge_value());
     }
 
     /// True once the pool has reached its target at least once.
@@ -911,7 +929,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_upstream_of_several_exports_its_warm_sockets_under_its_own_name_only() {
+    async fn an_upstream_of_several_exports_its_warm_and_target_sockets_under_its_own_name_only() {
         let (_sim, up) = sim_and_upstream(SimConfig::default()).await;
         let breaker = Arc::new(Mutex::new(Breaker::new(
             crate::upstream::breaker::BreakerConfig::from_server(
@@ -927,6 +945,17 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("upstream=\"m\""), "{text}");
+        assert!(
+            text.contains("patchbay_pool_target_sockets{model=\"m\",upstream=\"azure\"} 1"),
+            "{text}"
+        );
+        p.set_target(3);
+        assert!(
+            p.metrics
+                .encode()
+                .contains("patchbay_pool_target_sockets{model=\"m\",upstream=\"azure\"} 3"),
+            "set_target moves the target gauge"
+        );
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod metering_store;
 mod metrics_at_start;
 mod passthrough;
 mod pool;
+mod pool_configmap;
 mod redis_server;
 mod redis_url_file;
 mod relay;
