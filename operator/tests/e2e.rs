@@ -35,6 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "e2e/gateway_api.rs"]
 mod gateway_api;
+#[path = "e2e/pool_resize.rs"]
+mod pool_resize;
 
 const ENV: &str = "PATCHBAY_E2E_KUBECONFIG";
 const MANAGER: &str = "patchbay-e2e";
@@ -107,6 +109,17 @@ async fn install_crds(client: &Client) {
         established.then_some(())
     })
     .await;
+}
+
+/// The Secrets of `examples/secrets.yaml`, which the test routes name, in `namespace`.
+async fn create_example_secrets(client: &Client, namespace: &str) {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    for doc in yaml_docs(&repo("examples/secrets.yaml")) {
+        let secret: Secret = serde_yaml::from_value(doc).expect("Secret");
+        api.create(&PostParams::default(), &secret)
+            .await
+            .expect("create Secret");
+    }
 }
 
 async fn apply_example(client: &Client, namespace: &str) -> RealtimeRoute {
@@ -231,7 +244,14 @@ async fn a_route_on_a_real_cluster_gets_its_children_status_pool_resizes_and_cle
     let applied_pool = config_maps.get(&pool).await.unwrap();
     let rendered_pool: ConfigMap = serde_yaml::from_value(rendered[1].clone()).unwrap();
     assert_eq!(rendered_pool.data, applied_pool.data);
-    let rendered_deployment: Deployment = serde_yaml::from_value(rendered[2].clone()).unwrap();
+    let rendered_deployment: Deployment = serde_yaml::from_value(
+        rendered
+            .iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("a Deployment rendered")
+            .clone(),
+    )
+    .unwrap();
     assert_eq!(
         template_hash(&rendered_deployment),
         template_hash(&deployment)
@@ -1226,6 +1246,8 @@ async fn pod_overrides_reach_the_pods_and_the_api_server_refuses_operator_keys_a
     let client = client_from(&kubeconfig()).await;
     install_crds(&client).await;
     let namespace = fresh_namespace(&client, "patchbay-e2e-pod").await;
+    // On a cluster with a node the pods start, and need the Secrets the route mounts.
+    create_example_secrets(&client, &namespace).await;
     let routes: Api<RealtimeRoute> = Api::namespaced(client.clone(), &namespace);
     // Untyped, so that a value the Rust types cannot hold (an unknown enum word) reaches the
     // API server as written.

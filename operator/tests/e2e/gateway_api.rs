@@ -119,13 +119,7 @@ async fn gateway_api_exposure_owns_an_http_route_and_reports_its_parents() {
     };
     let namespace = fresh_namespace(&admin, "patchbay-e2e-gwapi").await;
     // The Secrets the route names, so its pods start (else Degraded says PodsNotStarting first).
-    for doc in yaml_docs(&repo("examples/secrets.yaml")) {
-        let secret: Secret = serde_yaml::from_value(doc).expect("Secret");
-        let api: Api<Secret> = Api::namespaced(admin.clone(), &namespace);
-        api.create(&PostParams::default(), &secret)
-            .await
-            .expect("create Secret");
-    }
+    create_example_secrets(&admin, &namespace).await;
     remove_gateway_api(&admin, &crds).await;
     let (shutdown, controller) = run_controller(&operator, &namespace);
 
