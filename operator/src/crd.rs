@@ -135,6 +135,81 @@ pub struct RealtimeRouteSpec {
     /// sends the OpenAI paths (`/v1/realtime…`, `/v1/live…`, `/openai/v1/…`) to the Service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expose: Option<Expose>,
+    /// OpenTelemetry export from the gateway pods over OTLP (traces, session events, metrics),
+    /// rendered as `gateway.toml`'s `[telemetry]`. Without it nothing is exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<Telemetry>,
+}
+
+/// `spec.telemetry`: where the gateway pods send OTLP, and how much.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Telemetry {
+    /// The collector's base URL (`http://otel-collector.observability:4318` for
+    /// `http/protobuf`, port 4317 for `grpc`); `https://` for TLS, trusted by the system roots.
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
+    pub endpoint: String,
+    #[serde(default)]
+    pub protocol: OtlpProtocol,
+    /// `service.name` of everything exported (default `patchbay-gateway`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_name: Option<String>,
+    /// More resource attributes (`deployment.environment.name: prod`); keys and values without
+    /// `,` or `=`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resource_attributes: BTreeMap<String, String>,
+    /// An `OTEL_TRACES_SAMPLER` (default `parentbased_always_on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traces_sampler: Option<TracesSampler>,
+    /// The ratio of the `*traceidratio` samplers, 0 to 1 (`OTEL_TRACES_SAMPLER_ARG`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub traces_sampler_ratio: Option<f64>,
+}
+
+/// OTLP's transport, as `OTEL_EXPORTER_OTLP_PROTOCOL` spells it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum OtlpProtocol {
+    #[default]
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+impl OtlpProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HttpProtobuf => "http/protobuf",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
+/// The trace samplers of the OpenTelemetry specification, by their `OTEL_TRACES_SAMPLER` names.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TracesSampler {
+    AlwaysOn,
+    AlwaysOff,
+    Traceidratio,
+    ParentbasedAlwaysOn,
+    ParentbasedAlwaysOff,
+    ParentbasedTraceidratio,
+}
+
+impl TracesSampler {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AlwaysOn => "always_on",
+            Self::AlwaysOff => "always_off",
+            Self::Traceidratio => "traceidratio",
+            Self::ParentbasedAlwaysOn => "parentbased_always_on",
+            Self::ParentbasedAlwaysOff => "parentbased_always_off",
+            Self::ParentbasedTraceidratio => "parentbased_traceidratio",
+        }
+    }
 }
 
 /// Default of `expose.timeoutSeconds`: an hour, OpenAI's longest session.

@@ -163,6 +163,7 @@ pub fn full_spec() -> RealtimeRouteSpec {
             secret_name: "voice-tls".into(),
         }),
         expose: None,
+        telemetry: None,
     }
 }
 

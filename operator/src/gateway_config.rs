@@ -169,6 +169,42 @@ struct GatewayToml {
     drain: DrainConfig,
     #[serde(skip_serializing_if = "Option::is_none")]
     client_secrets: Option<ClientSecretsConfig>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    telemetry: Option<TelemetryToml>,
+}
+
+/// `[telemetry]`, whose type (like `[server]`'s) belongs to the gateway's runtime. Not a live
+/// section: an edit restarts the pods.
+#[derive(Serialize)]
+struct TelemetryToml {
+    endpoint: String,
+    protocol: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_name: Option<String>,
+    /// `key=value,key=value`, as `OTEL_RESOURCE_ATTRIBUTES`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_attributes: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sampler: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sampler_arg: Option<String>,
+}
+
+fn telemetry_entry(spec: &RealtimeRouteSpec) -> Option<TelemetryToml> {
+    let t = spec.telemetry.as_ref()?;
+    let attributes: Vec<String> = t
+        .resource_attributes
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    Some(TelemetryToml {
+        endpoint: t.endpoint.clone(),
+        protocol: t.protocol.as_str(),
+        service_name: t.service_name.clone(),
+        resource_attributes: (!attributes.is_empty()).then(|| attributes.join(",")),
+        sampler: t.traces_sampler.map(|s| s.as_str()),
+        sampler_arg: t.traces_sampler_ratio.map(|r| r.to_string()),
+    })
 }
 
 #[derive(Serialize)]
@@ -374,6 +410,7 @@ pub fn render_watching(spec: &RealtimeRouteSpec, pool_configmap: Option<&str>) -
                 .max_ttl_seconds
                 .map_or(ClientSecretsConfig::default().max_ttl_secs, unsigned),
         }),
+        telemetry: telemetry_entry(spec),
     };
     toml::to_string(&doc).expect("the gateway config always serialises")
 }

@@ -197,6 +197,44 @@ fn check_endpoint(spec: &RealtimeRouteSpec) -> Result<()> {
     Ok(())
 }
 
+/// `telemetry`: an `http(s)://host…` endpoint, resource attributes that survive the
+/// `key=value,key=value` form the gateway reads them in, a ratio in `0..=1`.
+fn check_telemetry(spec: &RealtimeRouteSpec) -> Result<()> {
+    let Some(t) = &spec.telemetry else {
+        return Ok(());
+    };
+    let bad = |what: String| Err(Error::InvalidSpec(format!("telemetry.{what}")));
+    let rest = t
+        .endpoint
+        .strip_prefix("http://")
+        .or_else(|| t.endpoint.strip_prefix("https://"));
+    match rest {
+        Some(rest)
+            if !rest.is_empty()
+                && !rest.starts_with('/')
+                && !rest.contains(char::is_whitespace) => {}
+        _ => {
+            return bad(format!(
+                "endpoint {:?}: an http:// or https:// URL with a host",
+                t.endpoint
+            ))
+        }
+    }
+    for (key, value) in &t.resource_attributes {
+        if key.is_empty() || key.contains([',', '=']) || value.contains(',') {
+            return bad(format!(
+                "resourceAttributes {key:?}: keys must be non-empty without ',' or '=', values without ','"
+            ));
+        }
+    }
+    if let Some(r) = t.traces_sampler_ratio {
+        if !(0.0..=1.0).contains(&r) {
+            return bad(format!("tracesSamplerRatio {r}: must be within 0 and 1"));
+        }
+    }
+    Ok(())
+}
+
 /// `clientSecrets`: one of `key` and `keys`, no key twice, a TTL cap the gateway accepts.
 fn check_client_secrets(spec: &RealtimeRouteSpec) -> Result<()> {
     let Some(cs) = &spec.client_secrets else {
@@ -300,6 +338,7 @@ pub fn check_spec(spec: &RealtimeRouteSpec) -> Result<()> {
     check_endpoint(spec)?;
     check_seconds(spec)?;
     check_client_secrets(spec)?;
+    check_telemetry(spec)?;
     check_secret_keys(spec)?;
     check_pod_metadata(spec)?;
     let gw = &spec.gateway;

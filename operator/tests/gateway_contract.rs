@@ -198,6 +198,7 @@ fn the_gateway_loads_the_config_rendered_for_every_example() {
         "realtimeroute-full.yaml",
         "realtimeroute-upstreams.yaml",
         "realtimeroute-translations.yaml",
+        "realtimeroute-gateway-api.yaml",
     ] {
         assert_loads(file, &example_route(file), &keys);
     }
@@ -667,5 +668,74 @@ fn upstream_urls_are_judged_alike_by_the_operator_and_the_gateway() {
                 assert_eq!(e.key, "routes[0].upstream_url", "{e}");
             }
         }
+    }
+}
+
+#[test]
+fn every_telemetry_word_the_crd_admits_loads_and_resolves_in_the_gateway() {
+    let keys = example_keys_file();
+    let schema = &spec_schema()["telemetry"]["properties"];
+    let route = example_route("realtimeroute-minimal.yaml");
+    let protocols = schema["protocol"]["enum"].as_array().expect("an enum");
+    let samplers = schema["tracesSampler"]["enum"].as_array().expect("an enum");
+    assert_eq!(protocols.len(), 2);
+    assert_eq!(samplers.iter().filter(|w| !w.is_null()).count(), 6);
+    for protocol in protocols {
+        for sampler in samplers.iter().filter(|w| !w.is_null()) {
+            let telemetry = serde_json::json!({
+                "endpoint": "http://otel-collector.observability:4318",
+                "protocol": protocol,
+                "serviceName": "voice-gw",
+                "resourceAttributes": {"deployment.environment.name": "prod", "team": "voice"},
+                "tracesSampler": sampler,
+                "tracesSamplerRatio": 0.25,
+            });
+            let r = with_field(&route, "/spec/telemetry", telemetry);
+            patchbay_operator::validate::check_spec(&r.spec).expect("valid");
+            let config = assert_loads(&format!("telemetry-{protocol}-{sampler}"), &r, &keys);
+            let settings = config
+                .telemetry
+                .resolve(&|_| None)
+                .unwrap_or_else(|e| panic!("{protocol} {sampler}: {} {}", e.key, e.message))
+                .expect("export is on");
+            assert_eq!(
+                settings.endpoints.traces.protocol.as_str(),
+                protocol.as_str().unwrap()
+            );
+            let resource: std::collections::BTreeMap<_, _> =
+                settings.resource.iter().cloned().collect();
+            assert_eq!(resource["service.name"], "voice-gw");
+            assert_eq!(resource["deployment.environment.name"], "prod");
+            assert_eq!(resource["team"], "voice");
+        }
+    }
+    // The restart part covers it: pods restart to pick a new collector up.
+    let a = with_field(
+        &route,
+        "/spec/telemetry",
+        serde_json::json!({"endpoint": "http://a:4318"}),
+    );
+    let b = with_field(
+        &route,
+        "/spec/telemetry",
+        serde_json::json!({"endpoint": "http://b:4318"}),
+    );
+    assert_ne!(
+        gateway_config::restart_part(&gateway_config::render(&a.spec)),
+        gateway_config::restart_part(&gateway_config::render(&b.spec))
+    );
+    // What the gateway would refuse, validation refuses first.
+    for bad in [
+        serde_json::json!({"endpoint": "otel:4318"}),
+        serde_json::json!({"endpoint": "http://"}),
+        serde_json::json!({"endpoint": "http://a:4318", "resourceAttributes": {"a,b": "c"}}),
+        serde_json::json!({"endpoint": "http://a:4318", "resourceAttributes": {"a": "b,c"}}),
+        serde_json::json!({"endpoint": "http://a:4318", "tracesSamplerRatio": 1.5}),
+    ] {
+        let r = with_field(&route, "/spec/telemetry", bad.clone());
+        assert!(
+            patchbay_operator::validate::check_spec(&r.spec).is_err(),
+            "{bad}"
+        );
     }
 }
