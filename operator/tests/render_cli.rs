@@ -51,6 +51,9 @@ fn the_quickstart_example_renders_every_child_offline() {
         [
             "ConfigMap",
             "ConfigMap",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
             "Deployment",
             "Service",
             "HorizontalPodAutoscaler",
@@ -62,7 +65,7 @@ fn the_quickstart_example_renders_every_child_offline() {
         assert!(d["apiVersion"].as_str().is_some(), "{d:?}");
     }
     // The Deployment decodes as one, with the operator's default image.
-    let deployment: Deployment = serde_yaml::from_value(docs[2].clone()).expect("a Deployment");
+    let deployment: Deployment = serde_yaml::from_value(docs[5].clone()).expect("a Deployment");
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     assert_eq!(
         pod.containers[0].image.as_deref(),
