@@ -242,6 +242,15 @@ fn create(
     )
 }
 
+/// Whether a client event is `session.close`.
+fn is_close(text: &str) -> bool {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
+        .as_deref()
+        == Some("session.close")
+}
+
 /// One sideband of a live session: usage reports until the session ends,
 /// then `session.closed` and the close.
 pub(crate) async fn sideband(
@@ -277,6 +286,10 @@ pub(crate) async fn sideband(
                     let _ = ws.close(None).await;
                     return;
                 }
+                // `session.close` on a sideband ends the session
+                // (`sideband.py`, `session.close`): every sideband then
+                // gets `session.closed`.
+                Some(Ok(Message::Text(t))) if is_close(&t) => end(&id, config, &handle),
                 Some(Ok(_)) => {}
             },
         }

@@ -60,7 +60,7 @@ use super::Transport;
 pub const LIVE_SESSIONS_PATHS: [&str; 2] = crate::session::LIVE_PATHS;
 
 /// `404 session_not_found`: a Live session unknown to this key.
-fn session_not_found(id: &str) -> Refusal {
+pub(super) fn session_not_found(id: &str) -> Refusal {
     Refusal::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
@@ -252,7 +252,11 @@ async fn open(st: &CallsState, o: Opening, req: Map<String, Value>) -> Response 
 }
 
 /// The owner's route for `id` (`Err`: the answer, a 404 for anyone else).
-async fn owned_route(st: &CallsState, key: &KeyEntry, id: &str) -> Result<Arc<Route>, Refusal> {
+pub(super) async fn owned_route(
+    st: &CallsState,
+    key: &KeyEntry,
+    id: &str,
+) -> Result<Arc<Route>, Refusal> {
     if call_id_from_location(id).as_deref() != Some(id) {
         return Err(session_not_found(id));
     }

@@ -14,6 +14,8 @@ use std::time::Duration;
 use crate::common::*;
 use patchbay_sim::{LiveSim, SimConfig, SimHandle};
 use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Error as WsError;
 
 const LIVE: &str = "gpt-live-1";
 const USD_PER_MINUTE: f64 = 0.05;
@@ -86,6 +88,35 @@ async fn act(addr: SocketAddr, key: &str, id: &str, action: &str) -> Answer {
         &json!({}),
     )
     .await
+}
+
+/// `client.live.sideband.connect(session_id=id)`: the socket, or the
+/// refusal's status and body.
+async fn attach(
+    addr: SocketAddr,
+    key: &str,
+    id: &str,
+    query: &str,
+) -> Result<Client, (u16, Value)> {
+    let mut request = format!("ws://{addr}/v1/live/sessions/{id}/attach{query}")
+        .into_client_request()
+        .unwrap();
+    let bearer = format!("Bearer {key}");
+    request
+        .headers_mut()
+        .insert("authorization", bearer.parse().unwrap());
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    match tokio_tungstenite::client_async(request, tcp).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(WsError::Http(r)) => {
+            let body = r.body().clone().unwrap_or_default();
+            Err((
+                r.status().as_u16(),
+                serde_json::from_slice(&body).unwrap_or(Value::Null),
+            ))
+        }
+        Err(e) => panic!("{e}"),
+    }
 }
 
 fn id_of(a: &Answer) -> String {
@@ -279,4 +310,84 @@ async fn with_redis_a_live_session_is_adopted_when_its_metering_process_dies_and
         "charged {charged} for {billed}: {first_rows:?} {second_rows:?}"
     );
     assert_eq!(second_rows.last().unwrap()["end_reason"], "session_closed");
+}
+
+#[tokio::test]
+async fn a_clients_attach_is_relayed_for_its_owner_only_and_the_session_is_charged_once() {
+    let sim = sim(SimConfig {
+        keys: vec![UPSTREAM_KEY.into()],
+        live: LiveSim {
+            usage_interval: Duration::from_millis(50),
+            time_scale: 60.0,
+            fault: None,
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &(key_entry("owner", "pb-owner", "") + &key_entry("other", "pb-other", "")),
+    );
+    let extra = format!(
+        "{}[keys]\nfile = \"{}\"\n",
+        live_config(&sim),
+        keys.0.display()
+    );
+    let mut gw = Child::start(&sim.url(false), &extra, &[]).await;
+    let id = id_of(&create(gw.addr, "pb-owner", LIVE).await);
+    let upgrades = || sim.stats.upgrades.load(Ordering::Relaxed);
+    assert!(
+        eventually(|| upgrades() == 1).await,
+        "the gateway's sideband"
+    );
+
+    let (status, body) = attach(gw.addr, "pb-other", &id, "").await.err().unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "session_not_found", "{body}");
+    let (status, _) = attach(gw.addr, "pb-owner", "live_unknown", "")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(status, 404);
+    assert_eq!(upgrades(), 1, "nothing went upstream");
+
+    // The owner's attach: upstream with the upstream key (the simulator
+    // takes no other) and its graceful_close, events both ways.
+    let mut ws = attach(gw.addr, "pb-owner", &id, "?graceful_close=true")
+        .await
+        .unwrap();
+    assert_eq!(upgrades(), 2);
+    let queries = sim.stats.queries.lock().unwrap().clone();
+    assert!(
+        queries.iter().any(|q| q == "graceful_close=true"),
+        "{queries:?}"
+    );
+    assert_eq!(kind(&recv_text(&mut ws).await), "session.usage.updated");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    send_json(&mut ws, json!({"type": "session.close"})).await;
+    let (texts, _, _) = until_close(&mut ws).await;
+    let closed = texts
+        .iter()
+        .find(|t| kind(t) == "session.closed")
+        .expect("session.closed relayed");
+    assert!(
+        sim.stats.calls.ended(&id),
+        "the client's session.close went upstream"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+    let rows = rows_of(&gw.stdout_rows(), &id);
+    let billed = sim.stats.live_seconds.load(Ordering::Relaxed) as f64;
+    let final_seconds = serde_json::from_str::<Value>(closed).unwrap()["usage"]["seconds"]
+        .as_f64()
+        .unwrap();
+    assert_eq!(final_seconds, billed);
+    assert!(billed >= 60.0, "{billed}");
+    assert!(
+        (seconds(&rows) - billed).abs() < 1e-6,
+        "charged {} for {billed} with a client attached: {rows:?}",
+        seconds(&rows)
+    );
+    assert_eq!(rows.last().unwrap()["end_reason"], "session_closed");
 }
