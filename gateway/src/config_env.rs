@@ -65,6 +65,7 @@ pub fn section_keys(section: &str) -> &'static [&'static str] {
             "max_idle_secs",
             "max_size",
             "size_file",
+            "size_configmap",
             "warmup_timeout_secs",
         ],
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
