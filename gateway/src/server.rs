@@ -673,6 +673,7 @@ async fn admit_upgrade(
                 client: refused.client,
                 trace: gw.telemetry.parent(headers),
             }),
+            fork: None,
         };
         return Ok(Accepted {
             session: Upgrade::Live(pending),

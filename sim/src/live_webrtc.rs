@@ -84,6 +84,13 @@ pub(crate) fn attach_id(path: &str) -> Option<String> {
     (!id.is_empty() && !id.contains('/')).then(|| id.to_string())
 }
 
+/// The parent session id of a WebSocket fork path (`…/sessions/{id}/fork`).
+pub(crate) fn fork_id(path: &str) -> Option<String> {
+    let rest = live_rest(path)?.strip_prefix('/')?;
+    let id = rest.strip_suffix("/fork")?;
+    (!id.is_empty() && !id.contains('/')).then(|| id.to_string())
+}
+
 /// The seconds a session created at `created` bills when it ends at `end`.
 fn billed(created: Instant, end: Instant, scale: f64) -> u64 {
     (end.saturating_duration_since(created).as_secs_f64() * scale).floor() as u64
@@ -339,6 +346,11 @@ mod tests {
         );
         assert_eq!(attach_id("/v1/live/sessions"), None);
         assert_eq!(attach_id("/v1/live/sessions/a/b/attach"), None);
+        assert_eq!(
+            fork_id("/v1/live/sessions/live_1/fork").as_deref(),
+            Some("live_1")
+        );
+        assert_eq!(fork_id("/v1/live/sessions/live_1/attach"), None);
         assert_eq!(live_rest("/v1/live/sessions/a/hangup"), Some("/a/hangup"));
     }
 

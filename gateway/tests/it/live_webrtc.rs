@@ -98,9 +98,12 @@ async fn attach(
     id: &str,
     query: &str,
 ) -> Result<Client, (u16, Value)> {
-    let mut request = format!("ws://{addr}/v1/live/sessions/{id}/attach{query}")
-        .into_client_request()
-        .unwrap();
+    ws_at(addr, key, &format!("/v1/live/sessions/{id}/attach{query}")).await
+}
+
+/// A WebSocket to `path` with `key`.
+async fn ws_at(addr: SocketAddr, key: &str, path: &str) -> Result<Client, (u16, Value)> {
+    let mut request = format!("ws://{addr}{path}").into_client_request().unwrap();
     let bearer = format!("Bearer {key}");
     request
         .headers_mut()
@@ -117,6 +120,12 @@ async fn attach(
         }
         Err(e) => panic!("{e}"),
     }
+}
+
+/// `client.live.forks.connect(session_id=id)`: the socket, or the
+/// refusal's status and body.
+async fn fork_ws(addr: SocketAddr, key: &str, id: &str) -> Result<Client, (u16, Value)> {
+    ws_at(addr, key, &format!("/v1/live/sessions/{id}/fork")).await
 }
 
 fn id_of(a: &Answer) -> String {
@@ -390,4 +399,89 @@ async fn a_clients_attach_is_relayed_for_its_owner_only_and_the_session_is_charg
         seconds(&rows)
     );
     assert_eq!(rows.last().unwrap()["end_reason"], "session_closed");
+}
+
+#[tokio::test]
+async fn a_websocket_fork_is_a_new_session_of_the_parents_model_admitted_for_the_forking_key() {
+    let sim = live_sim().await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &(key_entry("owner", "pb-owner", "team = \"t\"")
+            + &key_entry("broke", "pb-broke", "team = \"t\"\nbudget_usd = 0.0")
+            + &key_entry("other", "pb-other", "")),
+    );
+    let extra = format!(
+        "{}[keys]\nfile = \"{}\"\n",
+        live_config(&sim),
+        keys.0.display()
+    );
+    let mut gw = Child::start(&sim.url(false), &extra, &[]).await;
+    let parent = id_of(&create(gw.addr, "pb-owner", LIVE).await);
+    let upgrades = || sim.stats.upgrades.load(Ordering::Relaxed);
+    assert!(
+        eventually(|| upgrades() == 1).await,
+        "the gateway's sideband"
+    );
+
+    let (status, body) = fork_ws(gw.addr, "pb-other", &parent).await.err().unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "session_not_found", "{body}");
+    // Of the owner's team, but out of budget: refused after the upgrade, as
+    // a Live start is, before anything is dialled.
+    let mut broke = fork_ws(gw.addr, "pb-broke", &parent).await.unwrap();
+    send_json(&mut broke, json!({"type": "session.start", "session": {}})).await;
+    let (texts, code, _) = until_close(&mut broke).await;
+    assert_eq!(kind(&texts[0]), "error", "{texts:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&texts[0]).unwrap()["error"]["code"],
+        "insufficient_quota"
+    );
+    assert_eq!(code, Some(1008));
+    let mut named = fork_ws(gw.addr, "pb-owner", &parent).await.unwrap();
+    send_json(
+        &mut named,
+        json!({"type": "session.start", "session": {"model": LIVE}}),
+    )
+    .await;
+    let (texts, _, _) = until_close(&mut named).await;
+    assert!(texts[0].contains("invalid_value"), "{texts:?}");
+    assert_eq!(upgrades(), 1, "nothing went upstream");
+
+    let mut ws = fork_ws(gw.addr, "pb-owner", &parent).await.unwrap();
+    send_json(
+        &mut ws,
+        json!({"type": "session.start", "event_id": "f1", "session": {}}),
+    )
+    .await;
+    let started: Value = serde_json::from_str(&recv_text(&mut ws).await).unwrap();
+    assert_eq!(started["type"], "session.started", "{started}");
+    assert_eq!(started["session"]["model"], LIVE, "the parent's model");
+    let child = started["session"]["id"].as_str().unwrap().to_string();
+    assert_ne!(child, parent);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    send_json(&mut ws, json!({"type": "session.close"})).await;
+    let (texts, _, _) = until_close(&mut ws).await;
+    let closed = texts.iter().find(|t| kind(t) == "session.closed").unwrap();
+    let final_seconds = serde_json::from_str::<Value>(closed).unwrap()["usage"]["seconds"]
+        .as_f64()
+        .unwrap();
+    assert!(final_seconds >= 60.0, "{final_seconds}");
+    assert_eq!(
+        act(gw.addr, "pb-owner", &parent, "hangup").await.status,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+    let rows = rows_of(&gw.stdout_rows(), &child);
+    assert!(
+        (seconds(&rows) - final_seconds).abs() < 1e-6,
+        "the fork charged {} for {final_seconds}: {rows:?}",
+        seconds(&rows)
+    );
+    assert!(
+        rows.iter().all(|r| r["transport"] == "websocket"),
+        "{rows:?}"
+    );
+    assert!(rows.iter().all(|r| r["key_id"] == "owner"), "{rows:?}");
 }

@@ -1,27 +1,29 @@
-//! A client's own sideband of a GPT-Live session: `GET
-//! /v1/live/sessions/{id}/attach` (WebSocket; openai-python
-//! `resources/live/sideband.py`, `client.live.sideband.connect(session_id=…,
-//! graceful_close=…)`), the same under `/openai`.
+//! The WebSocket endpoints under a GPT-Live session's id, on the calls
+//! router (the session's owner is known there): a client's own sideband,
+//! `GET /v1/live/sessions/{id}/attach` ([`attach`]), and a WebSocket fork,
+//! `GET /v1/live/sessions/{id}/fork` ([`fork`]); the same under `/openai`.
 //!
-//! Order, all before the `101`: a WebSocket upgrade (else 400
+//! Both check, before the `101`: a WebSocket upgrade (else 400
 //! `websocket_required`); draining → 503; a Patchbay key (never a client
-//! secret: a sideband is a server's) → 401; the session's owner, or a key
+//! secret: OpenAI's Live takes none) → 401; the session's owner, or a key
 //! of its team ([`super::live::owned_route`]) → else 404
-//! `session_not_found`, nothing sent upstream; then the upstream's own
-//! `…/{id}/attach` is dialled with the route's upstream key, with the
-//! client's `graceful_close` (the only query parameter forwarded), and its
-//! refusal answered as the client's (404 as `session_not_found`, others as
-//! a calls refusal, never the upstream's body). Only an attached upstream
-//! gets the client its `101`.
+//! `session_not_found`, nothing sent upstream.
 //!
-//! The two legs are then spliced message by message: the client's frames go
-//! upstream and the upstream's to the client as they arrived (a text is
-//! never parsed: its bytes are handed on), a close on either side closes
-//! the other with the same code, and a drain closes the client with 1001
-//! (the SDK's reconnection attaches again, to another replica). Unlike the
-//! Realtime relay this one decodes frames (tokio-tungstenite on both legs):
-//! a sideband carries control events and the session's reflected input, not
-//! the primary's audio stream, and it is not on the metering path.
+//! **Attach** (openai-python `resources/live/sideband.py`,
+//! `client.live.sideband.connect(session_id=…, graceful_close=…)`): the
+//! upstream's own `…/{id}/attach` is dialled with the route's upstream key,
+//! with the client's `graceful_close` (the only query parameter forwarded),
+//! and its refusal answered as the client's (404 as `session_not_found`,
+//! others as a calls refusal, never the upstream's body). Only an attached
+//! upstream gets the client its `101`. The two legs are then spliced
+//! message by message: each side's frames go to the other as they arrived
+//! (a text is never parsed: its bytes are handed on), a close on either
+//! side closes the other with the same code, and a drain closes the client
+//! with 1001 (the SDK's reconnection attaches again, to another replica).
+//! Unlike the Realtime relay this one decodes frames (tokio-tungstenite on
+//! both legs): a sideband carries control events and the session's
+//! reflected input, not the primary's audio stream, and it is not on the
+//! metering path.
 //!
 //! **Metering.** The client's attach meters nothing: a Live WebRTC session
 //! is charged over the gateway's own sideband ([`super::sideband`]), which
@@ -30,6 +32,16 @@
 //! here too would charge each second twice. A client's `session.close`
 //! sent here ends the session, and the gateway's sideband charges its final
 //! figure as for any other end.
+//!
+//! **Fork** (`resources/live/forks.py`, `client.live.forks.connect(
+//! session_id=…)`): a new Live WebSocket session of the parent's model (the
+//! route in the parent's owner record), started by the client's
+//! `session.start` and admitted for the forking key ([`crate::live`]: its
+//! caps, budget and allow-list, before anything is dialled), dialled at the
+//! upstream's `…/{id}/fork` and metered as any Live WebSocket session.
+//! Caveat: only sessions with an owner record can be forked here: WebRTC
+//! Live sessions and their forks, not Live WebSocket sessions (whose ids
+//! the gateway does not record).
 
 use std::time::{Duration, Instant};
 
@@ -45,9 +57,12 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use crate::access::Origin;
 use crate::admission::Refusal;
 use crate::client_conn::is_websocket_upgrade;
 use crate::gateway::Gateway;
+use crate::live::{Fork, LivePending};
+use crate::session::ClientStart;
 
 use super::api::{control_key, refuse_action, CallsState};
 use super::live::{owned_route, session_not_found};
@@ -154,6 +169,48 @@ pub(super) async fn attach(
             duration_ms = started.elapsed().as_millis() as u64, "client attach ended");
     });
     answer
+}
+
+/// `GET /v1/live/sessions/{id}/fork`.
+pub(super) async fn fork(
+    State(st): State<CallsState>,
+    path: Result<Path<String>, PathRejection>,
+    mut req: Request,
+) -> Response {
+    let gw = &st.gw;
+    let started = tokio::time::Instant::now();
+    if !is_websocket_upgrade(req.method(), req.headers()) {
+        return refuse_action(gw, "fork", websocket_required());
+    }
+    let Ok(Path(parent)) = path else {
+        return refuse_action(gw, "fork", session_not_found(""));
+    };
+    if gw.sessions.is_draining() {
+        return refuse_action(gw, "fork", Refusal::draining());
+    }
+    let key = match control_key(gw, req.headers()) {
+        Ok(k) => k,
+        Err(r) => return refuse_action(gw, "fork", r),
+    };
+    let route = match owned_route(&st, &key, &parent).await {
+        Ok(r) => r,
+        Err(r) => return refuse_action(gw, "fork", r),
+    };
+    let origin = Origin {
+        path: req.uri().path().to_string(),
+        client: None,
+        trace: gw.telemetry.parent(req.headers()),
+    };
+    let pending = LivePending {
+        gateway: gw.clone(),
+        key,
+        started,
+        origin: Box::new(origin),
+        fork: Some(Box::new(Fork { parent, route })),
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    gw.tasks.spawn(pending.run(ClientStart::Hyper(on_upgrade)));
+    switching_protocols(req.headers())
 }
 
 /// Why a splice ended.
