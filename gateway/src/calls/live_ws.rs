@@ -65,8 +65,8 @@ use crate::live::{Fork, LivePending};
 use crate::session::ClientStart;
 
 use super::api::{control_key, refuse_action, CallsState};
-use super::live::{owned_route, session_not_found};
-use super::refusals::{unreachable_refusal, upstream_refusal};
+use super::live::owned_route;
+use super::refusals::{session_not_found, unreachable_refusal, upstream_refusal};
 use super::upstream::{self, UpstreamCallError};
 
 /// The query parameters of a client's attach that are forwarded upstream.

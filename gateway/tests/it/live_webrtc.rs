@@ -212,12 +212,28 @@ async fn another_keys_hangup_recording_fork_and_control_of_a_live_session_are_40
     let gw = Child::start(&sim.url(false), &extra, &[]).await;
     let id = id_of(&create(gw.addr, "pb-owner", LIVE).await);
     let content = format!("/v1/live/sessions/{id}/content");
+    // Every endpoint's 404 for the id is the same Live error.
+    let mut answers = Vec::new();
     for action in ["hangup", "refer", "reject", "accept"] {
         let a = act(gw.addr, "pb-other", &id, action).await;
-        assert_eq!(a.status, 404, "{action}: {}", a.body);
+        answers.push((action, a.status, a.json()));
     }
-    assert_eq!(get(gw.addr, "pb-other", &content).await.status, 404);
-    assert_eq!(fork(gw.addr, "pb-other", &id).await.status, 404);
+    let a = get(gw.addr, "pb-other", &content).await;
+    answers.push(("content", a.status, a.json()));
+    let a = fork(gw.addr, "pb-other", &id).await;
+    answers.push(("fork", a.status, a.json()));
+    let (status, body) = attach(gw.addr, "pb-other", &id, "").await.err().unwrap();
+    answers.push(("attach", status, body));
+    let (status, body) = fork_ws(gw.addr, "pb-other", &id).await.err().unwrap();
+    answers.push(("fork websocket", status, body));
+    for (what, status, body) in &answers {
+        assert_eq!(*status, 404, "{what}: {body}");
+        assert_eq!(body, &answers[0].2, "{what}");
+    }
+    let error = &answers[0].2["error"];
+    assert_eq!(error["code"], "session_not_found", "{error}");
+    assert_eq!(error["type"], "invalid_request_error", "{error}");
+    assert!(error["message"].as_str().unwrap().contains(&id), "{error}");
     assert!(
         sim.stats.calls.actions().is_empty(),
         "nothing went upstream"
@@ -236,6 +252,17 @@ async fn another_keys_hangup_recording_fork_and_control_of_a_live_session_are_40
     }
     let unknown = act(gw.addr, "pb-owner", "live_unknown", "hangup").await;
     assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.json()["error"]["code"], "session_not_found");
+    // A call's own 404 keeps the calls API's code.
+    let call = post(
+        gw.addr,
+        "pb-owner",
+        "/v1/realtime/calls/rtc_unknown/hangup",
+        &json!({}),
+    )
+    .await;
+    assert_eq!(call.status, 404, "{}", call.body);
+    assert_eq!(call.json()["error"]["code"], "call_not_found");
 }
 
 #[tokio::test]
