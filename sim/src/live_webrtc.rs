@@ -43,7 +43,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use crate::calls::{lock, CallAction, CallKind, CreatedCall, SimCall};
-use crate::config::SimConfig;
+use crate::config::{LiveFault, SimConfig};
 use crate::handle::SimHandle;
 use crate::wire::{short_id, SimIo};
 
@@ -308,15 +308,18 @@ pub(crate) async fn sideband(
     let closed = json!({"reason": "hangup", "session": {"id": id, "status": "active"},
                         "usage": {"seconds": billed(created, end_at, scale)}});
     seq += 1;
-    let _ = handle
-        .send_event(
-            &mut ws,
-            config.record,
-            (&id, seq),
-            "session.closed",
-            &closed,
-        )
-        .await;
+    // [`LiveFault::NoClosed`]: the sideband closes without the final figure.
+    if config.live.fault != Some(LiveFault::NoClosed) {
+        let _ = handle
+            .send_event(
+                &mut ws,
+                config.record,
+                (&id, seq),
+                "session.closed",
+                &closed,
+            )
+            .await;
+    }
     let _ = ws.close(None).await;
     // Read to the close's answer (bounded), so the close is seen.
     let _ = tokio::time::timeout(Duration::from_secs(1), async {

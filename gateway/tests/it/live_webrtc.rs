@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::*;
-use patchbay_sim::{LiveSim, SimConfig, SimHandle};
+use patchbay_sim::{LiveFault, LiveSim, SimConfig, SimHandle};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Error as WsError;
@@ -511,4 +511,146 @@ async fn a_websocket_fork_is_a_new_session_of_the_parents_model_admitted_for_the
         "{rows:?}"
     );
     assert!(rows.iter().all(|r| r["key_id"] == "owner"), "{rows:?}");
+}
+
+/// How a gateway-ended WebRTC Live session ended: the rows of the session,
+/// the simulator's bill, and how long after the create the gateway's hangup
+/// reached the simulator.
+struct HungUp {
+    rows: Vec<Value>,
+    billed: f64,
+    after: Duration,
+}
+
+/// A session of `key` (in `keys`) on a gateway with `extra` config, ended by
+/// the gateway once `meanwhile` has done its part; fails unless the gateway
+/// hangs it up with the upstream key.
+async fn hung_up_by_the_gateway<F, Fut>(keys: &str, extra: &str, meanwhile: F) -> HungUp
+where
+    F: FnOnce(std::path::PathBuf) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let sim = live_sim().await;
+    let keys = TempFile::new("keys.toml", keys);
+    let config = format!(
+        "{}{extra}[keys]\nfile = \"{}\"\n",
+        live_config(&sim),
+        keys.0.display()
+    );
+    let mut gw = Child::start(&sim.url(false), &config, &[]).await;
+    let began = tokio::time::Instant::now();
+    let id = id_of(&create(gw.addr, "pb-live", LIVE).await);
+    meanwhile(keys.0.clone()).await;
+    let hung_up = || {
+        sim.stats
+            .calls
+            .actions()
+            .iter()
+            .any(|a| a.call_id == id && a.action == "hangup" && a.key == UPSTREAM_KEY)
+    };
+    assert!(eventually(hung_up).await, "the gateway hung the session up");
+    let after = began.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+    HungUp {
+        rows: rows_of(&gw.stdout_rows(), &id),
+        billed: sim.stats.live_seconds.load(Ordering::Relaxed) as f64,
+        after,
+    }
+}
+
+/// The final row of a session the gateway hung up for `reason`: charged
+/// the upstream's own final figure (read from `session.closed`), not an
+/// estimate.
+fn charged_final_row(h: &HungUp, reason: &str) {
+    let last = h.rows.last().expect("rows");
+    assert_eq!(last["end_reason"], reason, "{:?}", h.rows);
+    assert_eq!(last["usage_estimated"], false, "{:?}", h.rows);
+    assert!(h.billed > 0.0);
+    assert!(
+        (seconds(&h.rows) - h.billed).abs() < 1e-6,
+        "charged {} for {}: {:?}",
+        seconds(&h.rows),
+        h.billed,
+        h.rows
+    );
+}
+
+#[tokio::test]
+async fn a_budget_spent_mid_session_hangs_a_live_webrtc_session_up_within_a_window() {
+    // $0.02 is 24 billed seconds: under half a real second here.
+    let keys = key_entry("live", "pb-live", "budget_usd = 0.02");
+    let h = hung_up_by_the_gateway(&keys, "", |_| async {}).await;
+    assert!(
+        h.after < Duration::from_millis(3000),
+        "within a window of running out: {:?}",
+        h.after
+    );
+    charged_final_row(&h, "budget_exhausted");
+    assert!(h.billed >= 24.0, "{}", h.billed);
+}
+
+#[tokio::test]
+async fn a_revoked_key_hangs_its_live_webrtc_session_up_with_a_charged_final_row() {
+    let keys = key_entry("live", "pb-live", "") + &key_entry("stays", "pb-stays", "");
+    let h = hung_up_by_the_gateway(&keys, "", |file| async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(file, key_entry("stays", "pb-stays", "")).unwrap();
+    })
+    .await;
+    charged_final_row(&h, "key_revoked");
+    assert_eq!(h.rows.last().unwrap()["key_id"], "live");
+}
+
+#[tokio::test]
+async fn max_session_secs_hangs_a_live_webrtc_session_up_with_a_charged_final_row() {
+    let keys = key_entry("live", "pb-live", "");
+    let h = hung_up_by_the_gateway(&keys, "[relay]\nmax_session_secs = 2\n", |_| async {}).await;
+    assert!(
+        h.after >= Duration::from_secs(2) && h.after < Duration::from_secs(4),
+        "{:?}",
+        h.after
+    );
+    charged_final_row(&h, "max_session_duration");
+}
+
+#[tokio::test]
+async fn a_live_webrtc_session_whose_sideband_closes_without_session_closed_is_charged_an_estimate()
+{
+    let sim = sim(SimConfig {
+        live: LiveSim {
+            usage_interval: Duration::from_millis(50),
+            time_scale: 1.0,
+            fault: Some(LiveFault::NoClosed),
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let mut gw = Child::start(&sim.url(false), &live_config(&sim), &[]).await;
+    let id = id_of(&create(gw.addr, CLIENT_KEY, LIVE).await);
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    assert_eq!(act(gw.addr, CLIENT_KEY, &id, "hangup").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+    let rows = rows_of(&gw.stdout_rows(), &id);
+    let billed = sim.stats.live_seconds.load(Ordering::Relaxed) as f64;
+    assert_eq!(billed, 2.0, "the upstream's own figure");
+    let last = rows.last().expect("rows");
+    assert_eq!(last["usage_estimated"], true, "{rows:?}");
+    assert!(
+        rows.iter()
+            .rev()
+            .skip(1)
+            .all(|r| r["usage_estimated"] == false),
+        "only the last row is an estimate: {rows:?}"
+    );
+    // The last figure seen (2 s, reported within 50 ms of the end) plus
+    // the time since it: never below the figure, never $0.
+    let charged = seconds(&rows);
+    assert!(
+        (2.0..2.5).contains(&charged),
+        "charged {charged} for a last figure of 2: {rows:?}"
+    );
 }
