@@ -285,9 +285,8 @@ async fn not_found(State(gw): State<Arc<Gateway>>, uri: http::Uri) -> ApiError {
     ApiError(r)
 }
 
-/// The 404 for `path`: a GPT-Live endpoint the gateway does not serve (the
-/// client's own sideband WebSocket, `…/{id}/attach`, and the WebSocket
-/// fork) is named as not served.
+/// The 404 for `path`: a path under OpenAI's Live API that is none of its
+/// endpoints is named as not served, with those it serves.
 fn not_found_for(path: &str) -> Refusal {
     let live = ["/v1/live/", "/openai/v1/live/"]
         .iter()
@@ -298,7 +297,7 @@ fn not_found_for(path: &str) -> Refusal {
             "invalid_request_error",
             "live_endpoint_not_served",
             format!(
-                "{path} is not served by this gateway: of OpenAI's Live API it serves the primary WebSocket (GET /v1/live/sessions, the model in session.start), the WebRTC create (POST /v1/live/sessions), POST …/{{id}}/fork, GET …/{{id}}/content and …/{{id}}/accept|hangup|refer|reject"
+                "{path} is not served by this gateway: of OpenAI's Live API it serves the primary WebSocket (GET /v1/live/sessions, the model in session.start), the WebRTC create (POST /v1/live/sessions), POST …/{{id}}/fork, GET …/{{id}}/content, …/{{id}}/accept|hangup|refer|reject and the WebSockets GET …/{{id}}/attach and GET …/{{id}}/fork"
             ),
         );
     }
@@ -318,8 +317,8 @@ mod tests {
     fn live_endpoints_not_served_say_so_and_others_name_what_is() {
         for p in [
             "/v1/live/realtime",
-            "/v1/live/sessions/live_1/attach",
-            "/openai/v1/live/sessions/x/attach",
+            "/v1/live/sessions/live_1/attach/more",
+            "/openai/v1/live/other",
         ] {
             let r = not_found_for(p);
             assert_eq!(

@@ -29,7 +29,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
-use http::HeaderMap;
+use http::{header, HeaderMap, Method};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -312,6 +312,23 @@ pub fn response(status: http::StatusCode, headers: &HeaderMap, body: &[u8]) -> V
     out.extend_from_slice(b"\r\n\r\n");
     out.extend_from_slice(body);
     out
+}
+
+/// A WebSocket handshake request (RFC 6455 §4.2.1), by its method and
+/// headers.
+pub fn is_websocket_upgrade(method: &Method, headers: &HeaderMap) -> bool {
+    let has_token = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+                .unwrap_or(false)
+        })
+    };
+    method == Method::GET
+        && has_token(header::CONNECTION, "upgrade")
+        && has_token(header::UPGRADE, "websocket")
+        && headers.get(header::SEC_WEBSOCKET_VERSION) == Some(&HeaderValue::from_static("13"))
+        && headers.contains_key(header::SEC_WEBSOCKET_KEY)
 }
 
 #[cfg(test)]

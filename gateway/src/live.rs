@@ -24,6 +24,13 @@
 //! SDK expects this: "A successful upgrade can still be followed by an
 //! admission error" (`resources/live/live.py`).
 //!
+//! A WebSocket fork (`GET /v1/live/sessions/{id}/fork`, openai-python
+//! `resources/live/forks.py`) starts the same way once its parent's owner
+//! was checked before the `101` ([`Fork`], by the calls routes): its
+//! `session.start` names no model (one that does is `invalid_value`), the
+//! route is the parent's, and the admission is the forking key's. It is
+//! then a Live WebSocket session like any other, metered the same way.
+//!
 //! An admitted session is dialled fresh (no pooled socket can carry the
 //! start), its `session.start` sent upstream with the route's upstream
 //! model, and `session.started` is its first event
@@ -40,13 +47,13 @@ use crate::access::{self, Origin};
 use crate::admission::Refusal;
 use crate::auth::KeyEntry;
 use crate::config::Endpoint;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Route};
 use crate::http_error::count_refusal;
 use crate::relay::client_text::unmasked;
 use crate::relay::frame::FrameRole;
 use crate::session::{
     end_before_session, going_away, next_client_data, open_client, ClientSocket, ClientStart,
-    Session,
+    LiveStart, Session,
 };
 
 /// A Live upgrade that passed the checks before the `101`.
@@ -56,12 +63,23 @@ pub struct LivePending {
     /// When the upgrade request arrived.
     pub started: Instant,
     pub origin: Box<Origin>,
+    /// A WebSocket fork (`GET …/{id}/fork`): the parent and its route.
+    pub fork: Option<Box<Fork>>,
+}
+
+/// The parent of a WebSocket fork, whose owner the forking key is (checked
+/// before the `101`), and the route of its model, which the fork inherits.
+#[derive(Debug)]
+pub struct Fork {
+    pub parent: String,
+    pub route: Arc<Route>,
 }
 
 /// What the first event asked for.
 struct Start {
     event: Value,
-    model: String,
+    /// The model named (never, for a fork's start).
+    model: Option<String>,
     event_id: Option<String>,
 }
 
@@ -135,7 +153,7 @@ impl LivePending {
             }
         );
         let started = if whole {
-            read_start(&unmasked(&first))
+            read_start(&unmasked(&first), self.fork.is_some())
         } else {
             Err(Box::new(Refused::new(not_started(
                 "send session.start first, as one text message",
@@ -161,12 +179,17 @@ impl LivePending {
             model,
             event_id: start.event_id.clone(),
         };
-        let Some(route) = gw.route(&start.model).cloned() else {
+        let model = start.model.as_deref().unwrap_or_default();
+        let route = match &self.fork {
+            Some(f) => Some(f.route.clone()),
+            None => gw.route(model).cloned(),
+        };
+        let Some(route) = route else {
             let r = Refusal::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 "model_not_found",
-                format!("the model '{}' is not served by this gateway", start.model),
+                format!("the model '{model}' is not served by this gateway"),
             )
             .with_param("session.model");
             return Err(refused(r, None));
@@ -203,7 +226,10 @@ impl LivePending {
             params: Vec::new(),
             started: self.started,
             origin: self.origin.clone(),
-            live_start: Some(Box::new(start.event.clone())),
+            live_start: Some(Box::new(LiveStart {
+                event: start.event.clone(),
+                fork_of: self.fork.as_ref().map(|f| f.parent.clone()),
+            })),
         })
     }
 
@@ -273,8 +299,10 @@ fn not_started(message: &str) -> Refusal {
     )
 }
 
-/// The first event: a `session.start` naming its model.
-fn read_start(text: &[u8]) -> Result<Start, Box<Refused>> {
+/// The first event: a `session.start` naming its model, or for a fork
+/// (`fork`) naming none (openai-python `fork_session_start_event_param.py`:
+/// "do not supply a new model").
+fn read_start(text: &[u8], fork: bool) -> Result<Start, Box<Refused>> {
     let Ok(event) = serde_json::from_slice::<Value>(text) else {
         let r = Refusal::new(
             StatusCode::BAD_REQUEST,
@@ -306,16 +334,29 @@ fn read_start(text: &[u8]) -> Result<Start, Box<Refused>> {
         .and_then(Value::as_str)
         .filter(|m| !m.is_empty())
         .map(str::to_string);
-    let Some(model) = model else {
-        let r = Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "missing_required_parameter",
-            "missing required parameter: 'session.model'",
-        )
-        .with_param("session.model");
-        return Err(with_id(r));
-    };
+    match (&model, fork) {
+        (None, false) => {
+            let r = Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "missing_required_parameter",
+                "missing required parameter: 'session.model'",
+            )
+            .with_param("session.model");
+            return Err(with_id(r));
+        }
+        (Some(_), true) => {
+            let r = Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_value",
+                "a fork inherits its parent's model: send session.start without session.model",
+            )
+            .with_param("session.model");
+            return Err(with_id(r));
+        }
+        _ => {}
+    }
     Ok(Start {
         event,
         model,
@@ -348,14 +389,19 @@ mod tests {
     fn the_first_event_must_be_a_session_start_naming_a_model() {
         let s = read_start(
             br#"{"type":"session.start","event_id":"e1","session":{"model":"gpt-live-1"}}"#,
+            false,
         )
         .ok()
         .unwrap();
         assert_eq!(
-            (s.model.as_str(), s.event_id.as_deref()),
-            ("gpt-live-1", Some("e1"))
+            (s.model.as_deref(), s.event_id.as_deref()),
+            (Some("gpt-live-1"), Some("e1"))
         );
-        let code = |t: &[u8]| read_start(t).err().map(|r| (r.refusal.code, r.event_id));
+        let code = |t: &[u8]| {
+            read_start(t, false)
+                .err()
+                .map(|r| (r.refusal.code, r.event_id))
+        };
         assert_eq!(code(b"nope"), Some(("invalid_json", None)));
         assert_eq!(
             code(br#"{"type":"session.update","event_id":"e2","session":{}}"#),
@@ -368,6 +414,24 @@ mod tests {
         assert_eq!(
             code(br#"{"type":"session.start","session":{"model":5}}"#),
             Some(("missing_required_parameter", None))
+        );
+    }
+
+    #[test]
+    fn a_forks_first_event_is_a_session_start_naming_no_model() {
+        let fork = |t: &[u8]| {
+            read_start(t, true)
+                .map(|s| s.model)
+                .map_err(|r| r.refusal.code)
+        };
+        assert_eq!(fork(br#"{"type":"session.start","session":{}}"#), Ok(None));
+        assert_eq!(
+            fork(br#"{"type":"session.start","session":{"model":"gpt-live-1"}}"#),
+            Err("invalid_value")
+        );
+        assert_eq!(
+            fork(br#"{"type":"session.update","session":{}}"#),
+            Err("session_not_started")
         );
     }
 

@@ -61,7 +61,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use crate::access::{self, Origin};
 use crate::admission::Refusal;
 use crate::auth::{presented_key, SUBPROTOCOL_REALTIME};
-use crate::client_conn::{self, First};
+use crate::client_conn::{self, is_websocket_upgrade, First};
 use crate::client_secret::is_client_secret;
 use crate::client_tls::ClientTls;
 use crate::config::{Endpoint, Protocol};
@@ -410,23 +410,6 @@ pub async fn serve_admin(listener: TcpListener, gw: Arc<Gateway>) {
     }
 }
 
-/// A WebSocket handshake request (RFC 6455 §4.2.1), by its method and
-/// headers.
-fn is_websocket_upgrade(method: &Method, headers: &HeaderMap) -> bool {
-    let has_token = |name: header::HeaderName, token: &str| {
-        headers.get_all(name).iter().any(|v| {
-            v.to_str()
-                .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-                .unwrap_or(false)
-        })
-    };
-    method == Method::GET
-        && has_token(header::CONNECTION, "upgrade")
-        && has_token(header::UPGRADE, "websocket")
-        && headers.get(header::SEC_WEBSOCKET_VERSION) == Some(&HeaderValue::from_static("13"))
-        && headers.contains_key(header::SEC_WEBSOCKET_KEY)
-}
-
 /// An upgrade that passed every check: its session, ready to run, and what
 /// its `101` says.
 struct Accepted {
@@ -690,6 +673,7 @@ async fn admit_upgrade(
                 client: refused.client,
                 trace: gw.telemetry.parent(headers),
             }),
+            fork: None,
         };
         return Ok(Accepted {
             session: Upgrade::Live(pending),

@@ -251,10 +251,18 @@ pub struct Session {
     /// Its path and client, for the access line at its end (boxed: the
     /// session's future stays small).
     pub origin: Box<crate::access::Origin>,
-    /// A Live session's `session.start` as the client sent it (parsed),
-    /// sent upstream by the dial with the upstream's model; such a session
-    /// takes no pooled socket.
-    pub live_start: Option<Box<serde_json::Value>>,
+    /// A Live session's start; such a session takes no pooled socket.
+    pub live_start: Option<Box<LiveStart>>,
+}
+
+/// A Live session's `session.start` as the client sent it (parsed): sent
+/// upstream by the dial with the upstream's model, or, for a WebSocket fork
+/// of `fork_of`, as sent (a fork inherits its parent's model) to the
+/// upstream's `…/{fork_of}/fork`.
+#[derive(Debug)]
+pub struct LiveStart {
+    pub event: serde_json::Value,
+    pub fork_of: Option<String>,
 }
 
 /// What the set-up hands the splice: the client, the upstream chosen (its
@@ -473,11 +481,19 @@ impl Session {
                 None => {
                     let dial_started = Instant::now();
                     let dial = pin!(async {
-                        match &self.live_start {
-                            Some(start) => {
+                        match self.live_start.as_deref() {
+                            Some(LiveStart {
+                                event,
+                                fork_of: Some(parent),
+                            }) => {
+                                up.upstream
+                                    .dial_live(Some(parent), &event.to_string())
+                                    .await
+                            }
+                            Some(LiveStart { event, .. }) => {
                                 let model = up.config.upstream_model(&route.config);
-                                match crate::metering::live::with_model(start, model) {
-                                    Some(text) => up.upstream.dial_live(&text).await,
+                                match crate::metering::live::with_model(event, model) {
+                                    Some(text) => up.upstream.dial_live(None, &text).await,
                                     None => Err(DialError::Handshake {
                                         message: "session.start has no session object".into(),
                                     }),

@@ -156,6 +156,15 @@ impl SimCalls {
     }
 
     /// Whether a Live session's sideband can attach: the session is up.
+    /// The model of a Live WebRTC session (ended or not: a stored session
+    /// can be forked).
+    pub(crate) fn live_model(&self, id: &str) -> Option<String> {
+        lock(&self.calls)
+            .get(id)
+            .filter(|c| c.kind == CallKind::Live)
+            .and_then(|c| c.model.clone())
+    }
+
     pub(crate) fn live_up(&self, id: &str) -> bool {
         if self.refuse_sidebands.load(Ordering::Relaxed) {
             return false;

@@ -93,7 +93,8 @@ pub enum LiveFault {
     UsageRepeated,
     /// Reports go out in pairs, the newer figure first.
     UsageReordered,
-    /// `session.close` closes the socket without `session.closed`.
+    /// `session.close` closes the socket without `session.closed` (a WebRTC
+    /// session's sideband, once the session ends, likewise).
     NoClosed,
 }
 

@@ -27,7 +27,11 @@
 //!   `session.closed` (`session_closed_event.py`: `reason:
 //!   "close_requested"`, the final `session`, the final cumulative `usage`),
 //!   then a close 1000;
-//! - other events are accepted silently (the simulator keeps no model).
+//! - other events are accepted silently (the simulator keeps no model);
+//! - a WebSocket fork (`GET …/sessions/{id}/fork` of a known Live session,
+//!   `resources/live/forks.py`) is a new session that inherits the
+//!   parent's model: its `session.start` names none (one that does is
+//!   answered `invalid_value`).
 //!
 //! What the simulated upstream bills is the final cumulative figure of each
 //! session, added to [`crate::SimStats::live_seconds`] when it ends however
@@ -84,6 +88,10 @@ pub(crate) struct Live {
     /// A report held back to be sent after the next one
     /// ([`LiveFault::UsageReordered`]).
     held: Option<u64>,
+    /// A WebSocket fork's model, the parent's: its `session.start` names
+    /// none (`fork_session_start_event_param.py`: "do not supply a new
+    /// model").
+    inherited: Option<String>,
 }
 
 impl Live {
@@ -97,7 +105,14 @@ impl Live {
             started: Instant::now(),
             reports: 0,
             held: None,
+            inherited: None,
         }
+    }
+
+    /// A fork of a session of `model` (`None`: not a fork).
+    pub(crate) fn forked_from(mut self, model: Option<String>) -> Self {
+        self.inherited = model;
+        self
     }
 
     /// The cumulative billed seconds so far, in whole seconds.
@@ -295,9 +310,33 @@ impl Live {
     }
 
     async fn start(&mut self, ws: &mut Ws, event: &Value, event_id: Option<&str>) -> bool {
-        let session = event.get("session").cloned().unwrap_or(Value::Null);
+        let mut session = event.get("session").cloned().unwrap_or(Value::Null);
         let model = session.get("model").and_then(Value::as_str).unwrap_or("");
-        if model.is_empty() {
+        if let Some(inherited) = &self.inherited {
+            if !model.is_empty() {
+                return self
+                    .error(
+                        ws,
+                        "invalid_value",
+                        Some("session.model"),
+                        "A fork inherits its model; do not supply one.",
+                        event_id,
+                    )
+                    .await;
+            }
+            let Some(o) = session.as_object_mut() else {
+                return self
+                    .error(
+                        ws,
+                        "missing_required_parameter",
+                        Some("session"),
+                        "Missing required parameter: 'session'.",
+                        event_id,
+                    )
+                    .await;
+            };
+            o.insert("model".into(), json!(inherited));
+        } else if model.is_empty() {
             return self
                 .error(
                     ws,

@@ -43,7 +43,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use crate::calls::{lock, CallAction, CallKind, CreatedCall, SimCall};
-use crate::config::SimConfig;
+use crate::config::{LiveFault, SimConfig};
 use crate::handle::SimHandle;
 use crate::wire::{short_id, SimIo};
 
@@ -81,6 +81,13 @@ pub(crate) fn live_rest(path: &str) -> Option<&str> {
 pub(crate) fn attach_id(path: &str) -> Option<String> {
     let rest = live_rest(path)?.strip_prefix('/')?;
     let id = rest.strip_suffix("/attach")?;
+    (!id.is_empty() && !id.contains('/')).then(|| id.to_string())
+}
+
+/// The parent session id of a WebSocket fork path (`…/sessions/{id}/fork`).
+pub(crate) fn fork_id(path: &str) -> Option<String> {
+    let rest = live_rest(path)?.strip_prefix('/')?;
+    let id = rest.strip_suffix("/fork")?;
     (!id.is_empty() && !id.contains('/')).then(|| id.to_string())
 }
 
@@ -242,6 +249,15 @@ fn create(
     )
 }
 
+/// Whether a client event is `session.close`.
+fn is_close(text: &str) -> bool {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
+        .as_deref()
+        == Some("session.close")
+}
+
 /// One sideband of a live session: usage reports until the session ends,
 /// then `session.closed` and the close.
 pub(crate) async fn sideband(
@@ -277,6 +293,10 @@ pub(crate) async fn sideband(
                     let _ = ws.close(None).await;
                     return;
                 }
+                // `session.close` on a sideband ends the session
+                // (`sideband.py`, `session.close`): every sideband then
+                // gets `session.closed`.
+                Some(Ok(Message::Text(t))) if is_close(&t) => end(&id, config, &handle),
                 Some(Ok(_)) => {}
             },
         }
@@ -288,15 +308,18 @@ pub(crate) async fn sideband(
     let closed = json!({"reason": "hangup", "session": {"id": id, "status": "active"},
                         "usage": {"seconds": billed(created, end_at, scale)}});
     seq += 1;
-    let _ = handle
-        .send_event(
-            &mut ws,
-            config.record,
-            (&id, seq),
-            "session.closed",
-            &closed,
-        )
-        .await;
+    // [`LiveFault::NoClosed`]: the sideband closes without the final figure.
+    if config.live.fault != Some(LiveFault::NoClosed) {
+        let _ = handle
+            .send_event(
+                &mut ws,
+                config.record,
+                (&id, seq),
+                "session.closed",
+                &closed,
+            )
+            .await;
+    }
     let _ = ws.close(None).await;
     // Read to the close's answer (bounded), so the close is seen.
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
@@ -326,6 +349,11 @@ mod tests {
         );
         assert_eq!(attach_id("/v1/live/sessions"), None);
         assert_eq!(attach_id("/v1/live/sessions/a/b/attach"), None);
+        assert_eq!(
+            fork_id("/v1/live/sessions/live_1/fork").as_deref(),
+            Some("live_1")
+        );
+        assert_eq!(fork_id("/v1/live/sessions/live_1/attach"), None);
         assert_eq!(live_rest("/v1/live/sessions/a/hangup"), Some("/a/hangup"));
     }
 

@@ -95,6 +95,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
     let mut translation = None;
     let mut live = false;
     let mut live_attach = None;
+    let mut live_fork = None;
     let mut call = None;
     let mut slot = false;
     let check = UpgradeCheck {
@@ -105,6 +106,7 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
         translation: &mut translation,
         live: &mut live,
         live_attach: &mut live_attach,
+        live_fork: &mut live_fork,
         call: &mut call,
         slot: &mut slot,
     };
@@ -126,7 +128,10 @@ async fn connection(tcp: TcpStream, config: Arc<SimConfig>, handle: SimHandle) {
                 return;
             }
             if live {
-                Live::new(config, handle.clone()).run(ws).await;
+                Live::new(config, handle.clone())
+                    .forked_from(live_fork)
+                    .run(ws)
+                    .await;
                 handle.stats.sessions_active.fetch_sub(1, Ordering::Relaxed);
                 if slot {
                     handle.stats.limited.fetch_sub(1, Ordering::Relaxed);

@@ -28,6 +28,9 @@ pub(crate) struct UpgradeCheck<'a> {
     pub(crate) live: &'a mut bool,
     /// A Live WebRTC session's sideband (`…/live/sessions/{id}/attach`).
     pub(crate) live_attach: &'a mut Option<String>,
+    /// A WebSocket fork of a Live session (`…/live/sessions/{id}/fork`):
+    /// the parent's model, which the fork inherits.
+    pub(crate) live_fork: &'a mut Option<String>,
     /// The call a sideband (`?call_id=`) attached to.
     pub(crate) call: &'a mut Option<(String, CancellationToken)>,
     /// Set when the upgrade took a [`SimFault::SessionLimit`] slot.
@@ -89,7 +92,8 @@ impl Callback for UpgradeCheck<'_> {
         let live = req.uri().path().ends_with(crate::live::LIVE_PATH_SUFFIX);
         *self.live = live;
         let attach = crate::live_webrtc::attach_id(req.uri().path());
-        let live = live || attach.is_some();
+        let fork = crate::live_webrtc::fork_id(req.uri().path());
+        let live = live || attach.is_some() || fork.is_some();
         if live {
             // Nothing in the URL to check.
         } else if req.uri().path().ends_with("/realtime/translations") {
@@ -144,6 +148,17 @@ impl Callback for UpgradeCheck<'_> {
             }
             *self.live = false;
             *self.live_attach = Some(id);
+        }
+        if let Some(id) = fork {
+            let Some(model) = self.stats.calls.live_model(&id) else {
+                return Err(refusal_coded(
+                    404,
+                    "session_not_found",
+                    "Live session not found",
+                ));
+            };
+            *self.live = true;
+            *self.live_fork = Some(model);
         }
         if let Some(id) = call_id {
             match self.stats.calls.attach(&id, self.translation.is_some()) {

@@ -27,7 +27,12 @@ answer and a session id; another key's `live.sessions.hangup`,
 `download_recording` and `fork` are 404; the owner forks it (a new
 session) and downloads its recording, and its hangup ends both, whose
 rows (metered over the gateway's `/attach` sideband) charge exactly the
-simulator's seconds.
+simulator's seconds. `client.live.sideband.connect(session_id=…)` attaches
+the owner to that session through the gateway (another key's attach and
+WebSocket fork are 404), `client.live.forks.connect(session_id=…)` forks
+it over WebSocket (the parent's model, its own rows), and the attach's
+`session.close` ends the session, charged once over the gateway's own
+sideband.
 
 Starts `patchbay-gateway sim` and `patchbay-gateway serve` (the binary given
 as argv[1]) on free 127.0.0.1 ports, waits for /readyz, then drives one
@@ -439,6 +444,67 @@ def check_live_webrtc(http_base: str, sim_base: str, rows_file: str) -> None:
     assert charged >= 60, got
 
 
+def refused_404(connect) -> None:
+    """`connect` (an SDK WebSocket manager) is refused with 404."""
+    try:
+        with connect():
+            pass
+    except Exception as e:  # the websockets library's InvalidStatus
+        response = getattr(e, "response", None)
+        assert getattr(response, "status_code", None) == 404, repr(e)
+        return
+    raise AssertionError("the upgrade was accepted")
+
+
+def check_live_attach_and_ws_fork(http_base: str, ws_base: str, rows_file: str) -> None:
+    owner = OpenAI(api_key=CALLS_KEY, base_url=http_base, websocket_base_url=ws_base, max_retries=0)
+    other = OpenAI(api_key=OTHER_KEY, base_url=http_base, websocket_base_url=ws_base, max_retries=0)
+    sid = owner.live.create(
+        session={"model": LIVE, "instructions": "Answer briefly."},
+        transport={"type": "webrtc", "sdp": OFFER},
+    ).session.id
+    refused_404(lambda: other.live.sideband.connect(session_id=sid))
+    refused_404(lambda: other.live.forks.connect(session_id=sid))
+    with owner.live.sideband.connect(session_id=sid, graceful_close=True) as side:
+        event = side.recv()
+        assert event.type == "session.usage.updated", event
+        # A WebSocket fork of it: the parent's model, metered on its own.
+        with owner.live.forks.connect(session_id=sid) as fork:
+            fork.session.start(session={}, event_id="fork-1")
+            started = fork.recv()
+            assert started.type == "session.started", started
+            assert started.session.model == LIVE, started.session
+            fork_id = started.session.id
+            time.sleep(1.0)
+            fork.session.close()
+            fork_final = None
+            for event in fork:
+                if event.type == "session.closed":
+                    fork_final = event.usage.seconds
+                    break
+        assert fork_final is not None and fork_final >= 60, fork_final
+        # The attach's session.close ends the parent.
+        side.session.close()
+        final = None
+        for event in side:
+            if event.type == "session.closed":
+                final = event.usage.seconds
+                break
+        assert final is not None and final > 0, final
+
+    def rows():
+        got = {s: [r for r in read_rows(rows_file) if r.get("live_session_id") == s] for s in (sid, fork_id)}
+        done = got[sid] and got[sid][-1]["end_reason"] == "session_closed"
+        fork_charged = sum(r["audio_seconds"] for r in got[fork_id])
+        return got if done and abs(fork_charged - fork_final) < 1e-6 else None
+
+    got = wait_for("the attached session's and the fork's rows", rows)
+    # Charged once, over the gateway's own sideband, with a client attached.
+    assert abs(sum(r["audio_seconds"] for r in got[sid]) - final) < 1e-6, (final, got[sid])
+    assert all(r["transport"] == "webrtc" for r in got[sid]), got[sid]
+    assert all(r["transport"] == "websocket" and r["key_id"] == "calls-a" for r in got[fork_id]), got[fork_id]
+
+
 def read_rows(rows_file: str) -> list:
     out = []
     with open(rows_file) as f:
@@ -608,6 +674,10 @@ def main() -> int:
             (
                 "client.live.create(): owner-only hangup, recording and fork, metered over the sideband",
                 lambda: check_live_webrtc(http_base, sim_base, rows_file),
+            ),
+            (
+                "client.live.sideband.connect() and client.live.forks.connect(): owner only, charged once",
+                lambda: check_live_attach_and_ws_fork(http_base, base, rows_file),
             ),
         ]
         for name, check in checks:

@@ -61,8 +61,8 @@ use super::fleet::{unix_ms, CallFleet, CallRecord, ADOPT_POLL, CLAIM_GRACE};
 use super::offer::{self, OfferError};
 use super::ownership::{decide, Decision, Owner, Owners};
 use super::refusals::{
-    bad_request, call_not_found, calls_store_unavailable, held_refusal, offer_refusal,
-    route_refusal, unreachable_refusal, upstream_refusal,
+    bad_request, calls_store_unavailable, held_refusal, not_found, offer_refusal, route_refusal,
+    unreachable_refusal, upstream_refusal, upstream_refusal_for,
 };
 use super::sideband::{self, Call};
 use super::upstream::{self, call_id_from_location, upstream_session, Answer};
@@ -486,7 +486,7 @@ pub(super) async fn act_at(
         return refuse_action(gw, &action, r);
     }
     if call_id_from_location(&call_id).as_deref() != Some(call_id.as_str()) {
-        return refuse_action(gw, &action, call_not_found(&call_id));
+        return refuse_action(gw, &action, not_found(endpoint, &call_id));
     }
     let body = match read_body(gw, body).await {
         Ok(b) => b,
@@ -516,7 +516,7 @@ pub(super) async fn act_at(
                 .iter()
                 .find(|r| r.config.endpoint == endpoint && upstream::calls_url(&r.config).is_ok())
             else {
-                return refuse_action(gw, &action, call_not_found(&call_id));
+                return refuse_action(gw, &action, not_found(endpoint, &call_id));
             };
             forward(gw, &route.clone(), &call_id, &action, &headers, body).await
         }
@@ -527,7 +527,7 @@ pub(super) async fn act_at(
             };
             if route.config.endpoint != endpoint {
                 // Controlled at the path it was created at only.
-                return refuse_action(gw, &action, call_not_found(&call_id));
+                return refuse_action(gw, &action, not_found(endpoint, &call_id));
             }
             let answer = forward(gw, &route, &call_id, &action, &headers, body).await;
             if answer.status().is_success() && ["hangup", "reject"].contains(&action.as_str()) {
@@ -536,7 +536,7 @@ pub(super) async fn act_at(
             }
             answer
         }
-        held => refuse_action(gw, &action, held_refusal(&held, &call_id)),
+        held => refuse_action(gw, &action, held_refusal(&held, &call_id, endpoint)),
     }
 }
 
@@ -580,7 +580,11 @@ async fn forward(
             tracing::info!(call_id, action, model = %model, "call action forwarded");
             relay_answer(a, None)
         }
-        Ok(a) => refuse_action(gw, action, upstream_refusal(a.status)),
+        Ok(a) => refuse_action(
+            gw,
+            action,
+            upstream_refusal_for(route.config.endpoint, call_id, a.status),
+        ),
         Err(e) => refuse_action(gw, action, unreachable_refusal(&e)),
     }
 }
@@ -662,7 +666,9 @@ async fn accept(st: &CallsState, key: KeyEntry, at: Accepting<'_>) -> Response {
     let claim = match claim::claim(&st.owners, st.fleet.as_ref(), &key, &route, call_id, ttl).await
     {
         Ok(c) => c,
-        Err(Lost::Held(d)) => return refuse(gw, &model, held_refusal(&d, call_id)),
+        Err(Lost::Held(d)) => {
+            return refuse(gw, &model, held_refusal(&d, call_id, endpoint));
+        }
         Err(Lost::StoreUnavailable) => return refuse(gw, &model, calls_store_unavailable()),
     };
     let session_id = crate::ids::short_id();
@@ -689,7 +695,8 @@ async fn accept(st: &CallsState, key: KeyEntry, at: Accepting<'_>) -> Response {
         };
     if !answer.status.is_success() {
         claim.release().await;
-        return refuse(gw, &model, upstream_refusal(answer.status));
+        let r = upstream_refusal_for(endpoint, call_id, answer.status);
+        return refuse(gw, &model, r);
     }
     start_call(
         st,

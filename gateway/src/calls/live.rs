@@ -51,23 +51,15 @@ use super::api::{
     start_call, wrong_endpoint, CallsState,
 };
 use super::ownership::may_act;
-use super::refusals::{bad_request, route_refusal, unreachable_refusal, upstream_refusal};
+use super::refusals::{
+    bad_request, route_refusal, session_not_found, unreachable_refusal, upstream_refusal,
+};
 use super::sideband::Call;
 use super::upstream::{self, call_id_from_location};
 use super::Transport;
 
 /// The Live sessions collection, OpenAI's path and Azure GA's.
 pub const LIVE_SESSIONS_PATHS: [&str; 2] = crate::session::LIVE_PATHS;
-
-/// `404 session_not_found`: a Live session unknown to this key.
-fn session_not_found(id: &str) -> Refusal {
-    Refusal::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "session_not_found",
-        format!("no Live session '{id}' for this API key"),
-    )
-}
 
 /// A create's or fork's body: a JSON object whose `transport` is WebRTC
 /// with an offer (`live_create_params.py`, `session_fork_params.py`).
@@ -252,7 +244,11 @@ async fn open(st: &CallsState, o: Opening, req: Map<String, Value>) -> Response 
 }
 
 /// The owner's route for `id` (`Err`: the answer, a 404 for anyone else).
-async fn owned_route(st: &CallsState, key: &KeyEntry, id: &str) -> Result<Arc<Route>, Refusal> {
+pub(super) async fn owned_route(
+    st: &CallsState,
+    key: &KeyEntry,
+    id: &str,
+) -> Result<Arc<Route>, Refusal> {
     if call_id_from_location(id).as_deref() != Some(id) {
         return Err(session_not_found(id));
     }

@@ -63,7 +63,8 @@ pub enum Decision {
     /// A reject of a call nobody holds (a webhook declining it): forward it
     /// on any route with a calls API.
     ForwardUnheld,
-    /// `404 call_not_found`: unknown to this key.
+    /// 404 (`call_not_found`; a Live session's `session_not_found`):
+    /// unknown to this key.
     NotFound,
     /// `400 call_already_accepted`: an accept of a held call.
     AlreadyAccepted,

@@ -6,12 +6,19 @@
 //! lost its call to another (400) or a control action that came while the
 //! call's accept was in flight (409), and an owner that could not be
 //! looked up (503).
+//!
+//! Not found is one answer per API, whichever endpoint asked and whoever
+//! says so (the owner record, the path, or the upstream): `404
+//! call_not_found` for a call, `404 session_not_found` for a GPT-Live
+//! session ([`not_found`]), so a Live id's 404 from `hangup` is the same as
+//! from `content`, `fork` or `attach`.
 
 use std::time::Duration;
 
 use http::StatusCode;
 
 use crate::admission::Refusal;
+use crate::config::Endpoint;
 
 use super::offer::OfferError;
 use super::ownership::Decision;
@@ -127,8 +134,35 @@ pub fn call_not_found(call_id: &str) -> Refusal {
     )
 }
 
+/// `404`: no Live session of that id for this key.
+pub fn session_not_found(id: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "session_not_found",
+        format!("no Live session '{id}' for this API key"),
+    )
+}
+
+/// `404` for an id at `endpoint`'s API: a Live session's, else a call's.
+pub fn not_found(endpoint: Endpoint, id: &str) -> Refusal {
+    match endpoint {
+        Endpoint::Live => session_not_found(id),
+        Endpoint::Realtime | Endpoint::Translations => call_not_found(id),
+    }
+}
+
+/// [`upstream_refusal`] for an action on `id` at `endpoint`: the
+/// upstream's 404 is the gateway's own [`not_found`].
+pub fn upstream_refusal_for(endpoint: Endpoint, id: &str, status: StatusCode) -> Refusal {
+    if status == StatusCode::NOT_FOUND {
+        return not_found(endpoint, id);
+    }
+    upstream_refusal(status)
+}
+
 /// The answer to an action the call's holder rules out.
-pub fn held_refusal(d: &Decision, call_id: &str) -> Refusal {
+pub fn held_refusal(d: &Decision, call_id: &str, endpoint: Endpoint) -> Refusal {
     match d {
         Decision::AlreadyAccepted => bad_request(
             "call_already_accepted",
@@ -141,7 +175,7 @@ pub fn held_refusal(d: &Decision, call_id: &str) -> Refusal {
             format!("the call '{call_id}' is being accepted; retry once the accept is answered"),
         )
         .retry_after(Duration::from_secs(1)),
-        _ => call_not_found(call_id),
+        _ => not_found(endpoint, call_id),
     }
 }
 
@@ -192,6 +226,32 @@ mod tests {
             offer_refusal(&OfferError::MissingSdp).param.as_deref(),
             Some("sdp")
         );
+    }
+
+    #[test]
+    fn a_live_ids_404_is_session_not_found_wherever_it_comes_from_and_a_calls_call_not_found() {
+        let live = [
+            not_found(Endpoint::Live, "live_1"),
+            held_refusal(&Decision::NotFound, "live_1", Endpoint::Live),
+            upstream_refusal_for(Endpoint::Live, "live_1", StatusCode::NOT_FOUND),
+        ];
+        for r in &live {
+            assert_eq!(
+                (r.status, r.code),
+                (StatusCode::NOT_FOUND, "session_not_found")
+            );
+            assert_eq!(r.body(), live[0].body());
+        }
+        for e in [Endpoint::Realtime, Endpoint::Translations] {
+            let r = upstream_refusal_for(e, "rtc_1", StatusCode::NOT_FOUND);
+            assert_eq!(r.code, "call_not_found");
+            assert_eq!(
+                r.body(),
+                held_refusal(&Decision::NotFound, "rtc_1", e).body()
+            );
+        }
+        let r = upstream_refusal_for(Endpoint::Live, "live_1", StatusCode::BAD_GATEWAY);
+        assert_eq!(r.code, "upstream_unavailable");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The calls routes composed in one place: the Realtime and translation
 //! calls collections ([`super::api`]) and GPT-Live's WebRTC sessions
-//! ([`super::live`]), sharing one [`CallsState`] (owners and, with Redis,
+//! ([`super::live`], and the WebSockets under a session's id:
+//! [`super::live_ws`]), sharing one [`CallsState`] (owners and, with Redis,
 //! the fleet's records and hand-over), so that one adopt loop takes over
 //! the sidebands of both.
 
@@ -16,7 +17,7 @@ use super::api::{
     CALLS_PATHS, TRANSLATION_CALLS_PATHS,
 };
 use super::fleet::CallFleet;
-use super::live;
+use super::{live, live_ws};
 
 /// The calls and Live sessions routes. With Redis, also starts the task
 /// that adopts calls other replicas let go (it stops when draining starts).
@@ -62,8 +63,14 @@ pub fn router(gw: Arc<Gateway>) -> Router {
                 get(live::content).fallback(method_not_allowed),
             )
             .route(
+                &format!("{base}/{{session_id}}/attach"),
+                get(live_ws::attach).fallback(method_not_allowed),
+            )
+            .route(
                 &format!("{base}/{{session_id}}/fork"),
-                post(live::fork).fallback(method_not_allowed),
+                post(live::fork)
+                    .get(live_ws::fork)
+                    .fallback(method_not_allowed),
             )
             .route(
                 &format!("{base}/{{session_id}}/{{action}}"),

@@ -302,7 +302,22 @@ pub async fn sideband(
     timeout: Duration,
     max_message_bytes: usize,
 ) -> Result<UpstreamSocket, UpstreamCallError> {
-    let url = sideband_url(route, call_id)?;
+    sideband_with(route, call_id, &[], timeout, max_message_bytes).await
+}
+
+/// [`sideband`] with `extra` query parameters (a client's attach:
+/// `graceful_close`).
+pub async fn sideband_with(
+    route: &RouteConfig,
+    call_id: &str,
+    extra: &[(String, String)],
+    timeout: Duration,
+    max_message_bytes: usize,
+) -> Result<UpstreamSocket, UpstreamCallError> {
+    let mut url = sideband_url(route, call_id)?;
+    if !extra.is_empty() {
+        url.query_pairs_mut().extend_pairs(extra);
+    }
     let open = async {
         let io = connect(route, &url).await?;
         let mut request = url

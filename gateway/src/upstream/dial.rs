@@ -296,16 +296,27 @@ impl Upstream {
     /// ([`session_params`]) added to the route's URL.
     pub async fn dial_with(&self, params: &[(String, String)]) -> Result<Warm, DialError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let leg = self.connect(deadline, params).await?;
+        let leg = self.connect(deadline, self.head(params)?).await?;
         read_session_created(leg, deadline).await
     }
 
     /// A Live session's dial: connects, sends the client's `session.start`
-    /// (`start`, its model already the upstream's) and reads
-    /// `session.started`, all within the route's `upgrade_timeout`.
-    pub async fn dial_live(&self, start: &str) -> Result<Warm, DialError> {
+    /// (`start`, its model already the upstream's; a fork's names none) and
+    /// reads `session.started`, all within the route's `upgrade_timeout`. A
+    /// fork of `fork_of` dials `…/{fork_of}/fork` under the route's URL
+    /// (openai-python `resources/live/forks.py`).
+    pub async fn dial_live(&self, fork_of: Option<&str>, start: &str) -> Result<Warm, DialError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut leg = self.connect(deadline, &[]).await?;
+        let head = match fork_of {
+            None => self.head(&[])?,
+            Some(parent) => {
+                let mut url = self.url.clone();
+                let path = format!("{}/{parent}/fork", url.path().trim_end_matches('/'));
+                url.set_path(&path);
+                self.with_credential(head_of(&url, &self.authority, &self.headers))?
+            }
+        };
+        let mut leg = self.connect(deadline, head).await?;
         leg.queue_text(start);
         tokio::time::timeout_at(deadline, leg.flush())
             .await
@@ -322,7 +333,7 @@ impl Upstream {
     async fn connect(
         &self,
         deadline: tokio::time::Instant,
-        params: &[(String, String)],
+        head: handshake::Head,
     ) -> Result<UpstreamLeg, DialError> {
         let tcp = by(deadline, "connect", self.resolver.connect())
             .await?
@@ -347,7 +358,6 @@ impl Upstream {
             }
             None => Either::Left(tcp),
         };
-        let head = self.head(params)?;
         // A refusal's body is read until the deadline at most, so that a
         // slow one still ends as the refusal it is.
         let upgrade = handshake::client_by(&mut io, head, Some(deadline));
@@ -366,10 +376,7 @@ impl Upstream {
     /// (it may have been rotated since start); [`handshake::client`] adds
     /// the upgrade's own key.
     fn head(&self, params: &[(String, String)]) -> Result<handshake::Head, DialError> {
-        let key = self.key.current();
-        let value =
-            auth_value(self.provider, &key).map_err(|message| DialError::Handshake { message })?;
-        let name = auth_header_name(self.provider);
+        let (name, value) = self.credential()?;
         let mut head = if params.is_empty() {
             let mut head = Vec::with_capacity(
                 self.head.len()
@@ -387,6 +394,21 @@ impl Upstream {
         };
         handshake::push_header(&mut head, name.as_str(), value.expose().as_bytes());
         Ok(head)
+    }
+
+    /// `head` with the key as it is now.
+    fn with_credential(&self, mut head: handshake::Head) -> Result<handshake::Head, DialError> {
+        let (name, value) = self.credential()?;
+        handshake::push_header(&mut head, name.as_str(), value.expose().as_bytes());
+        Ok(head)
+    }
+
+    /// The credential header's name and value, with the key as it is now.
+    fn credential(&self) -> Result<(HeaderName, Secret), DialError> {
+        let key = self.key.current();
+        let value =
+            auth_value(self.provider, &key).map_err(|message| DialError::Handshake { message })?;
+        Ok((auth_header_name(self.provider), value))
     }
 }
 
