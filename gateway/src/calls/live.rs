@@ -127,15 +127,8 @@ pub(super) async fn create(
 ) -> Response {
     let gw = &st.gw;
     let started = Instant::now();
-    if gw.sessions.is_draining() {
-        return refuse(gw, "", Refusal::draining());
-    }
-    let key = match control_key(gw, &headers) {
-        Ok(k) => k,
-        Err(r) => return refuse(gw, "", r),
-    };
-    let body = match read_body(gw, body).await {
-        Ok(b) => b,
+    let (key, body) = match key_and_body(gw, &headers, body).await {
+        Ok(kb) => kb,
         Err(r) => return refuse(gw, "", r),
     };
     let read = read_offer(&body).and_then(|req| Ok((session_model(&req)?, req)));
@@ -170,6 +163,19 @@ struct Opening {
     started: Instant,
     parent: Option<String>,
     trace: Option<crate::telemetry::context::TraceParent>,
+}
+
+/// What every Live POST starts with: a gateway not draining, a valid key, a body within bounds.
+async fn key_and_body(
+    gw: &crate::gateway::Gateway,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(KeyEntry, axum::body::Bytes), Refusal> {
+    if gw.sessions.is_draining() {
+        return Err(Refusal::draining());
+    }
+    let key = control_key(gw, headers)?;
+    Ok((key, read_body(gw, body).await?))
 }
 
 /// Admits, asks the upstream, and on its answer records the owner and
@@ -279,15 +285,8 @@ pub(super) async fn fork(
             bad_request("invalid_session_id", "the session id is not valid UTF-8"),
         );
     };
-    if gw.sessions.is_draining() {
-        return refuse(gw, "", Refusal::draining());
-    }
-    let key = match control_key(gw, &headers) {
-        Ok(k) => k,
-        Err(r) => return refuse(gw, "", r),
-    };
-    let body = match read_body(gw, body).await {
-        Ok(b) => b,
+    let (key, body) = match key_and_body(gw, &headers, body).await {
+        Ok(kb) => kb,
         Err(r) => return refuse(gw, "", r),
     };
     let route = match owned_route(&st, &key, &parent).await {
