@@ -156,11 +156,10 @@ pub async fn sync(
         )
         .await
         .map_err(refused_as_invalid)?;
-    let expose = route
-        .spec
-        .expose
-        .as_ref()
-        .expect("desired only when exposed");
+    // `desired` is built from `spec.expose`; without it there is nothing to report on.
+    let Some(expose) = route.spec.expose.as_ref() else {
+        return Ok(Exposure::NotAsked);
+    };
     let mut status = ExposureStatus {
         http_route: name,
         parents: parent_statuses(namespace, &expose.parent_refs, &applied.data),

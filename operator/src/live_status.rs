@@ -122,7 +122,8 @@ impl Tracker {
     /// status writes due.
     pub fn observe(&mut self, now: Instant, now_text: &str, round: &[Scraped]) -> Vec<StatusWrite> {
         let mut by_route: BTreeMap<(String, String), Vec<&Scraped>> = BTreeMap::new();
-        for s in round {
+        // A pod without the route label (not one the operator made) belongs to no route.
+        for s in round.iter().filter(|s| !s.route.is_empty()) {
             by_route
                 .entry((s.namespace.clone(), s.route.clone()))
                 .or_default()
