@@ -654,3 +654,40 @@ async fn a_live_webrtc_session_whose_sideband_closes_without_session_closed_is_c
         "charged {charged} for a last figure of 2: {rows:?}"
     );
 }
+
+#[tokio::test]
+async fn a_drain_without_a_store_hangs_a_live_webrtc_session_up_with_a_charged_final_row() {
+    // Without Redis no other replica would meter it: the drain hangs it up
+    // before its wait ends, and its final figure is charged.
+    let sim = live_sim().await;
+    let keys = TempFile::new("keys.toml", &key_entry("live", "pb-live", ""));
+    let config = format!(
+        "{}[drain]\nwait_secs = 3\n[keys]\nfile = \"{}\"\n",
+        live_config(&sim),
+        keys.0.display()
+    );
+    let mut gw = Child::start(&sim.url(false), &config, &[]).await;
+    let id = id_of(&create(gw.addr, "pb-live", LIVE).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let hung_up = || {
+        sim.stats
+            .calls
+            .actions()
+            .iter()
+            .any(|a| a.call_id == id && a.action == "hangup" && a.key == UPSTREAM_KEY)
+    };
+    assert!(!hung_up(), "nothing hangs it up before the drain");
+    gw.sigterm();
+    assert!(eventually(hung_up).await, "the drain hung the session up");
+    let (_, took) = gw.wait_exit(Duration::from_secs(15)).await;
+    assert!(
+        took < Duration::from_secs(6),
+        "exit within the drain wait: {took:?}"
+    );
+    let h = HungUp {
+        rows: rows_of(&gw.stdout_rows(), &id),
+        billed: sim.stats.live_seconds.load(Ordering::Relaxed) as f64,
+        after: Duration::ZERO,
+    };
+    charged_final_row(&h, "shutdown");
+}
