@@ -156,6 +156,8 @@ pub fn row_of(text: &[u8], session_id: &str, n: u64) -> Option<String> {
         transport: "websocket".into(),
         call_id: None,
         live_session_id: None,
+        response_id: None,
+        delegation_id: None,
         team: None,
         model: "gpt-realtime".into(),
         upstream_model: "gpt-realtime".into(),
@@ -186,6 +188,7 @@ pub fn row_of(text: &[u8], session_id: &str, n: u64) -> Option<String> {
         usage_unknown: usage.is_none(),
         usage_implausible: false,
         usage_estimated: false,
+        usage_unpriced: false,
         end_reason: "completed".into(),
     };
     let mut line = row.to_json_line();

@@ -13,6 +13,10 @@
 //!   `missing_required_parameter` or `invalid_json`;
 //! - a model no route serves: `model_not_found`; a route that is not a Live
 //!   route: `wrong_endpoint`;
+//! - under `unpriced = "block"`, a Responses delegation to a model without
+//!   a token price (`session.delegation.responses.model`):
+//!   `model_not_priced` ([`delegated::unpriced_start_model`]; its usage is
+//!   charged at that model's rates, [`crate::metering::delegated`]);
 //! - then [`Gateway::admit`] as for every session (the key's models,
 //!   caps, rpm, tpm, budgets, unpriced, fleet leases), its refusal's code.
 //!
@@ -49,6 +53,7 @@ use crate::auth::KeyEntry;
 use crate::config::Endpoint;
 use crate::gateway::{Gateway, Route};
 use crate::http_error::count_refusal;
+use crate::metering::delegated;
 use crate::relay::client_text::unmasked;
 use crate::relay::frame::FrameRole;
 use crate::session::{
@@ -210,6 +215,26 @@ impl LivePending {
         }
         if gw.sessions.is_draining() {
             return Err(refused(Refusal::draining(), None));
+        }
+        if gw.metering.config().unpriced == crate::config::Unpriced::Block {
+            let names: Vec<String> = route
+                .config
+                .upstream_list()
+                .iter()
+                .map(|u| u.name.clone())
+                .collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let prices = gw.metering.prices();
+            if let Some(m) = delegated::unpriced_start_model(&start.event, &prices, &names) {
+                let r = Refusal::new(
+                    StatusCode::PAYMENT_REQUIRED,
+                    "invalid_request_error",
+                    "model_not_priced",
+                    format!("the delegated model '{m}' has no price configured and this gateway refuses unpriced models"),
+                )
+                .with_param("session.delegation.responses.model");
+                return Err(refused(r, Some(route.config.model.clone())));
+            }
         }
         let session_id = crate::ids::short_id();
         let permit = gw

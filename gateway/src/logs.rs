@@ -8,7 +8,7 @@
 //! - the Redis stream `{prefix}request_logs`, when Redis is configured: one
 //!   flat stream field per row field, every value a string (`ttft_ms`,
 //!   `team`, `client_secret_id`, `call_id` and `live_session_id` are empty when absent,
-//!   `usage_unknown`, `usage_implausible` and `usage_estimated` are `true`/`false`). The
+//!   `usage_unknown`, `usage_implausible`, `usage_estimated` and `usage_unpriced` are `true`/`false`). The
 //!   stream write rides in the meter's flush round trip
 //!   ([`crate::store::Store::flush`]), and waits in the outbox
 //!   ([`crate::metering::outbox`]) while the store fails.
@@ -49,7 +49,7 @@ pub const LINGER: Duration = Duration::from_millis(100);
 pub const LINGER_BYTES: usize = 256 * 1024;
 
 /// The row's field names, in the order they are written.
-pub const FIELDS: [&str; 34] = [
+pub const FIELDS: [&str; 37] = [
     "request_id",
     "session_id",
     "key_id",
@@ -57,6 +57,8 @@ pub const FIELDS: [&str; 34] = [
     "transport",
     "call_id",
     "live_session_id",
+    "response_id",
+    "delegation_id",
     "team",
     "model",
     "upstream_model",
@@ -83,6 +85,7 @@ pub const FIELDS: [&str; 34] = [
     "usage_unknown",
     "usage_implausible",
     "usage_estimated",
+    "usage_unpriced",
     "end_reason",
 ];
 
@@ -121,6 +124,12 @@ pub struct RequestLogRow {
     pub call_id: Option<String>,
     /// The Live session a Live row belongs to (its id upstream).
     pub live_session_id: Option<String>,
+    /// The response a delegated row charges (a Live session's Responses
+    /// delegation, [`crate::metering::delegated`]); `None` otherwise.
+    pub response_id: Option<String>,
+    /// The Live delegation that response belongs to, when the upstream
+    /// named one.
+    pub delegation_id: Option<String>,
     pub team: Option<String>,
     pub model: String,
     pub upstream_model: String,
@@ -162,6 +171,9 @@ pub struct RequestLogRow {
     /// `session.closed`): `audio_seconds` is the last figure seen plus the
     /// time since it ([`crate::metering::live`]).
     pub usage_estimated: bool,
+    /// No `[[prices]]` row applied to the row's usage: `cost_usd` is 0 for
+    /// want of a price, not because nothing was used.
+    pub usage_unpriced: bool,
     pub end_reason: String,
 }
 
@@ -180,6 +192,8 @@ impl RequestLogRow {
         w.field("transport", &self.transport);
         w.field("call_id", &self.call_id);
         w.field("live_session_id", &self.live_session_id);
+        w.field("response_id", &self.response_id);
+        w.field("delegation_id", &self.delegation_id);
         w.field("team", &self.team);
         w.field("model", &self.model);
         w.field("upstream_model", &self.upstream_model);
@@ -206,6 +220,7 @@ impl RequestLogRow {
         w.field("usage_unknown", &self.usage_unknown);
         w.field("usage_implausible", &self.usage_implausible);
         w.field("usage_estimated", &self.usage_estimated);
+        w.field("usage_unpriced", &self.usage_unpriced);
         w.field("end_reason", &self.end_reason);
         out.push(b'}');
         // serde_json writes UTF-8 only.
@@ -220,6 +235,8 @@ impl RequestLogRow {
             + self.team.as_ref().map_or(0, String::len)
             + self.call_id.as_ref().map_or(0, String::len)
             + self.live_session_id.as_ref().map_or(0, String::len)
+            + self.response_id.as_ref().map_or(0, String::len)
+            + self.delegation_id.as_ref().map_or(0, String::len)
             + self.model.len()
             + self.upstream_model.len()
             + self.provider.len()
@@ -244,6 +261,11 @@ impl RequestLogRow {
             (
                 "live_session_id",
                 self.live_session_id.clone().unwrap_or_default(),
+            ),
+            ("response_id", self.response_id.clone().unwrap_or_default()),
+            (
+                "delegation_id",
+                self.delegation_id.clone().unwrap_or_default(),
             ),
             ("team", self.team.clone().unwrap_or_default()),
             ("model", self.model.clone()),
@@ -281,6 +303,7 @@ impl RequestLogRow {
             ("usage_unknown", self.usage_unknown.to_string()),
             ("usage_implausible", self.usage_implausible.to_string()),
             ("usage_estimated", self.usage_estimated.to_string()),
+            ("usage_unpriced", self.usage_unpriced.to_string()),
             ("end_reason", self.end_reason.clone()),
         ]
     }
@@ -547,6 +570,8 @@ mod tests {
             transport: "websocket".into(),
             call_id: None,
             live_session_id: None,
+            response_id: None,
+            delegation_id: None,
             team: Some("support".into()),
             model: "gpt-realtime".into(),
             upstream_model: "gpt-realtime-2025-08-28".into(),
@@ -573,6 +598,7 @@ mod tests {
             usage_unknown: false,
             usage_implausible: false,
             usage_estimated: false,
+            usage_unpriced: false,
             end_reason: "completed".into(),
         }
     }

@@ -96,6 +96,9 @@ pub enum LiveFault {
     /// `session.close` closes the socket without `session.closed` (a WebRTC
     /// session's sideband, once the session ends, likewise).
     NoClosed,
+    /// A delegated response's nested `response.completed` is sent twice
+    /// ([`crate::live_delegation`]).
+    DelegatedCompletedRepeated,
 }
 
 /// How a simulated Live session reports its usage.

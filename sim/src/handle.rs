@@ -58,6 +58,9 @@ pub struct SimStats {
     /// The final cumulative billed seconds of every Live session that
     /// ended: what the simulated upstream bills.
     pub live_seconds: AtomicU64,
+    /// Delegated responses made by Live sessions
+    /// ([`crate::live_delegation`]).
+    pub live_delegated_responses: AtomicU64,
 }
 
 #[derive(Debug, Clone)]

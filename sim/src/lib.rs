@@ -54,6 +54,7 @@ pub mod cli;
 mod config;
 mod handle;
 mod live;
+mod live_delegation;
 mod live_webrtc;
 mod offer;
 mod realtime;
@@ -72,6 +73,10 @@ pub use config::{
 };
 pub use handle::{SimHandle, SimStats};
 pub use live::LIVE_PATH_SUFFIX;
+pub use live_delegation::{
+    DELEGATED_CACHED_TOKENS, DELEGATED_INPUT_TOKENS, DELEGATED_OUTPUT_TOKENS,
+    DELEGATED_REASONING_TOKENS,
+};
 pub use live_webrtc::{recording as live_recording, RECORDING_BYTES as LIVE_RECORDING_BYTES};
 pub use offer::answer_for;
 pub use realtime::{usage_for, usage_max};

@@ -27,6 +27,9 @@
 //!   `session.closed` (`session_closed_event.py`: `reason:
 //!   "close_requested"`, the final `session`, the final cumulative `usage`),
 //!   then a close 1000;
+//! - `response.create` in a session with Responses delegation makes one
+//!   delegated response ([`crate::live_delegation`]), and is answered with
+//!   an `error` in one without;
 //! - other events are accepted silently (the simulator keeps no model);
 //! - a WebSocket fork (`GET …/sessions/{id}/fork` of a known Live session,
 //!   `resources/live/forks.py`) is a new session that inherits the
@@ -60,6 +63,7 @@ use tokio_tungstenite::WebSocketStream;
 use crate::config::LiveSim;
 use crate::config::{LiveFault, SimConfig};
 use crate::handle::{Command, SimHandle};
+use crate::live_delegation::{delegated_events, delegated_model};
 use crate::wire::{short_id, SimIo};
 
 type Ws = WebSocketStream<SimIo>;
@@ -300,6 +304,7 @@ impl Live {
                 return Flow::Stop;
             }
             ("session.input_audio.append", true) => self.append(ws, &event, event_id).await,
+            ("response.create", true) => self.delegate(ws, event_id).await,
             _ => true,
         };
         if ok {
@@ -383,6 +388,40 @@ impl Live {
                     json!({"delta": "hello "}),
                 )
                 .await
+    }
+
+    /// One delegated response, or an error when the session has no
+    /// Responses delegation (`response_create_event.py`: "Requires
+    /// Responses delegation").
+    async fn delegate(&mut self, ws: &mut Ws, event_id: Option<&str>) -> bool {
+        let model = self
+            .session
+            .as_ref()
+            .and_then(delegated_model)
+            .map(String::from);
+        let Some(model) = model else {
+            return self
+                .error(
+                    ws,
+                    "invalid_request_error",
+                    Some("type"),
+                    "response.create requires Responses delegation.",
+                    event_id,
+                )
+                .await;
+        };
+        let offset_ms = self.started.elapsed().as_millis() as u64;
+        let repeat = self.config.live.fault == Some(LiveFault::DelegatedCompletedRepeated);
+        for (kind, rest) in delegated_events(&model, offset_ms, event_id, repeat) {
+            if !self.send(ws, kind, rest).await {
+                return false;
+            }
+        }
+        self.handle
+            .stats
+            .live_delegated_responses
+            .fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// `session.closed` with the final usage (unless the fault withholds
@@ -533,7 +572,75 @@ mod tests {
                     }
                     assert!(sim.stats.live_seconds.load(Ordering::Relaxed) > 0);
                 }
+                LiveFault::DelegatedCompletedRepeated => unreachable!("not a usage fault"),
             }
         }
+    }
+
+    /// The nested events of a delegated response, skipping usage events.
+    async fn nested(ws: &mut Client) -> Value {
+        loop {
+            let e = next_json(ws).await.unwrap();
+            if e["type"] != "session.usage.updated" {
+                return e;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn response_create_delegates_to_the_sessions_responses_model_or_is_refused_without_one() {
+        let config = fast(Some(LiveFault::DelegatedCompletedRepeated));
+        let sim = start("127.0.0.1:0".parse().unwrap(), config).await.unwrap();
+        let mut ws = connect(&sim).await;
+        send(
+            &mut ws,
+            json!({"type": "session.start", "session": {"model": "gpt-live-1",
+                   "delegation": {"type": "responses", "responses": {"model": "gpt-5.5"}}}}),
+        )
+        .await;
+        assert_eq!(next_json(&mut ws).await.unwrap()["type"], "session.started");
+        send(
+            &mut ws,
+            json!({"type": "response.create", "event_id": "c1"}),
+        )
+        .await;
+        let created = nested(&mut ws).await;
+        assert_eq!(created["type"], "session.delegation.created");
+        assert_eq!(created["client_event_id"], "c1");
+        let kinds: Vec<Value> = [
+            nested(&mut ws).await,
+            nested(&mut ws).await,
+            nested(&mut ws).await,
+        ]
+        .into_iter()
+        .map(|e| {
+            assert_eq!(e["type"], "response.event");
+            assert_eq!(e["delegation_id"], created["delegation"]["id"]);
+            e["event"]["type"].clone()
+        })
+        .collect();
+        // The fault repeats the completed event.
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.completed",
+                "response.completed"
+            ]
+        );
+        assert_eq!(
+            sim.stats.live_delegated_responses.load(Ordering::Relaxed),
+            1
+        );
+
+        let mut ws = connect(&sim).await;
+        send(
+            &mut ws,
+            json!({"type": "session.start", "session": {"model": "gpt-live-1"}}),
+        )
+        .await;
+        assert_eq!(next_json(&mut ws).await.unwrap()["type"], "session.started");
+        send(&mut ws, json!({"type": "response.create"})).await;
+        assert_eq!(nested(&mut ws).await["type"], "error");
     }
 }

@@ -32,18 +32,24 @@
 //! twice. Caveat: a replica killed between a window's charge and the
 //! publication of its figure leaves that window to be charged again.
 //!
+//! Token usage of the responses the session delegates to a Responses
+//! backend comes inside nested `response.event`s; it is read here and
+//! charged at the delegated model's token rates ([`super::delegated`],
+//! [`LiveWindows::take_delegated`]), apart from the seconds.
+//!
 //! The figures cross from the relay's task to the meter's through relaxed
 //! atomics written only by the session's own task ([`LiveUsage`]); the
 //! final state is published with release/acquire before the tracker's
 //! channel closes, which the meter waits for before its last flush.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use memchr::memmem;
 use serde::Deserialize;
 
+use super::delegated::{self, DelegatedLedger, RESPONSE_EVENT};
 use super::pricing::Usage;
 use super::tracker::{TurnKind, TurnRecord};
 
@@ -75,6 +81,9 @@ pub struct LiveUsage {
     pub charged: tokio::sync::Notify,
     /// Handed over to another replica: no estimate at the end.
     let_go: AtomicBool,
+    /// Delegated responses seen, and those not yet charged (rare events:
+    /// a lock per delegated response, none per frame).
+    delegated: Mutex<DelegatedLedger>,
 }
 
 impl LiveUsage {
@@ -89,6 +98,7 @@ impl LiveUsage {
             charged_ms: AtomicU64::new(0),
             charged: tokio::sync::Notify::new(),
             let_go: AtomicBool::new(false),
+            delegated: Mutex::new(DelegatedLedger::default()),
         }
     }
 
@@ -141,9 +151,17 @@ impl LiveUsage {
         let _ = self.end.set((status, reason));
     }
 
-    /// An upstream text message: a usage figure is kept.
+    /// An upstream text message: a usage figure is kept, and a delegated
+    /// response's usage queued to be charged.
     pub fn on_upstream(&self, text: &[u8]) {
         let kind = crate::event::leading_event_type_bytes(text);
+        if let Some(d) = delegated::read(text, kind.map(|k| k == RESPONSE_EVENT)) {
+            self.delegated
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .add(d);
+            return;
+        }
         let read = match kind {
             Some(k) => k == USAGE_UPDATED || k == CLOSED,
             // The type is not first: only events naming one of the two
@@ -303,6 +321,39 @@ impl LiveWindows {
     }
 }
 
+impl LiveWindows {
+    /// The delegated responses seen since the last call, one record each,
+    /// priced at their own model's token rates by the meter.
+    pub fn take_delegated(&mut self) -> Vec<TurnRecord> {
+        let taken = self
+            .usage
+            .delegated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let now = SystemTime::now();
+        taken
+            .into_iter()
+            .map(|d| TurnRecord {
+                n: 0,
+                kind: TurnKind::Delegated {
+                    model: d.model,
+                    delegation_id: d.delegation_id,
+                },
+                started_at: now,
+                ended_at: now,
+                latency: std::time::Duration::ZERO,
+                ttft: None,
+                status: 200,
+                end_reason: d.status,
+                usage: Some(d.usage),
+                response_id: Some(d.response_id),
+                conversation_id: None,
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,5 +505,34 @@ mod tests {
         u.on_upstream(br#"{"type":"session.closed","reason":"expired","session":{}}"#);
         assert!(u.closed());
         assert_eq!(charge_increase(7_000, 5_000), 0);
+    }
+
+    #[test]
+    fn a_delegated_response_is_taken_once_as_its_models_record_and_leaves_the_seconds_alone() {
+        let u = Arc::new(LiveUsage::new(Instant::now()));
+        let mut w = LiveWindows::new(u.clone());
+        let done = r#"{"type":"response.event","event_id":"e","delegation_id":"dlg_1","event":{"type":"response.completed","response":{"id":"resp_1","model":"gpt-5.5","usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":1},"total_tokens":15}}}}"#;
+        u.on_upstream(done.as_bytes());
+        u.on_upstream(done.as_bytes());
+        u.on_upstream(usage(3.0).as_bytes());
+        let taken = w.take_delegated();
+        assert_eq!(taken.len(), 1, "{taken:?}");
+        let rec = &taken[0];
+        assert_eq!(
+            rec.kind,
+            TurnKind::Delegated {
+                model: "gpt-5.5".into(),
+                delegation_id: Some("dlg_1".into())
+            }
+        );
+        assert_eq!(rec.response_id.as_deref(), Some("resp_1"));
+        assert_eq!(rec.end_reason, "completed");
+        let tokens = rec.usage.unwrap();
+        assert_eq!(
+            (tokens.input_text, tokens.cached_text, tokens.output_text),
+            (10, 4, 5)
+        );
+        assert!(w.take_delegated().is_empty());
+        assert_eq!(u.seen_ms(), 3_000);
     }
 }

@@ -377,8 +377,11 @@ impl MeterTask {
     async fn flush(&mut self, check_budgets: bool) {
         self.check_key();
         self.take_audio_window();
-        if let Some(rec) = self.live.as_mut().and_then(|l| l.take(!check_budgets)) {
-            self.window.push(rec);
+        if let Some(live) = self.live.as_mut() {
+            self.window.extend(live.take_delegated());
+            if let Some(rec) = live.take(!check_budgets) {
+                self.window.push(rec);
+            }
         }
         let prices = self.shared.prices();
         let max_turn_usd = self.shared.config().max_turn_usd;
@@ -639,6 +642,9 @@ pub fn build_row(
                 .unwrap_or(UNKNOWN_TRANSCRIPTION_MODEL);
             (m, m, true)
         }
+        // A delegated response is priced at its own model's rates: the
+        // model the Responses backend named, looked up as it is.
+        TurnKind::Delegated { model, .. } => (model.as_str(), model.as_str(), false),
     };
     let usage = rec.usage.unwrap_or_default();
     // A row prices a usage only with a rate for its shape (tokens or
@@ -648,14 +654,32 @@ pub fn build_row(
     let cost_usd = price.map_or(0.0, |p| pricing::cost_usd(p, &usage));
     let charge = pricing::charge(&usage, cost_usd, max_turn_usd);
     let rfc3339 = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    let (request_id, delegation_id) = match &rec.kind {
+        // A delegated response's row is named by its response id: unique,
+        // and apart from the Live windows' numbers.
+        TurnKind::Delegated { delegation_id, .. } => (
+            format!(
+                "{}:{}",
+                meta.session_id,
+                rec.response_id.as_deref().unwrap_or_default()
+            ),
+            delegation_id.clone(),
+        ),
+        _ => (format!("{}:{}", meta.session_id, rec.n), None),
+    };
     let row = RequestLogRow {
-        request_id: format!("{}:{}", meta.session_id, rec.n),
+        request_id,
         session_id: meta.session_id.clone(),
         key_id: meta.key.id.clone(),
         client_secret_id: meta.client_secret_id.clone(),
         transport: meta.transport.to_string(),
         call_id: meta.call_id.clone(),
         live_session_id: meta.live_session_id.clone(),
+        response_id: match rec.kind {
+            TurnKind::Delegated { .. } => rec.response_id.clone(),
+            _ => None,
+        },
+        delegation_id,
         team: meta.team.clone(),
         model: row_model.to_string(),
         upstream_model: upstream_model.to_string(),
@@ -685,6 +709,7 @@ pub fn build_row(
         usage_unknown: rec.usage.is_none(),
         usage_implausible: charge.implausible,
         usage_estimated: matches!(rec.kind, TurnKind::Live { estimated: true }),
+        usage_unpriced: price.is_none() && (usage.total > 0 || usage.audio_seconds.is_some()),
         end_reason: rec.end_reason.to_string(),
     };
     PricedRow {

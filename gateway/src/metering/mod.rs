@@ -73,6 +73,7 @@ use outbox::Outbox;
 mod budgets;
 pub mod call_time;
 pub mod client_models;
+pub mod delegated;
 pub mod live;
 pub mod meter;
 pub mod outbox;

@@ -397,6 +397,8 @@ mod tests {
             transport: "websocket".into(),
             call_id: None,
             live_session_id: None,
+            response_id: None,
+            delegation_id: None,
             team: None,
             model: "m".into(),
             upstream_model: "m".into(),
@@ -423,6 +425,7 @@ mod tests {
             usage_unknown: false,
             usage_implausible: false,
             usage_estimated: false,
+            usage_unpriced: false,
             end_reason: "completed".into(),
         };
         FlushBatch {

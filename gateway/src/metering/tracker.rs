@@ -236,6 +236,13 @@ pub enum TurnKind {
     Live {
         estimated: bool,
     },
+    /// A response a Live session delegated to a Responses backend
+    /// ([`super::delegated`]): text tokens of its own `model`, its row
+    /// named by the record's `response_id`.
+    Delegated {
+        model: String,
+        delegation_id: Option<String>,
+    },
 }
 
 /// A closed turn, on its way to the meter.

@@ -291,6 +291,8 @@ mod tests {
             transport: "websocket".into(),
             call_id: None,
             live_session_id: None,
+            response_id: None,
+            delegation_id: None,
             team: None,
             model: "gpt-realtime".into(),
             upstream_model: "gpt-realtime-2025-08-28".into(),
@@ -317,6 +319,7 @@ mod tests {
             usage_unknown,
             usage_implausible: false,
             usage_estimated: false,
+            usage_unpriced: false,
             end_reason: end_reason.into(),
         }
     }

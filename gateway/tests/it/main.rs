@@ -15,6 +15,7 @@ mod first_request;
 mod fleet;
 mod keys;
 mod live_config;
+mod live_delegation;
 mod live_sessions;
 mod live_webrtc;
 mod log_pipe;
