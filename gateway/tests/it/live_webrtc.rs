@@ -37,6 +37,18 @@ async fn live_sim() -> SimHandle {
     .await
 }
 
+/// A gateway serving the Live route on `sim` with `extra` config and the keys
+/// file `keys`, which lives as long as the returned file does.
+async fn live_gateway(sim: &SimHandle, keys: &str, extra: &str) -> (Child, TempFile) {
+    let file = TempFile::new("keys.toml", keys);
+    let config = format!(
+        "{}{extra}[keys]\nfile = \"{}\"\n",
+        live_config(sim),
+        file.0.display()
+    );
+    (Child::start(&sim.url(false), &config, &[]).await, file)
+}
+
 /// The Live route on `sim`, priced per minute, a flush every second.
 fn live_config(sim: &SimHandle) -> String {
     format!(
@@ -200,16 +212,12 @@ async fn a_live_webrtc_session_is_metered_over_its_sideband_and_charged_exactly_
 #[tokio::test]
 async fn another_keys_hangup_recording_fork_and_control_of_a_live_session_are_404() {
     let sim = live_sim().await;
-    let keys = TempFile::new(
-        "keys.toml",
+    let (gw, _keys) = live_gateway(
+        &sim,
         &(key_entry("owner", "pb-owner", "") + &key_entry("other", "pb-other", "")),
-    );
-    let extra = format!(
-        "{}[keys]\nfile = \"{}\"\n",
-        live_config(&sim),
-        keys.0.display()
-    );
-    let gw = Child::start(&sim.url(false), &extra, &[]).await;
+        "",
+    )
+    .await;
     let id = id_of(&create(gw.addr, "pb-owner", LIVE).await);
     let content = format!("/v1/live/sessions/{id}/content");
     // Every endpoint's 404 for the id is the same Live error.
@@ -268,18 +276,14 @@ async fn another_keys_hangup_recording_fork_and_control_of_a_live_session_are_40
 #[tokio::test]
 async fn a_create_is_refused_by_the_keys_models_and_a_spent_budget_before_anything_goes_upstream() {
     let sim = live_sim().await;
-    let keys = TempFile::new(
-        "keys.toml",
+    let (gw, _keys) = live_gateway(
+        &sim,
         &(key_entry("narrow", "pb-narrow", "models = [\"gpt-realtime\"]")
             + &key_entry("broke", "pb-broke", "budget_usd = 0.0")
             + &key_entry("wide", "pb-wide", "models = [\"gpt-live-1\"]")),
-    );
-    let extra = format!(
-        "{}[keys]\nfile = \"{}\"\n",
-        live_config(&sim),
-        keys.0.display()
-    );
-    let gw = Child::start(&sim.url(false), &extra, &[]).await;
+        "",
+    )
+    .await;
     let narrow = create(gw.addr, "pb-narrow", LIVE).await;
     assert_eq!(narrow.status, 403, "{}", narrow.body);
     let broke = create(gw.addr, "pb-broke", LIVE).await;
@@ -360,16 +364,12 @@ async fn a_clients_attach_is_relayed_for_its_owner_only_and_the_session_is_charg
         ..SimConfig::default()
     })
     .await;
-    let keys = TempFile::new(
-        "keys.toml",
+    let (mut gw, _keys) = live_gateway(
+        &sim,
         &(key_entry("owner", "pb-owner", "") + &key_entry("other", "pb-other", "")),
-    );
-    let extra = format!(
-        "{}[keys]\nfile = \"{}\"\n",
-        live_config(&sim),
-        keys.0.display()
-    );
-    let mut gw = Child::start(&sim.url(false), &extra, &[]).await;
+        "",
+    )
+    .await;
     let id = id_of(&create(gw.addr, "pb-owner", LIVE).await);
     let upgrades = || sim.stats.upgrades.load(Ordering::Relaxed);
     assert!(
@@ -431,18 +431,14 @@ async fn a_clients_attach_is_relayed_for_its_owner_only_and_the_session_is_charg
 #[tokio::test]
 async fn a_websocket_fork_is_a_new_session_of_the_parents_model_admitted_for_the_forking_key() {
     let sim = live_sim().await;
-    let keys = TempFile::new(
-        "keys.toml",
+    let (mut gw, _keys) = live_gateway(
+        &sim,
         &(key_entry("owner", "pb-owner", "team = \"t\"")
             + &key_entry("broke", "pb-broke", "team = \"t\"\nbudget_usd = 0.0")
             + &key_entry("other", "pb-other", "")),
-    );
-    let extra = format!(
-        "{}[keys]\nfile = \"{}\"\n",
-        live_config(&sim),
-        keys.0.display()
-    );
-    let mut gw = Child::start(&sim.url(false), &extra, &[]).await;
+        "",
+    )
+    .await;
     let parent = id_of(&create(gw.addr, "pb-owner", LIVE).await);
     let upgrades = || sim.stats.upgrades.load(Ordering::Relaxed);
     assert!(
@@ -531,13 +527,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let sim = live_sim().await;
-    let keys = TempFile::new("keys.toml", keys);
-    let config = format!(
-        "{}{extra}[keys]\nfile = \"{}\"\n",
-        live_config(&sim),
-        keys.0.display()
-    );
-    let mut gw = Child::start(&sim.url(false), &config, &[]).await;
+    let (mut gw, keys) = live_gateway(&sim, keys, extra).await;
     let began = tokio::time::Instant::now();
     let id = id_of(&create(gw.addr, "pb-live", LIVE).await);
     meanwhile(keys.0.clone()).await;
@@ -660,13 +650,8 @@ async fn a_drain_without_a_store_hangs_a_live_webrtc_session_up_with_a_charged_f
     // Without Redis no other replica would meter it: the drain hangs it up
     // before its wait ends, and its final figure is charged.
     let sim = live_sim().await;
-    let keys = TempFile::new("keys.toml", &key_entry("live", "pb-live", ""));
-    let config = format!(
-        "{}[drain]\nwait_secs = 3\n[keys]\nfile = \"{}\"\n",
-        live_config(&sim),
-        keys.0.display()
-    );
-    let mut gw = Child::start(&sim.url(false), &config, &[]).await;
+    let keys = key_entry("live", "pb-live", "");
+    let (mut gw, _keys) = live_gateway(&sim, &keys, "[drain]\nwait_secs = 3\n").await;
     let id = id_of(&create(gw.addr, "pb-live", LIVE).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let hung_up = || {
