@@ -13,6 +13,8 @@
 //!   `missing_required_parameter` or `invalid_json`;
 //! - a model no route serves: `model_not_found`; a route that is not a Live
 //!   route: `wrong_endpoint`;
+//! - a Responses delegation to a model outside the key's (or its team's)
+//!   `models`: `model_not_allowed` (`param` `session.delegation.responses.model`);
 //! - under `unpriced = "block"`, a Responses delegation to a model without
 //!   a token price (`session.delegation.responses.model`):
 //!   `model_not_priced` ([`delegated::unpriced_start_model`]; its usage is
@@ -215,6 +217,16 @@ impl LivePending {
         }
         if gw.sessions.is_draining() {
             return Err(refused(Refusal::draining(), None));
+        }
+        // A model named in a frame is held to the key's allow-list as the session's own is.
+        if let Some(m) = delegated::start_model(&start.event) {
+            let keys = gw.keys.get();
+            let team = self.key.team.as_deref().and_then(|t| keys.team(t));
+            if !crate::auth::model_allowed(&self.key, team, m) {
+                let r =
+                    Refusal::model_not_allowed(m).with_param("session.delegation.responses.model");
+                return Err(refused(r, Some(route.config.model.clone())));
+            }
         }
         if gw.metering.config().unpriced == crate::config::Unpriced::Block {
             let names: Vec<String> = route

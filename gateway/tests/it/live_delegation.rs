@@ -56,12 +56,16 @@ fn config(sim: &SimHandle, delegate_priced: bool, metering: &str) -> String {
 }
 
 async fn connect_live(addr: std::net::SocketAddr) -> Client {
+    connect_live_as(addr, CLIENT_KEY).await
+}
+
+async fn connect_live_as(addr: std::net::SocketAddr, key: &str) -> Client {
     let mut request = format!("ws://{addr}/v1/live/sessions")
         .into_client_request()
         .unwrap();
     request.headers_mut().insert(
         "authorization",
-        HeaderValue::from_str(&format!("Bearer {CLIENT_KEY}")).unwrap(),
+        HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
     );
     let tcp = TcpStream::connect(addr).await.unwrap();
     tokio::time::timeout(WAIT, tokio_tungstenite::client_async(request, tcp))
@@ -246,6 +250,39 @@ async fn an_unpriced_delegated_model_is_recorded_flagged_at_cost_0_or_refused_un
         refused["error"]["param"],
         "session.delegation.responses.model"
     );
+    assert_eq!(until_close(&mut ws).await.1, Some(1008));
+    assert_eq!(s.stats.upgrades.load(Ordering::Relaxed), 0);
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+}
+
+#[tokio::test]
+async fn a_delegation_to_a_model_outside_the_keys_list_is_refused_before_any_dial() {
+    // The key may use the Live model, not the model its session delegates to: a model named in
+    // a frame is held to the same allow-list as the session's own.
+    let s = live_sim(None).await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &key_entry("narrow", "pb-narrow", &format!("models = [\"{LIVE}\"]")),
+    );
+    let extra = format!(
+        "{}[keys]\nfile = \"{}\"\n",
+        config(&s, true, ""),
+        keys.0.display()
+    );
+    let mut gw = Child::start(&s.url(false), &extra, &[]).await;
+    let mut ws = connect_live_as(gw.addr, "pb-narrow").await;
+    let refused = start(&mut ws).await;
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["error"]["code"], "model_not_allowed");
+    assert_eq!(
+        refused["error"]["param"],
+        "session.delegation.responses.model"
+    );
+    assert!(refused["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(DELEGATE));
     assert_eq!(until_close(&mut ws).await.1, Some(1008));
     assert_eq!(s.stats.upgrades.load(Ordering::Relaxed), 0);
     gw.sigterm();
