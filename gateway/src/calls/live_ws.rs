@@ -43,6 +43,7 @@
 //! Live sessions and their forks, not Live WebSocket sessions (whose ids
 //! the gateway does not record).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::rejection::PathRejection;
@@ -59,8 +60,9 @@ use tokio_tungstenite::WebSocketStream;
 
 use crate::access::Origin;
 use crate::admission::Refusal;
+use crate::auth::KeyEntry;
 use crate::client_conn::is_websocket_upgrade;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Route};
 use crate::live::{Fork, LivePending};
 use crate::session::ClientStart;
 
@@ -117,6 +119,29 @@ fn attach_refusal(id: &str, e: &UpstreamCallError) -> Refusal {
     }
 }
 
+/// What both WebSocket endpoints of a Live id check first, in this order: a WebSocket upgrade,
+/// an id in the path, a gateway not draining, a valid key, and a session that key (or its team)
+/// owns. Returns the id, the key and the session's route.
+async fn owned_upgrade(
+    st: &CallsState,
+    path: Result<Path<String>, PathRejection>,
+    method: &http::Method,
+    headers: &HeaderMap,
+) -> Result<(String, KeyEntry, Arc<Route>), Refusal> {
+    if !is_websocket_upgrade(method, headers) {
+        return Err(websocket_required());
+    }
+    let Ok(Path(id)) = path else {
+        return Err(session_not_found(""));
+    };
+    if st.gw.sessions.is_draining() {
+        return Err(Refusal::draining());
+    }
+    let key = control_key(&st.gw, headers)?;
+    let route = owned_route(st, &key, &id).await?;
+    Ok((id, key, route))
+}
+
 /// `GET /v1/live/sessions/{id}/attach`.
 pub(super) async fn attach(
     State(st): State<CallsState>,
@@ -125,21 +150,8 @@ pub(super) async fn attach(
     mut req: Request,
 ) -> Response {
     let gw = &st.gw;
-    if !is_websocket_upgrade(req.method(), req.headers()) {
-        return refuse_action(gw, "attach", websocket_required());
-    }
-    let Ok(Path(id)) = path else {
-        return refuse_action(gw, "attach", session_not_found(""));
-    };
-    if gw.sessions.is_draining() {
-        return refuse_action(gw, "attach", Refusal::draining());
-    }
-    let key = match control_key(gw, req.headers()) {
-        Ok(k) => k,
-        Err(r) => return refuse_action(gw, "attach", r),
-    };
-    let route = match owned_route(&st, &key, &id).await {
-        Ok(r) => r,
+    let (id, key, route) = match owned_upgrade(&st, path, req.method(), req.headers()).await {
+        Ok(owned) => owned,
         Err(r) => return refuse_action(gw, "attach", r),
     };
     let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
@@ -179,21 +191,8 @@ pub(super) async fn fork(
 ) -> Response {
     let gw = &st.gw;
     let started = tokio::time::Instant::now();
-    if !is_websocket_upgrade(req.method(), req.headers()) {
-        return refuse_action(gw, "fork", websocket_required());
-    }
-    let Ok(Path(parent)) = path else {
-        return refuse_action(gw, "fork", session_not_found(""));
-    };
-    if gw.sessions.is_draining() {
-        return refuse_action(gw, "fork", Refusal::draining());
-    }
-    let key = match control_key(gw, req.headers()) {
-        Ok(k) => k,
-        Err(r) => return refuse_action(gw, "fork", r),
-    };
-    let route = match owned_route(&st, &key, &parent).await {
-        Ok(r) => r,
+    let (parent, key, route) = match owned_upgrade(&st, path, req.method(), req.headers()).await {
+        Ok(owned) => owned,
         Err(r) => return refuse_action(gw, "fork", r),
     };
     let origin = Origin {
