@@ -558,7 +558,7 @@ impl RequestLog {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> RequestLogRow {
