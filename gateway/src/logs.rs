@@ -109,7 +109,7 @@ impl JsonObject<'_> {
 }
 
 /// One metered turn.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RequestLogRow {
     /// `<upgrade id>:<turn n>`.
     pub request_id: String,

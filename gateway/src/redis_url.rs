@@ -79,11 +79,11 @@ pub fn parse(url: &str) -> Result<ParsedUrl, String> {
     };
     let mut nodes = Vec::new();
     for h in hosts.split(',') {
-        let (host, port) = h
-            .rsplit_once(':')
-            .ok_or_else(|| format!("node {h:?} needs host:port"))?;
+        // Not quoted: a misplaced password may stand where a node should.
+        let bad = || format!("node {} of the list is not host:port", nodes.len() + 1);
+        let (host, port) = h.rsplit_once(':').ok_or_else(bad)?;
         if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(format!("node {h:?} needs host:port"));
+            return Err(bad());
         }
         nodes.push(h.to_string());
     }
@@ -243,6 +243,31 @@ mod tests {
         ] {
             let e = parse(url).unwrap_err();
             assert!(e.contains(why), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_config_takes_every_topology_and_keeps_tls_rules_and_secrets() {
+        for url in [
+            "redis://h:6379",
+            "rediss://u:p@h:6380/0",
+            "redis+cluster://h1:7000,h2:7001",
+            "rediss+sentinel://:pw@s1:26379/m",
+        ] {
+            assert_eq!(check(url, false), Ok(()), "{url}");
+        }
+        assert!(check("rediss+cluster://h1:7000", true).is_ok());
+        for (url, ca, why) in [
+            ("redis+cluster://h1:7000", true, "must use TLS"),
+            ("redis://h:1", true, "must use TLS"),
+            ("rediss://h:1#insecure", false, "fragment"),
+            ("http://secret@h:1", false, "must hold a redis://"),
+            ("redis+sentinel://:hunter2@s1:1", false, "primary name"),
+            ("redis+cluster://h1:1,:hunter2", false, "node 2 of the list"),
+        ] {
+            let e = check(url, ca).unwrap_err();
+            assert!(e.contains(why), "{url}: {e}");
+            assert!(!e.contains("hunter2") && !e.contains("secret@"), "{e}");
         }
     }
 }
