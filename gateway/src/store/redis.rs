@@ -1,8 +1,10 @@
 //! The Redis store: counters shared by every gateway instance pointed at the
-//! same Redis, through one redis-rs [`ConnectionManager`] per process
-//! (a multiplexed connection that reconnects on its own).
+//! same Redis (one server, a Cluster or a Sentinel-watched primary), through
+//! the process's one [`RedisConn`].
 //!
-//! Each [`Store`] call is one round trip:
+//! On one server each [`Store`] call is one round trip (in a cluster, one
+//! per hash tag it touches, concurrently: [`super::grouped`],
+//! [`super::flush_parts`]):
 //! - admit: one pipeline: `INCR` + `EXPIRE` the rpm minute, `GET` the
 //!   previous minute, `GET` both tpm minutes, `GET` each budget counter;
 //! - flush: one Lua script ([`FLUSH_SCRIPT`], `EVALSHA`), atomic: if the
@@ -33,13 +35,11 @@
 //! Redis 6 ACL user.
 //!
 //! Failure handling: every call is bounded by [`CALL_TIMEOUT`] here, on top
-//! of the manager's own connect and response timeouts, and errors are
+//! of the connection's own connect and response timeouts, and errors are
 //! returned, never retried here: the caller fails open and the outbox keeps
-//! the write. The manager is created lazily, so a gateway starts (and
+//! the write. The connection is made lazily, so a gateway starts (and
 //! admits, failing open) while Redis is down, and reconnects when Redis
 //! returns.
-//!
-//! Not supported: Redis Cluster (keys of one call span hash slots).
 
 use std::time::Duration;
 
