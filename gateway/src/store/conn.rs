@@ -80,7 +80,9 @@ impl Conn {
                 let nodes: Vec<String> = parsed.nodes.iter().map(|n| parsed.node_url(n)).collect();
                 let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(CONNECT_TIMEOUT)
-                    .response_timeout(CALL_TIMEOUT)
+                    // Below the callers' bound, so a timeout is seen here
+                    // (and renews the connection) before they give up.
+                    .response_timeout(CALL_TIMEOUT * 4 / 5)
                     .retries(CLUSTER_RETRIES)
                     .min_retry_wait(20)
                     .max_retry_wait(200);
@@ -90,7 +92,8 @@ impl Conn {
                 let client = b.build().map_err(StoreError::Url)?;
                 Ok(Conn::Cluster(Arc::new(LazyCluster {
                     client,
-                    conn: tokio::sync::OnceCell::new(),
+                    conn: RwLock::new(None),
+                    connecting: tokio::sync::Mutex::new(()),
                 })))
             }
             Topology::Sentinel => SentinelConn::start(parsed, ca_file).map(Conn::Sentinel),
@@ -143,18 +146,62 @@ fn managed(
     ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::Url)
 }
 
-/// The cluster client, connected on first use.
+/// The cluster client, connected on first use, and connected afresh (its
+/// topology read again from the seeds) after a timeout, a connection error
+/// or `CLUSTERDOWN` once its connection is [`CLUSTER_REBUILD_AFTER`] old:
+/// measured here, redis-rs's cluster connection could keep timing out after
+/// a primary's failover while a fresh one found the promoted replica at once.
 pub struct LazyCluster {
     client: redis::cluster::ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
+    conn: RwLock<Option<(ClusterConnection, std::time::Instant)>>,
+    /// One connection attempt at a time.
+    connecting: tokio::sync::Mutex<()>,
 }
 
+/// The youngest cluster connection an error makes the next call replace.
+pub const CLUSTER_REBUILD_AFTER: Duration = Duration::from_secs(1);
+
 impl LazyCluster {
-    async fn get(&self) -> redis::RedisResult<ClusterConnection> {
+    fn cached(&self) -> Option<ClusterConnection> {
         self.conn
-            .get_or_try_init(|| self.client.get_async_connection())
-            .await
-            .cloned()
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(c, _)| c.clone())
+    }
+
+    async fn get(&self) -> redis::RedisResult<ClusterConnection> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let c = self.client.get_async_connection().await?;
+        *self.conn.write().unwrap_or_else(|p| p.into_inner()) =
+            Some((c.clone(), std::time::Instant::now()));
+        Ok(c)
+    }
+
+    /// Drops the connection after an error that says the topology may have
+    /// moved under it.
+    fn saw(&self, e: &redis::RedisError) {
+        let moved = e.is_timeout()
+            || e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(e.code(), Some("CLUSTERDOWN" | "MASTERDOWN"));
+        if !moved {
+            return;
+        }
+        let mut conn = self.conn.write().unwrap_or_else(|p| p.into_inner());
+        if conn
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() >= CLUSTER_REBUILD_AFTER)
+        {
+            *conn = None;
+        }
     }
 }
 
@@ -309,10 +356,15 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipe, offset, count),
             Conn::Cluster(l) => Box::pin(async move {
-                l.get()
+                let r = l
+                    .get()
                     .await?
                     .req_packed_commands(pipe, offset, count)
-                    .await
+                    .await;
+                if let Err(e) = &r {
+                    l.saw(e);
+                }
+                r
             }),
             Conn::Sentinel(s) => Box::pin(async move {
                 let r = s
