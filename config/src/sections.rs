@@ -424,6 +424,10 @@ impl PriceRow {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// `[store]`. `U` is the Redis URL the gateway resolves while loading.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default, bound(deserialize = "", serialize = ""))]
@@ -439,6 +443,11 @@ pub struct StoreConfig<U = ()> {
     /// always on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// Replicas that must confirm each metering write (`WAIT`) before the
+    /// outbox lets it go; 0 = none (Redis's asynchronous replication: a
+    /// primary lost right after a write may take it along).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub replica_acks: u32,
     /// Resolved from `redis_url_env` or `redis_url_file` during validation.
     #[serde(skip)]
     pub redis_url: Option<U>,
@@ -450,6 +459,7 @@ impl<U> Default for StoreConfig<U> {
             redis_url_env: None,
             redis_url_file: None,
             ca_file: None,
+            replica_acks: 0,
             redis_url: None,
         }
     }

@@ -451,6 +451,10 @@ impl Config {
                 .map_err(|m| ConfigError::new(k, m))?;
             self.store.redis_url = Some(url);
         }
+        if self.store.replica_acks > MAX_REPLICA_ACKS {
+            let m = format!("must be at most {MAX_REPLICA_ACKS} (0 = no confirmation)");
+            return Err(ConfigError::new("store.replica_acks", m));
+        }
         if let Some(ca) = &self.store.ca_file {
             if self.store.redis_url.is_none() {
                 return Err(ConfigError::new(
@@ -646,6 +650,9 @@ pub fn live_from_toml(
     validate_prices(&prices)?;
     Ok(LiveConfig { metering, prices })
 }
+
+/// The most replicas `[store] replica_acks` may ask to confirm a write.
+pub const MAX_REPLICA_ACKS: u32 = 16;
 
 /// The Redis URL in `raw` (an env value or a URL file's text), trimmed and
 /// checked ([`crate::redis_url::check`]); the error never quotes the URL

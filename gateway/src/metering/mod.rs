@@ -135,7 +135,10 @@ impl Metering {
     ) -> Self {
         let store: Arc<dyn Store> = match redis {
             Some(conn) => {
-                let store = Arc::new(RedisStore::with_conn(conn, DEFAULT_PREFIX));
+                let store = Arc::new(
+                    RedisStore::with_conn(conn, DEFAULT_PREFIX)
+                        .with_replica_acks(config.store.replica_acks),
+                );
                 tokio::spawn(check_store(store.clone()));
                 store
             }

@@ -208,7 +208,12 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     script: Script,
+    /// Replicas that must confirm each write (`[store] replica_acks`).
+    acks: u32,
 }
+
+/// How long a write waits for its replicas' confirmation (`WAIT`).
+pub const REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(100);
 
 impl std::fmt::Debug for RedisStore {
     // The URL may carry a password: never print the connection.
@@ -234,7 +239,31 @@ impl RedisStore {
             prefix: prefix.to_string(),
             timeout: CALL_TIMEOUT,
             script: Script::new(FLUSH_SCRIPT),
+            acks: 0,
         }
+    }
+
+    /// Each write confirmed by `acks` replicas (`WAIT`) before it counts as
+    /// written; one not confirmed is an error, kept by the outbox and
+    /// replayed (applied once: its write mark).
+    pub fn with_replica_acks(mut self, acks: u32) -> Self {
+        self.acks = acks;
+        self
+    }
+
+    /// Err unless `reply` (a `WAIT`'s) counts at least the replicas asked.
+    fn confirmed(&self, op: &'static str, reply: &Value) -> Result<(), StoreError> {
+        let acked = int(op, reply)?;
+        if acked < u64::from(self.acks) {
+            return Err(StoreError::Reply {
+                op,
+                message: format!(
+                    "{acked} of {} replicas confirmed the write within {REPLICA_ACK_TIMEOUT:?}",
+                    self.acks
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The key names for the connection's topology (tagged in a cluster).
@@ -304,26 +333,79 @@ impl RedisStore {
         Ok(AdmitCounts { rpm, tpm, budgets })
     }
 
-    /// One script call (EVALSHA, loading the script on `NOSCRIPT`).
+    /// One script call (EVALSHA, loading the script on `NOSCRIPT`), and
+    /// with `replica_acks` its replicas' confirmation.
     async fn invoke(
         &self,
         op: &'static str,
         part: &Part,
         timeout: Duration,
     ) -> Result<Value, StoreError> {
-        let mut inv = self.script.prepare_invoke();
-        for k in &part.keys {
-            inv.key(k);
-        }
-        for a in &part.args {
-            inv.arg(a);
-        }
-        let mut conn = self.conn.get();
-        match tokio::time::timeout(timeout, inv.invoke_async::<Value>(&mut conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(StoreError::Redis { op, source }),
+        let call = async {
+            if self.acks == 0 {
+                let mut inv = self.script.prepare_invoke();
+                for k in &part.keys {
+                    inv.key(k);
+                }
+                for a in &part.args {
+                    inv.arg(a);
+                }
+                return inv
+                    .invoke_async::<Value>(&mut self.conn.get())
+                    .await
+                    .map_err(|source| StoreError::Redis { op, source });
+            }
+            self.invoke_confirmed(op, part).await
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(r) => r,
             Err(_) => Err(StoreError::Timeout { op, after: timeout }),
         }
+    }
+
+    /// `EVALSHA` then `WAIT` in one pipeline (so on the write's node in a
+    /// cluster), the script loaded first if the server lacks it.
+    async fn invoke_confirmed(&self, op: &'static str, part: &Part) -> Result<Value, StoreError> {
+        let redis_err = |source| StoreError::Redis { op, source };
+        let mut conn = self.conn.get();
+        for _ in 0..2 {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            pipe.cmd("EVALSHA")
+                .arg(self.script.get_hash())
+                .arg(part.keys.len())
+                .arg(&part.keys)
+                .arg(&part.args);
+            pipe.cmd("WAIT")
+                .arg(self.acks)
+                .arg(REPLICA_ACK_TIMEOUT.as_millis() as u64);
+            let replies: Vec<Value> = pipe.query_async(&mut conn).await.map_err(redis_err)?;
+            let [written, acked] = replies.as_slice() else {
+                return Err(StoreError::Reply {
+                    op,
+                    message: format!("{} replies for a write and its WAIT", replies.len()),
+                });
+            };
+            match written {
+                Value::ServerError(e) if e.code() == "NOSCRIPT" => {
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(FLUSH_SCRIPT)
+                        .query_async::<String>(&mut conn)
+                        .await
+                        .map_err(redis_err)?;
+                }
+                Value::ServerError(e) => return Err(redis_err(e.clone().into())),
+                v => {
+                    self.confirmed(op, acked)?;
+                    return Ok(v.clone());
+                }
+            }
+        }
+        Err(StoreError::Reply {
+            op,
+            message: "the server does not keep the flush script".into(),
+        })
     }
 
     async fn flush_inner(&self, batch: &FlushBatch) -> Result<Vec<f64>, StoreError> {
@@ -373,8 +455,13 @@ impl RedisStore {
                     .arg(part.args);
             }
         }
+        if self.acks > 0 {
+            pipe.cmd("WAIT")
+                .arg(self.acks)
+                .arg(REPLICA_ACK_TIMEOUT.as_millis() as u64);
+        }
         let mut conn = self.conn.get();
-        let replies =
+        let mut replies =
             match tokio::time::timeout(REPLAY_TIMEOUT, pipe.query_async::<Vec<Value>>(&mut conn))
                 .await
             {
@@ -387,6 +474,11 @@ impl RedisStore {
                     })
                 }
             };
+        if self.acks > 0 {
+            // Every write of the round trip, confirmed or none.
+            let acked = replies.pop().unwrap_or(Value::Nil);
+            self.confirmed(OP, &acked)?;
+        }
         if replies.len() != batches.len() + 1 {
             return Err(StoreError::Reply {
                 op: OP,
