@@ -635,7 +635,49 @@ impl Store for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::transient;
+    use super::*;
+    use crate::config::BudgetPeriod;
+    use crate::store::{BudgetKey, FlushId, Scope};
+
+    /// With `replica_acks`, a write no replica confirmed is an error (the
+    /// test Redis has no replica), whose replay counts it once.
+    #[tokio::test]
+    async fn a_write_no_replica_confirmed_is_an_error_and_counts_once_when_sent_again() {
+        let Some(url) = crate::test_skip::redis_url("store::redis (a Redis-backed test)") else {
+            return;
+        };
+        let prefix = format!("patchbay-test-{}:", crate::ids::short_id());
+        let store = RedisStore::new(&url, &prefix).unwrap().with_replica_acks(1);
+        let key = BudgetKey {
+            scope: Scope::Key,
+            id: "k1".into(),
+            period: BudgetPeriod::Total,
+        };
+        let batch = FlushBatch {
+            id: Some(FlushId {
+                session_id: "s1".into(),
+                seq: 1,
+            }),
+            now: std::time::SystemTime::now(),
+            charges: vec![(key.clone(), 0.5)],
+            tpm: None,
+            rows: Vec::new(),
+            stream_maxlen: 0,
+        };
+        let e = store.flush(&batch).await.unwrap_err();
+        assert!(e.to_string().contains("0 of 1 replicas confirmed"), "{e}");
+        assert!(store.replay(&[&batch]).await.is_err(), "still unconfirmed");
+        let unconfirmed = RedisStore::new(&url, &prefix).unwrap();
+        assert_eq!(
+            unconfirmed.replay(&[&batch]).await.unwrap(),
+            [Replayed::Applied]
+        );
+        assert_eq!(
+            unconfirmed.flush(&batch).await.unwrap(),
+            [0.5],
+            "counted once"
+        );
+    }
 
     #[test]
     fn errors_a_retry_can_get_past_are_transient_even_inside_a_script_error() {
