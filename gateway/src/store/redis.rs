@@ -172,15 +172,19 @@ return {failed, totals}
 "#;
 
 /// Server error codes that a later retry can succeed past: the flush
-/// script's own refusal (`NOTAPPLIED`: nothing was written), a loading,
-/// busy, read-only or full server, one that cannot persist (`MISCONF`) or
+/// script's own refusal (`NOTAPPLIED`: nothing was written), a cluster's
+/// redirections and failovers, a loading, busy, read-only or full server, one that cannot persist (`MISCONF`) or
 /// lacks its replicas (`NOREPLICAS`), a user whose rights or login changed
 /// (`NOPERM`, `NOAUTH`). Any other error rejects the write.
-const TRANSIENT_ERRORS: [&str; 13] = [
+const TRANSIENT_ERRORS: [&str; 15] = [
     "NOTAPPLIED",
     "LOADING",
     "BUSY",
     "TRYAGAIN",
+    // A cluster's redirections the client could not follow within its
+    // retries (a failover in progress): the slot's owner answers later.
+    "MOVED",
+    "ASK",
     "MASTERDOWN",
     "READONLY",
     "OOM",
@@ -690,6 +694,8 @@ mod tests {
             "Redis is configured to save RDB snapshots"
         ));
         assert!(transient("NOPERM", "this user has no permissions"));
+        assert!(transient("MOVED", "5012 127.0.0.1:7002"));
+        assert!(transient("ASK", "5012 127.0.0.1:7002"));
         // Redis 6: the code of a call inside a script is in the message.
         assert!(transient(
             "ERR",
