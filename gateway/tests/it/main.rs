@@ -28,6 +28,7 @@ mod passthrough;
 mod pool;
 mod pool_configmap;
 mod redis_server;
+mod redis_topology;
 mod redis_url_file;
 mod relay;
 mod secret_files;
