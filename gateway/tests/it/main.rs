@@ -27,6 +27,7 @@ mod metrics_at_start;
 mod passthrough;
 mod pool;
 mod pool_configmap;
+mod redis_failover;
 mod redis_server;
 mod redis_topology;
 mod redis_url_file;

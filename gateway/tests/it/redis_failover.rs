@@ -1,0 +1,406 @@
+//! A store primary lost mid-run: 200 metered sessions through a gateway on
+//! a Redis Cluster (or a Sentinel set), one primary SIGKILLed while they
+//! run, Redis left to promote its replica. Then, once the outbox has
+//! replayed: every session completed or was ended by the gateway, each
+//! key's completed rows (summed over the per-key streams in Cluster mode)
+//! number exactly the responses its clients saw done, no row is there
+//! twice, and each key's budget equals the sum of its rows' cost.
+//!
+//! The same run against today's standalone store (killed, then started
+//! again) checks the checks. The Cluster and Sentinel tests need the
+//! store's Cluster and Sentinel support (the
+//! `redis+cluster://` and `redis+sentinel://` URL forms); a gateway whose
+//! config refuses those URLs makes them skip with a printed reason, as
+//! do missing Redis tools.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use patchbay_gateway::bootstrap::{self, Running};
+use patchbay_gateway::config::Config;
+use patchbay_sim::SimConfig;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::common::*;
+use crate::redis_server::{RedisServer, TempDir};
+use crate::redis_topology::{hash_tag, query, RedisCluster, SentinelSet};
+
+const SESSIONS: usize = 200;
+/// Client keys the sessions are spread over (so their slots spread over
+/// the cluster's primaries).
+const KEYS: usize = 8;
+const TURNS: usize = 10;
+/// Pause between a session's turns: a session lasts a few seconds, longer
+/// than a failover.
+const TURN_GAP: Duration = Duration::from_millis(400);
+/// When the primary is killed, after the sessions started.
+const KILL_AFTER: Duration = Duration::from_millis(1500);
+/// How long the standalone server stays down (about a failover's time).
+const OUTAGE: Duration = Duration::from_secs(2);
+/// Bound on one frame of a session.
+const FRAME_WAIT: Duration = Duration::from_secs(30);
+/// Bound on the outbox's replay and the rows' arrival after recovery.
+const RECOVERY: Duration = Duration::from_secs(60);
+
+const PRICES: &str = "[[prices]]\nmodel = \"gpt-realtime\"\ntext_input = 4.0\naudio_input = 32.0\n\
+                      text_output = 16.0\naudio_output = 64.0\n";
+
+/// How one session went.
+#[derive(Debug, Default)]
+struct Outcome {
+    key_id: String,
+    /// Ids of the responses the client saw `response.done` for.
+    done: Vec<String>,
+    /// The gateway's close code, when it ended the session.
+    closed_by_gateway: Option<u16>,
+    refused: Option<u16>,
+}
+
+fn key_ids(test: &str) -> Vec<String> {
+    let run = unique(test);
+    (0..KEYS).map(|i| format!("{run}-{i}")).collect()
+}
+
+/// A gateway on `url` with `keys` (secret `pb-<id>`), each with a budget and
+/// a fleet cap, every turn flushed at once; `None` (the test skips) when
+/// the config does not take the URL.
+async fn gateway_on(
+    test: &str,
+    dir: &TempDir,
+    upstream: &str,
+    keys: &[String],
+    url: &str,
+) -> Option<Running> {
+    let entries: String = keys
+        .iter()
+        .map(|id| {
+            key_entry(
+                id,
+                &format!("pb-{id}"),
+                "budget_usd = 1000.0\ntpm = 100000000\nrpm = 100000\nmax_sessions = 1000",
+            )
+        })
+        .collect();
+    let keys_file = dir.file("keys.toml", &entries);
+    let toml = gateway_toml(
+        upstream,
+        &format!(
+            "{PRICES}[limits]\nmax_sessions = 1000\n[metering]\nflush_secs = 0\n\
+             [store]\nredis_url_env = \"PB_REDIS\"\n[keys]\nfile = \"{}\"\n",
+            keys_file.display()
+        ),
+    );
+    let url = url.to_string();
+    let lookup = move |k: &str| {
+        if k == "PB_REDIS" {
+            Some(url.clone())
+        } else {
+            test_env(k)
+        }
+    };
+    match Config::from_toml_with_env(&toml, &lookup) {
+        Ok(config) => Some(bootstrap::start(config).await.expect("gateway starts")),
+        Err(e) if e.to_string().contains("store.redis_url") => {
+            skipped(
+                test,
+                &format!("the store does not take this URL form yet ({e})"),
+            );
+            None
+        }
+        Err(e) => panic!("test config: {e}"),
+    }
+}
+
+/// One session of `TURNS` turns with key `key_id`, to its end.
+async fn session(addr: SocketAddr, key_id: String) -> Outcome {
+    let mut out = Outcome {
+        key_id: key_id.clone(),
+        ..Outcome::default()
+    };
+    let mut ws = match open_with(addr, &format!("pb-{key_id}")).await {
+        Ok(ws) => ws,
+        Err(status) => {
+            out.refused = Some(status);
+            return out;
+        }
+    };
+    for _ in 0..TURNS {
+        send_json(&mut ws, serde_json::json!({"type": "response.create"})).await;
+        loop {
+            let frame = tokio::time::timeout(FRAME_WAIT, ws.next())
+                .await
+                .expect("a frame within FRAME_WAIT");
+            match frame {
+                Some(Ok(Message::Text(t))) => {
+                    let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                    if v["type"] == "response.done" {
+                        out.done
+                            .push(v["response"]["id"].as_str().unwrap().to_string());
+                        break;
+                    }
+                }
+                Some(Ok(Message::Close(f))) => {
+                    out.closed_by_gateway = Some(f.map_or(1005, |f| u16::from(f.code)));
+                    return out;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => {
+                    out.closed_by_gateway = Some(1006);
+                    return out;
+                }
+            }
+        }
+        tokio::time::sleep(TURN_GAP).await;
+    }
+    let _ = ws.close(None).await;
+    let _ = tokio::time::timeout(FRAME_WAIT, until_close(&mut ws)).await;
+    out
+}
+
+/// `SESSIONS` sessions at once, spread over `keys`; `fault` starts
+/// `KILL_AFTER` after they do and runs beside them.
+async fn run_sessions(
+    addr: SocketAddr,
+    keys: &[String],
+    fault: impl std::future::Future<Output = ()>,
+) -> Vec<Outcome> {
+    let tasks: Vec<_> = (0..SESSIONS)
+        .map(|i| tokio::spawn(session(addr, keys[i % keys.len()].clone())))
+        .collect();
+    let sessions = async {
+        let mut outcomes = Vec::new();
+        for t in tasks {
+            outcomes.push(t.await.expect("session task"));
+        }
+        outcomes
+    };
+    let fault = async {
+        tokio::time::sleep(KILL_AFTER).await;
+        fault.await;
+    };
+    tokio::join!(sessions, fault).0
+}
+
+/// Field maps of the rows in `stream` on the node at `port`.
+async fn stream_rows(port: u16, stream: &str) -> Vec<HashMap<String, String>> {
+    let entries: Vec<(String, Vec<String>)> =
+        query(port, &["XRANGE", stream, "-", "+"]).await.unwrap();
+    entries
+        .into_iter()
+        .map(|(_, kv)| {
+            kv.chunks(2)
+                .map(|p| (p[0].clone(), p[1].clone()))
+                .collect::<HashMap<_, _>>()
+        })
+        .collect()
+}
+
+async fn number(port: u16, key: &str) -> f64 {
+    query::<Option<String>>(port, &["GET", key])
+        .await
+        .unwrap()
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// Waits (bounded) until the outbox is empty.
+async fn until_replayed(gw: &Running) {
+    let deadline = tokio::time::Instant::now() + RECOVERY;
+    while gw.gateway.metering.outbox_len() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the outbox still holds {} writes after {RECOVERY:?}",
+            gw.gateway.metering.outbox_len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The checks after recovery, over `rows` (every row of every key) and
+/// `budgets` (each key's budget counter).
+fn assert_exactly_once(
+    outcomes: &[Outcome],
+    rows: &[HashMap<String, String>],
+    budgets: &HashMap<String, f64>,
+) {
+    for o in outcomes {
+        assert_eq!(o.refused, None, "a session of {} was refused", o.key_id);
+        assert!(
+            o.done.len() == TURNS || o.closed_by_gateway.is_some(),
+            "a session neither completed nor was ended by the gateway: {o:?}"
+        );
+    }
+    let mut request_ids = HashSet::new();
+    for r in rows {
+        assert!(
+            request_ids.insert(r["request_id"].clone()),
+            "row {} is in the streams twice",
+            r["request_id"]
+        );
+    }
+    // Rows name their session, not the upstream's response id: count per
+    // key, each completed turn a client saw against the key's completed rows.
+    for key in budgets.keys() {
+        let seen: usize = outcomes
+            .iter()
+            .filter(|o| &o.key_id == key)
+            .map(|o| o.done.len())
+            .sum();
+        let completed = rows
+            .iter()
+            .filter(|r| &r["key_id"] == key && r["end_reason"] == "completed")
+            .count();
+        assert_eq!(
+            completed, seen,
+            "key {key}: {completed} completed rows for {seen} responses done \
+             (fewer: rows lost with the old primary; more: rows applied twice)"
+        );
+    }
+    for (key, spent) in budgets {
+        let cost: f64 = rows
+            .iter()
+            .filter(|r| &r["key_id"] == key)
+            .map(|r| r["cost_usd"].parse::<f64>().unwrap())
+            .sum();
+        assert!(cost > 0.0, "key {key} has rows");
+        assert!(
+            (spent - cost).abs() < 1e-9 * cost.max(1.0),
+            "key {key}: budget {spent} against its rows' cost {cost}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_primary_killed_under_200_sessions_loses_and_doubles_nothing() {
+    let test = "cluster_primary_killed";
+    let Some(mut cluster) = RedisCluster::start(test).await else {
+        return;
+    };
+    let sim = sim(SimConfig::default()).await;
+    let dir = TempDir::new(test);
+    let keys = key_ids(test);
+    let Some(gw) = gateway_on(test, &dir, &sim.url(false), &keys, &cluster.url()).await else {
+        return;
+    };
+    let victim = cluster
+        .primary_for_key(&format!("patchbay:budget:key:{{{}}}:total", keys[0]))
+        .await;
+
+    let outcomes = run_sessions(gw.addr, &keys, async {
+        cluster.kill_primary(victim);
+    })
+    .await;
+    let promoted = cluster.wait_failover(victim).await;
+    assert_ne!(promoted, victim);
+    until_replayed(&gw).await;
+
+    // Rows: one stream per key; the untagged stream is not used.
+    let mut rows = Vec::new();
+    let mut budgets = HashMap::new();
+    for key in &keys {
+        let stream = format!("patchbay:request_logs:{{{key}}}");
+        let port = cluster.primary_for_key(&stream).await;
+        let mut mine = stream_rows(port, &stream).await;
+        assert!(mine.iter().all(|r| &r["key_id"] == key), "{stream}");
+        rows.append(&mut mine);
+        let budget = format!("patchbay:budget:key:{{{key}}}:total");
+        let port = cluster.primary_for_key(&budget).await;
+        budgets.insert(key.clone(), number(port, &budget).await);
+    }
+    assert_exactly_once(&outcomes, &rows, &budgets);
+
+    // Every Patchbay key carries a hash tag and sits where its slot says.
+    let (ok, out) = cluster.check().await;
+    assert!(ok, "redis-cli --cluster check after recovery:\n{out}");
+    for k in cluster.keys().await {
+        if k.key.starts_with("patchbay:") {
+            assert!(hash_tag(&k.key).is_some(), "{} has no hash tag", k.key);
+            assert_eq!(cluster.primary_for_key(&k.key).await, k.port, "{k:?}");
+        }
+    }
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_under_200_sessions_loses_and_doubles_nothing() {
+    let test = "sentinel_failover_load";
+    let Some(mut set) = SentinelSet::start(test).await else {
+        return;
+    };
+    let sim = sim(SimConfig::default()).await;
+    let dir = TempDir::new(test);
+    let keys = key_ids(test);
+    let Some(gw) = gateway_on(test, &dir, &sim.url(false), &keys, &set.url()).await else {
+        return;
+    };
+
+    let outcomes = run_sessions(gw.addr, &keys, async { set.kill_primary() }).await;
+    let primary = set.wait_failover().await;
+    until_replayed(&gw).await;
+
+    let rows: Vec<_> = stream_rows(primary, "patchbay:request_logs")
+        .await
+        .into_iter()
+        .filter(|r| keys.contains(&r["key_id"]))
+        .collect();
+    let mut budgets = HashMap::new();
+    for key in &keys {
+        let budget = format!("patchbay:budget:key:{key}:total");
+        budgets.insert(key.clone(), number(primary, &budget).await);
+    }
+    assert_exactly_once(&outcomes, &rows, &budgets);
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
+        0.0
+    );
+}
+
+/// The same load and checks on today's standalone store: its one server
+/// SIGKILLed mid-run and started again two seconds later (its append-only
+/// file fsynced on every write, as a managed Redis keeps acknowledged
+/// writes), the outbox carrying the writes of the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_store_killed_and_restarted_under_200_sessions_loses_and_doubles_nothing() {
+    let test = "standalone_killed_load";
+    let Some(mut redis) =
+        RedisServer::plain(test, &["--appendonly", "yes", "--appendfsync", "always"]).await
+    else {
+        return;
+    };
+    let sim = sim(SimConfig::default()).await;
+    let dir = TempDir::new(test);
+    let keys = key_ids(test);
+    let url = format!("redis://{}", redis.addr());
+    let gw = gateway_on(test, &dir, &sim.url(false), &keys, &url)
+        .await
+        .expect("the standalone URL is taken");
+
+    let outcomes = run_sessions(gw.addr, &keys, async {
+        redis.kill();
+        tokio::time::sleep(OUTAGE).await;
+        redis.start().await;
+    })
+    .await;
+    until_replayed(&gw).await;
+
+    let rows: Vec<_> = stream_rows(redis.port, "patchbay:request_logs")
+        .await
+        .into_iter()
+        .filter(|r| keys.contains(&r["key_id"]))
+        .collect();
+    let mut budgets = HashMap::new();
+    for key in &keys {
+        let budget = format!("patchbay:budget:key:{key}:total");
+        budgets.insert(key.clone(), number(redis.port, &budget).await);
+    }
+    assert_exactly_once(&outcomes, &rows, &budgets);
+    assert!(metric(gw.admin_addr, "patchbay_outbox_replayed_total", "").await > 0.0);
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
+        0.0
+    );
+}
