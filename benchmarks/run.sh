@@ -112,7 +112,9 @@
 #    run (less its idle rate, read over 10 s before), and benchmarks/store_commands.py reports commands per
 #    session-minute per command and per feature (admission, metering flush,
 #    leases, calls, connection), round trips and the commands scripts run
-#    apart, and Redis CPU per session-minute (store.txt).
+#    apart, and Redis CPU per session-minute (store.txt). STORE_TOPOLOGY=
+#    cluster: the same on a Redis Cluster of its own (three primaries, three
+#    replicas, `redis+cluster://`), counted over the primaries.
 # Every bench reports the CPU of tcp-relay and both gateways over its
 # window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
 # tcp-relay); the simulator's is printed after each report.
@@ -125,6 +127,7 @@
 # CLOSE_N_PER_TARGET CLOSE_C CLOSE_DELTAS CLOSE_DELTA_INTERVAL_MS
 # TRANSLATION_N TRANSLATION_SECS TRANSLATION_CHUNK_MS TRANSLATION_USD_PER_MINUTE
 # STORE_N STORE_SECS STORE_KEYS STORE_FLUSH_SECS STORE_MAX_SESSIONS STORE_MONITOR
+# STORE_TOPOLOGY
 # CALLS_N CALLS_SECS CALLS_SPEECH_MS CALLS_MODEL_MS CALLS_SILENCE_MS
 # CALLS_DELTA_MS CALLS_INFERENCE_MS CALLS_POOL_SIZE CALLS_STEPS
 # CALLS_STEP_SECS CALLS_LIMIT_MS IDLE_N IDLE_SECS IDLE_READ_SECS
@@ -191,6 +194,9 @@ STORE_FLUSH_SECS=${STORE_FLUSH_SECS:-15}
 STORE_MAX_SESSIONS=${STORE_MAX_SESSIONS:-10000}
 # 0: no MONITOR (its feed costs Redis CPU): commandstats and Redis CPU only.
 STORE_MONITOR=${STORE_MONITOR:-1}
+# standalone, or cluster: three primaries and three replicas, the
+# gateway on their redis+cluster:// URL (the store's Cluster support).
+STORE_TOPOLOGY=${STORE_TOPOLOGY:-standalone}
 # Descriptors a process needs besides its sessions' sockets.
 FD_SPARE=256
 BASE_PORT=${BASE_PORT:-18000}
@@ -731,12 +737,40 @@ if stage store; then
   STACK=store
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
     { echo "the store stage needs redis-server and redis-cli" >&2; exit 1; }
-  # A port nothing listens on, so the counts are this run's alone.
-  redis_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # Ports nothing listens on, so the counts are this run's alone.
+  free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
   mkdir -p "$tmp/redis"
-  start redis redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$tmp/redis"
-  wait_port "$redis_port"
+  # store_ports: the data nodes whose counts add up (the standalone server,
+  # or the cluster's primaries; replicas only replay their writes).
+  store_ports=()
+  if [ "$STORE_TOPOLOGY" = cluster ]; then
+    seeds=()
+    for i in 1 2 3 4 5 6; do
+      p=$(free_port)
+      start "redis-$i" redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
+        --cluster-port "$(free_port)" --cluster-config-file "$tmp/redis/nodes-$p.conf" \
+        --repl-diskless-sync-delay 0 --save "" --appendonly no --dir "$tmp/redis"
+      wait_port "$p"
+      seeds+=("127.0.0.1:$p")
+    done
+    redis-cli --cluster create "${seeds[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$OUT_DIR/store-cluster-create.log" 2>&1
+    first=${seeds[0]##*:}
+    for _ in $(seq 300); do
+      redis-cli -p "$first" CLUSTER INFO | grep -q '^cluster_state:ok' && break
+      sleep 0.1
+    done
+    mapfile -t store_ports < <(redis-cli -p "$first" CLUSTER NODES |
+      awk '$3 ~ /master/ && NF > 8 {split($2, a, "@"); n = split(a[1], b, ":"); print b[n]}')
+    [ "${#store_ports[@]}" = 3 ] || { echo "the cluster did not form (see $OUT_DIR/store-cluster-create.log)" >&2; exit 1; }
+    store_url="redis+cluster://$(IFS=,; echo "${seeds[*]}")"
+  else
+    p=$(free_port)
+    start redis redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp/redis"
+    wait_port "$p"
+    store_ports=("$p")
+    store_url="redis://127.0.0.1:$p"
+  fi
   start sim "$BIN/patchbay-gateway" sim --listen "127.0.0.1:$SIM_PORT" --keys "$UPSTREAM_KEY" \
     --stamp-frames --inference-delay-ms "$CALLS_INFERENCE_MS" \
     --audio-deltas $((CALLS_MODEL_MS / CALLS_DELTA_MS)) \
@@ -802,15 +836,24 @@ cached_audio_input = 0.4
 text_output = 16.0
 audio_output = 64.0
 EOF
-  start gw-store env BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" BENCH_REDIS_URL="redis://127.0.0.1:$redis_port" \
+  start gw-store env BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" BENCH_REDIS_URL="$store_url" \
     REALTIME_POOL_SIZE="$CALLS_POOL_SIZE" "$GATEWAY_BIN" serve --config "$tmp/gw-store.toml"
-  wait_http "http://127.0.0.1:$ADMIN_STORE_PORT/readyz"
+  wait_http "http://127.0.0.1:$ADMIN_STORE_PORT/readyz" ||
+    { tail -3 "$OUT_DIR/store-gw-store.log" >&2; exit 1; }
   per_key=$(((STORE_N + STORE_KEYS - 1) / STORE_KEYS))
-  echo "== store: $((per_key * STORE_KEYS)) calls over $STORE_KEYS keys for ${STORE_SECS} s, flush every ${STORE_FLUSH_SECS} s, max_sessions $STORE_MAX_SESSIONS; Redis on $redis_port"
-  redis-cli -p "$redis_port" CONFIG RESETSTAT >/dev/null
-  : >"$OUT_DIR/store-monitor.log"
-  [ "$STORE_MONITOR" = 1 ] && start monitor redis-cli -p "$redis_port" MONITOR
-  redis_cpu() { redis-cli -p "$redis_port" INFO cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {print s}'; }
+  echo "== store: $((per_key * STORE_KEYS)) calls over $STORE_KEYS keys for ${STORE_SECS} s, flush every ${STORE_FLUSH_SECS} s, max_sessions $STORE_MAX_SESSIONS; $STORE_TOPOLOGY Redis, counted on ${store_ports[*]}"
+  monitor_logs=()
+  for p in "${store_ports[@]}"; do
+    redis-cli -p "$p" CONFIG RESETSTAT >/dev/null
+    if [ "$STORE_MONITOR" = 1 ]; then
+      start "monitor-$p" redis-cli -p "$p" MONITOR
+      monitor_logs+=("$OUT_DIR/store-monitor-$p.log")
+    fi
+  done
+  redis_cpu() {
+    for p in "${store_ports[@]}"; do redis-cli -p "$p" INFO cpu; done |
+      awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {print s}'
+  }
   # Redis's own idle CPU (its timers; the gateway's idle traffic), per
   # second, taken off the run's.
   idle_before=$(redis_cpu)
@@ -826,14 +869,14 @@ EOF
   sleep 3
   wall_ms=$((($(date +%s%N) - started) / 1000000))
   cpu_after=$(redis_cpu)
-  redis-cli -p "$redis_port" INFO commandstats >"$OUT_DIR/store-commandstats.txt"
+  for p in "${store_ports[@]}"; do redis-cli -p "$p" INFO commandstats; done >"$OUT_DIR/store-commandstats.txt"
   curl -fsS "http://127.0.0.1:$ADMIN_STORE_PORT/metrics" >"$OUT_DIR/store-metrics.txt" || true
   stop_pids
   python3 benchmarks/store_commands.py --sessions "$((per_key * STORE_KEYS))" --secs "$STORE_SECS" \
     --wall-ms "$wall_ms" --metrics "$OUT_DIR/store-metrics.txt" \
     --redis-cpu-secs "$(awk -v a="$cpu_after" -v b="$cpu_before" -v i="$idle_rate" -v w="$wall_ms" \
       'BEGIN {print a - b - i * w / 1000}')" \
-    "$OUT_DIR/store-commandstats.txt" "$OUT_DIR/store-monitor.log" | tee "$OUT_DIR/store.txt"
+    "$OUT_DIR/store-commandstats.txt" "${monitor_logs[@]}" | tee "$OUT_DIR/store.txt"
   echo
 fi
 

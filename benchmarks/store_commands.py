@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Store commands per session-minute, from the store stage of run.sh.
 
-Reads a Redis `INFO commandstats` taken after a run (the counters were reset
-with `CONFIG RESETSTAT` before it) and the `redis-cli MONITOR` log of the
-same run, and prints:
+Reads the Redis `INFO commandstats` taken after a run (the counters were
+reset with `CONFIG RESETSTAT` before it; several answers one after the
+other, one per primary of a cluster, add up) and the `redis-cli MONITOR`
+logs of the same run (one per primary), and prints:
 
 1. per command, the calls `INFO commandstats` counted (a script's own
    commands included: Redis counts each `redis.call`) and per
@@ -38,7 +39,7 @@ run, less what it uses idle over as long), Redis CPU per session-minute, and how
 would hold; a MONITOR feed adds to it, so read it from a run without one.
 
 Usage: store_commands.py --sessions N --secs T [--wall-ms MS]
-       [--metrics FILE] [--redis-cpu-secs S] COMMANDSTATS MONITOR_LOG
+       [--metrics FILE] [--redis-cpu-secs S] COMMANDSTATS [MONITOR_LOG ...]
 """
 
 from __future__ import annotations
@@ -150,12 +151,15 @@ def main() -> int:
     ap.add_argument("--redis-cpu-secs", type=float,
                     help="Redis's user + system CPU over the run (INFO cpu), less its idle CPU")
     ap.add_argument("commandstats")
-    ap.add_argument("monitor")
+    ap.add_argument("monitor", nargs="*", help="MONITOR logs, one per data node")
     a = ap.parse_args()
 
     minutes = a.sessions * a.secs / 60
     stats = parse_commandstats(open(a.commandstats).read())
-    trips, scripted, by_cmd = parse_monitor(open(a.monitor, errors="replace").read())
+    trips, scripted, by_cmd = Counter(), Counter(), Counter()
+    for path in a.monitor:
+        t, s, c = parse_monitor(open(path, errors="replace").read())
+        trips, scripted, by_cmd = trips + t, scripted + s, by_cmd + c
     monitored = bool(by_cmd)
     total = sum(stats.values())
 
