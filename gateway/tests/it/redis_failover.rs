@@ -4,7 +4,9 @@
 //! replayed: every session completed or was ended by the gateway, each
 //! key's completed rows (summed over the per-key streams in Cluster mode)
 //! number exactly the responses its clients saw done, no row is there
-//! twice, and each key's budget equals the sum of its rows' cost.
+//! twice, each key's budget equals the sum of its rows' cost, and the
+//! team's and the route's budgets (charged by every flush, in other hash
+//! slots than the keys' in Cluster mode) the sum of all rows' cost.
 //!
 //! The same run against today's standalone store (killed, then started
 //! again) checks the checks. The Cluster and Sentinel tests need the
@@ -58,36 +60,83 @@ struct Outcome {
     refused: Option<u16>,
 }
 
-fn key_ids(test: &str) -> Vec<String> {
-    let run = unique(test);
-    (0..KEYS).map(|i| format!("{run}-{i}")).collect()
+/// One test's client keys, all in one team.
+struct Run {
+    keys: Vec<String>,
+    team: String,
 }
 
-/// A gateway on `url` with `keys` (secret `pb-<id>`), each with a budget and
-/// a fleet cap, every turn flushed at once; `None` (the test skips) when
-/// the config does not take the URL.
+/// What a budget counter charges.
+#[derive(Clone, Debug, PartialEq)]
+enum Charged {
+    Key(String),
+    Team,
+    Route,
+}
+
+impl Run {
+    fn new(test: &str) -> Run {
+        let run = unique(test);
+        Run {
+            keys: (0..KEYS).map(|i| format!("{run}-{i}")).collect(),
+            team: format!("{run}-team"),
+        }
+    }
+
+    /// Every budget counter a flush charges (each key's, the team's, the
+    /// route's), named as the store names them: with the scope id as hash
+    /// tag in Cluster mode (`tagged`).
+    fn budget_keys(&self, tagged: bool) -> Vec<(Charged, String)> {
+        let name = |scope: &str, id: &str| {
+            if tagged {
+                format!("patchbay:budget:{scope}:{{{id}}}:total")
+            } else {
+                format!("patchbay:budget:{scope}:{id}:total")
+            }
+        };
+        let mut all: Vec<_> = self
+            .keys
+            .iter()
+            .map(|k| (Charged::Key(k.clone()), name("key", k)))
+            .collect();
+        all.push((Charged::Team, name("team", &self.team)));
+        all.push((Charged::Route, name("route", MODEL)));
+        all
+    }
+}
+
+/// A gateway on `url` with `run`'s keys (secret `pb-<id>`), each with a
+/// budget and a fleet cap, in a team with a budget, on a route with a
+/// budget, every turn flushed at once; `None` (the test skips) when the
+/// config does not take the URL.
 async fn gateway_on(
     test: &str,
     dir: &TempDir,
     upstream: &str,
-    keys: &[String],
+    run: &Run,
     url: &str,
 ) -> Option<Running> {
-    let entries: String = keys
+    let mut entries: String = run
+        .keys
         .iter()
         .map(|id| {
             key_entry(
                 id,
                 &format!("pb-{id}"),
-                "budget_usd = 1000.0\ntpm = 100000000\nrpm = 100000\nmax_sessions = 1000",
+                &format!(
+                    "team = \"{}\"\nbudget_usd = 1000.0\ntpm = 100000000\nrpm = 100000\n\
+                     max_sessions = 1000",
+                    run.team
+                ),
             )
         })
         .collect();
+    entries += &format!("[[teams]]\nid = \"{}\"\nbudget_usd = 100000.0\n", run.team);
     let keys_file = dir.file("keys.toml", &entries);
     let toml = gateway_toml(
         upstream,
         &format!(
-            "{PRICES}[limits]\nmax_sessions = 1000\n[metering]\nflush_secs = 0\n\
+            "budget_usd = 100000.0\n{PRICES}[limits]\nmax_sessions = 1000\n[metering]\nflush_secs = 0\n\
              [store]\nredis_url_env = \"PB_REDIS\"\n[keys]\nfile = \"{}\"\n",
             keys_file.display()
         ),
@@ -217,12 +266,13 @@ async fn until_replayed(gw: &Running) {
     }
 }
 
-/// The checks after recovery, over `rows` (every row of every key) and
-/// `budgets` (each key's budget counter).
+/// The checks after recovery, over `rows` (every row of every key of
+/// `run`) and `budgets` (each budget counter's value).
 fn assert_exactly_once(
+    run: &Run,
     outcomes: &[Outcome],
     rows: &[HashMap<String, String>],
-    budgets: &HashMap<String, f64>,
+    budgets: &[(Charged, f64)],
 ) {
     for o in outcomes {
         assert_eq!(o.refused, None, "a session of {} was refused", o.key_id);
@@ -241,7 +291,7 @@ fn assert_exactly_once(
     }
     // Rows name their session, not the upstream's response id: count per
     // key, each completed turn a client saw against the key's completed rows.
-    for key in budgets.keys() {
+    for key in &run.keys {
         let seen: usize = outcomes
             .iter()
             .filter(|o| &o.key_id == key)
@@ -257,16 +307,19 @@ fn assert_exactly_once(
              (fewer: rows lost with the old primary; more: rows applied twice)"
         );
     }
-    for (key, spent) in budgets {
+    for (charged, spent) in budgets {
         let cost: f64 = rows
             .iter()
-            .filter(|r| &r["key_id"] == key)
+            .filter(|r| match charged {
+                Charged::Key(key) => &r["key_id"] == key,
+                Charged::Team | Charged::Route => true,
+            })
             .map(|r| r["cost_usd"].parse::<f64>().unwrap())
             .sum();
-        assert!(cost > 0.0, "key {key} has rows");
+        assert!(cost > 0.0, "{charged:?} has rows");
         assert!(
             (spent - cost).abs() < 1e-9 * cost.max(1.0),
-            "key {key}: budget {spent} against its rows' cost {cost}"
+            "{charged:?}: budget {spent} against its rows' cost {cost}"
         );
     }
 }
@@ -279,15 +332,15 @@ async fn a_cluster_primary_killed_under_200_sessions_loses_and_doubles_nothing()
     };
     let sim = sim(SimConfig::default()).await;
     let dir = TempDir::new(test);
-    let keys = key_ids(test);
-    let Some(gw) = gateway_on(test, &dir, &sim.url(false), &keys, &cluster.url()).await else {
+    let run = Run::new(test);
+    let Some(gw) = gateway_on(test, &dir, &sim.url(false), &run, &cluster.url()).await else {
         return;
     };
     let victim = cluster
-        .primary_for_key(&format!("patchbay:budget:key:{{{}}}:total", keys[0]))
+        .primary_for_key(&format!("patchbay:budget:key:{{{}}}:total", run.keys[0]))
         .await;
 
-    let outcomes = run_sessions(gw.addr, &keys, async {
+    let outcomes = run_sessions(gw.addr, &run.keys, async {
         cluster.kill_primary(victim);
     })
     .await;
@@ -297,18 +350,19 @@ async fn a_cluster_primary_killed_under_200_sessions_loses_and_doubles_nothing()
 
     // Rows: one stream per key; the untagged stream is not used.
     let mut rows = Vec::new();
-    let mut budgets = HashMap::new();
-    for key in &keys {
+    for key in &run.keys {
         let stream = format!("patchbay:request_logs:{{{key}}}");
         let port = cluster.primary_for_key(&stream).await;
         let mut mine = stream_rows(port, &stream).await;
         assert!(mine.iter().all(|r| &r["key_id"] == key), "{stream}");
         rows.append(&mut mine);
-        let budget = format!("patchbay:budget:key:{{{key}}}:total");
-        let port = cluster.primary_for_key(&budget).await;
-        budgets.insert(key.clone(), number(port, &budget).await);
     }
-    assert_exactly_once(&outcomes, &rows, &budgets);
+    let mut budgets = Vec::new();
+    for (charged, name) in run.budget_keys(true) {
+        let port = cluster.primary_for_key(&name).await;
+        budgets.push((charged, number(port, &name).await));
+    }
+    assert_exactly_once(&run, &outcomes, &rows, &budgets);
 
     // Every Patchbay key carries a hash tag and sits where its slot says.
     let (ok, out) = cluster.check().await;
@@ -333,26 +387,25 @@ async fn a_sentinel_failover_under_200_sessions_loses_and_doubles_nothing() {
     };
     let sim = sim(SimConfig::default()).await;
     let dir = TempDir::new(test);
-    let keys = key_ids(test);
-    let Some(gw) = gateway_on(test, &dir, &sim.url(false), &keys, &set.url()).await else {
+    let run = Run::new(test);
+    let Some(gw) = gateway_on(test, &dir, &sim.url(false), &run, &set.url()).await else {
         return;
     };
 
-    let outcomes = run_sessions(gw.addr, &keys, async { set.kill_primary() }).await;
+    let outcomes = run_sessions(gw.addr, &run.keys, async { set.kill_primary() }).await;
     let primary = set.wait_failover().await;
     until_replayed(&gw).await;
 
     let rows: Vec<_> = stream_rows(primary, "patchbay:request_logs")
         .await
         .into_iter()
-        .filter(|r| keys.contains(&r["key_id"]))
+        .filter(|r| run.keys.contains(&r["key_id"]))
         .collect();
-    let mut budgets = HashMap::new();
-    for key in &keys {
-        let budget = format!("patchbay:budget:key:{key}:total");
-        budgets.insert(key.clone(), number(primary, &budget).await);
+    let mut budgets = Vec::new();
+    for (charged, name) in run.budget_keys(false) {
+        budgets.push((charged, number(primary, &name).await));
     }
-    assert_exactly_once(&outcomes, &rows, &budgets);
+    assert_exactly_once(&run, &outcomes, &rows, &budgets);
     assert_eq!(
         metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
         0.0
@@ -373,13 +426,13 @@ async fn a_standalone_store_killed_and_restarted_under_200_sessions_loses_and_do
     };
     let sim = sim(SimConfig::default()).await;
     let dir = TempDir::new(test);
-    let keys = key_ids(test);
+    let run = Run::new(test);
     let url = format!("redis://{}", redis.addr());
-    let gw = gateway_on(test, &dir, &sim.url(false), &keys, &url)
+    let gw = gateway_on(test, &dir, &sim.url(false), &run, &url)
         .await
         .expect("the standalone URL is taken");
 
-    let outcomes = run_sessions(gw.addr, &keys, async {
+    let outcomes = run_sessions(gw.addr, &run.keys, async {
         redis.kill();
         tokio::time::sleep(OUTAGE).await;
         redis.start().await;
@@ -390,14 +443,13 @@ async fn a_standalone_store_killed_and_restarted_under_200_sessions_loses_and_do
     let rows: Vec<_> = stream_rows(redis.port, "patchbay:request_logs")
         .await
         .into_iter()
-        .filter(|r| keys.contains(&r["key_id"]))
+        .filter(|r| run.keys.contains(&r["key_id"]))
         .collect();
-    let mut budgets = HashMap::new();
-    for key in &keys {
-        let budget = format!("patchbay:budget:key:{key}:total");
-        budgets.insert(key.clone(), number(redis.port, &budget).await);
+    let mut budgets = Vec::new();
+    for (charged, name) in run.budget_keys(false) {
+        budgets.push((charged, number(redis.port, &name).await));
     }
-    assert_exactly_once(&outcomes, &rows, &budgets);
+    assert_exactly_once(&run, &outcomes, &rows, &budgets);
     assert!(metric(gw.admin_addr, "patchbay_outbox_replayed_total", "").await > 0.0);
     assert_eq!(
         metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
