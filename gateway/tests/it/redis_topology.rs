@@ -326,6 +326,9 @@ pub struct ClusterKey {
 pub struct RedisCluster {
     cli: PathBuf,
     nodes: Vec<Node>,
+    /// Killed primaries and the replicas they had (read before the kill: a
+    /// promoted replica no longer names its old primary).
+    killed: Vec<(u16, Vec<u16>)>,
     dir: TempDir,
 }
 
@@ -375,7 +378,12 @@ impl RedisCluster {
             wait_listening(&mut node, &dir.0, &log).await;
             nodes.push(node);
         }
-        let mut cluster = RedisCluster { cli, nodes, dir };
+        let mut cluster = RedisCluster {
+            cli,
+            nodes,
+            killed: Vec::new(),
+            dir,
+        };
         let mut create = vec!["--cluster".to_string(), "create".to_string()];
         create.extend(
             cluster
@@ -484,8 +492,22 @@ impl RedisCluster {
             .port
     }
 
-    /// SIGKILL to the node on `port`, as a lost machine.
-    pub fn kill_primary(&mut self, port: u16) {
+    /// SIGKILL to the primary on `port`, as a lost machine (its replicas
+    /// noted first, for `wait_failover`).
+    pub async fn kill_primary(&mut self, port: u16) {
+        let table = self.nodes_table().await;
+        let id = &table
+            .iter()
+            .find(|n| n.port == port && n.is_primary())
+            .unwrap_or_else(|| panic!("no primary on {port}"))
+            .id;
+        let replicas: Vec<u16> = table
+            .iter()
+            .filter(|n| n.primary.as_ref() == Some(id))
+            .map(|n| n.port)
+            .collect();
+        assert!(!replicas.is_empty(), "the primary on {port} has no replica");
+        self.killed.push((port, replicas));
         let node = self
             .nodes
             .iter_mut()
@@ -497,19 +519,12 @@ impl RedisCluster {
     /// Until a replica of the (killed) primary that was on `old_port` is a
     /// primary and every live node reports `cluster_state:ok`; its port.
     pub async fn wait_failover(&mut self, old_port: u16) -> u16 {
-        let table = self.nodes_table().await;
-        let old = table
+        let replicas = self
+            .killed
             .iter()
-            .find(|n| n.port == old_port)
-            .unwrap_or_else(|| panic!("{old_port} is not in the cluster"))
-            .id
-            .clone();
-        let replicas: Vec<u16> = table
-            .iter()
-            .filter(|n| n.primary.as_deref() == Some(old.as_str()))
-            .map(|n| n.port)
-            .collect();
-        assert!(!replicas.is_empty(), "{old_port} had no replica");
+            .find(|(port, _)| *port == old_port)
+            .map(|(_, replicas)| replicas.clone())
+            .unwrap_or_else(|| panic!("{old_port} was not killed by kill_primary"));
         let live = self.live_ports();
         until(
             "a replica promoted and the cluster ok",
@@ -819,7 +834,7 @@ async fn killing_a_cluster_primary_promotes_its_replica_with_the_replicated_writ
     let acked: i64 = query(old, &["WAIT", "1", "2000"]).await.unwrap();
     assert_eq!(acked, 1, "the replica acknowledged the write");
 
-    cluster.kill_primary(old);
+    cluster.kill_primary(old).await;
     let started = std::time::Instant::now();
     let promoted = cluster.wait_failover(old).await;
     eprintln!("cluster failover took {:?}", started.elapsed());
