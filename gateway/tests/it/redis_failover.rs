@@ -339,7 +339,21 @@ async fn a_cluster_primary_killed_under_200_sessions_loses_and_doubles_nothing()
     assert_ne!(promoted, victim);
     until_replayed(&gw).await;
 
-    // Rows: one stream per key; the untagged stream is not used.
+    let (rows, budgets) = cluster_rows_and_budgets(&mut cluster, &run).await;
+    assert_exactly_once(&run, &outcomes, &rows, &budgets);
+    assert_keys_tagged(&mut cluster).await;
+    assert_eq!(
+        metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
+        0.0
+    );
+}
+
+/// The rows of `run`'s keys (one stream per key in a cluster; the
+/// untagged stream is not used) and every budget counter it charged.
+async fn cluster_rows_and_budgets(
+    cluster: &mut RedisCluster,
+    run: &Run,
+) -> (Vec<HashMap<String, String>>, Vec<(Charged, f64)>) {
     let mut rows = Vec::new();
     for key in &run.keys {
         let stream = format!("patchbay:request_logs:{{{key}}}");
@@ -353,19 +367,45 @@ async fn a_cluster_primary_killed_under_200_sessions_loses_and_doubles_nothing()
         let port = cluster.primary_for_key(&name).await;
         budgets.push((charged, number(port, &name).await));
     }
-    assert_exactly_once(&run, &outcomes, &rows, &budgets);
+    (rows, budgets)
+}
 
-    // Every Patchbay key carries a hash tag and sits where its slot says.
+/// `redis-cli --cluster check` passes, and every Patchbay key carries a
+/// hash tag and sits on the primary serving its slot.
+async fn assert_keys_tagged(cluster: &mut RedisCluster) {
     let (ok, out) = cluster.check().await;
-    assert!(ok, "redis-cli --cluster check after recovery:\n{out}");
-    for k in cluster.keys().await {
+    assert!(ok, "redis-cli --cluster check:\n{out}");
+    let keys = cluster.keys().await;
+    assert!(keys.iter().any(|k| k.key.starts_with("patchbay:")));
+    for k in keys {
         if k.key.starts_with("patchbay:") {
             assert!(hash_tag(&k.key).is_some(), "{} has no hash tag", k.key);
             assert_eq!(cluster.primary_for_key(&k.key).await, k.port, "{k:?}");
         }
     }
+}
+
+/// The same load on a healthy cluster: every write lands once, in the slot
+/// of its scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_store_under_200_sessions_counts_once_with_every_key_in_its_tags_slot() {
+    let test = "cluster_store_load";
+    let Some(mut cluster) = RedisCluster::start(test).await else {
+        return;
+    };
+    let sim = sim(SimConfig::default()).await;
+    let dir = TempDir::new(test);
+    let run = Run::new(test);
+    let gw = gateway_on(&dir, &sim.url(false), &run, &cluster.url()).await;
+
+    let outcomes = run_sessions(gw.addr, &run.keys, async {}).await;
+    until_replayed(&gw).await;
+
+    let (rows, budgets) = cluster_rows_and_budgets(&mut cluster, &run).await;
+    assert_exactly_once(&run, &outcomes, &rows, &budgets);
+    assert_keys_tagged(&mut cluster).await;
     assert_eq!(
-        metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
+        metric(gw.admin_addr, "patchbay_store_errors_total", "").await,
         0.0
     );
 }
