@@ -29,8 +29,9 @@ prints just before them):
   `SCRIPT LOAD`, …);
 - other: any other key family, named.
 
-The run's own commands (`CONFIG RESETSTAT`, `MONITOR`, `INFO`) are left
-out. Session-minutes are `--sessions × --secs / 60` (each call lasts
+The run's own commands (`CONFIG RESETSTAT`, `MONITOR`, `INFO`) and the
+replication commands a cluster primary counts for its replica (`REPLCONF`,
+`PSYNC`) are left out. Session-minutes are `--sessions × --secs / 60` (each call lasts
 `--secs`). With `--metrics`, the gateway's own figures (sessions ended,
 turns, request-log rows) are printed beside.
 
@@ -52,6 +53,8 @@ from collections import Counter
 
 PREFIX = "patchbay:"
 HARNESS = {"config|resetstat", "monitor", "info"}
+# A cluster primary also counts its replicas' replication commands.
+REPLICATION = {"replconf", "psync", "sync"}
 FAMILIES = {
     "rpm": "admission",
     "tpm": "admission",
@@ -74,7 +77,7 @@ def parse_commandstats(text: str) -> Counter:
     calls = Counter()
     for line in text.splitlines():
         m = re.match(r"^cmdstat_([^:]+):calls=(\d+)", line.strip())
-        if m and m.group(1) not in HARNESS:
+        if m and m.group(1) not in HARNESS | REPLICATION:
             calls[m.group(1)] += int(m.group(2))
     return calls
 
@@ -114,7 +117,8 @@ def parse_monitor(text: str) -> tuple[Counter, Counter, Counter]:
         if not words:
             continue
         cmd, args = words[0].lower(), words[1:]
-        if cmd in ("monitor", "info") or (cmd == "config" and args[:1] == ["RESETSTAT"]):
+        if (cmd in ("monitor", "info") or cmd in REPLICATION
+                or (cmd == "config" and args[:1] == ["RESETSTAT"])):
             continue
         if source == "lua":
             scripted[script_feature] += 1
