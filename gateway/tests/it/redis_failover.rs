@@ -1,12 +1,15 @@
 //! A store primary lost mid-run: 200 metered sessions through a gateway on
 //! a Redis Cluster (or a Sentinel set), one primary SIGKILLed while they
 //! run, Redis left to promote its replica. Then, once the outbox has
-//! replayed: every session completed or was ended by the gateway, each
-//! key's completed rows (summed over the per-key streams in Cluster mode)
-//! number exactly the responses its clients saw done, no row is there
-//! twice, each key's budget equals the sum of its rows' cost, and the
-//! team's and the route's budgets (charged by every flush, in other hash
-//! slots than the keys' in Cluster mode) the sum of all rows' cost.
+//! replayed: every session completed or was ended by the gateway, no row
+//! is there twice and no key has more completed rows (summed over the
+//! per-key streams in Cluster mode) than its clients saw responses done,
+//! each key's budget equals the sum of its rows' cost, and the team's and
+//! the route's budgets (charged by every flush, in other hash slots than
+//! the keys' in Cluster mode) the sum of all rows' cost. Rows lost with the
+//! old primary (acknowledged, not yet replicated: the documented loss
+//! without `[store] replica_acks`) are counted, printed and bounded; a
+//! healthy cluster and the standalone store lose none.
 //!
 //! The same run against the standalone store (killed, then started again)
 //! checks the checks.
@@ -35,6 +38,10 @@ const TURNS: usize = 10;
 const TURN_GAP: Duration = Duration::from_millis(400);
 /// When the primary is killed, after the sessions started.
 const KILL_AFTER: Duration = Duration::from_millis(1500);
+/// Rows a failover may lose without `[store] replica_acks` (acknowledged by
+/// the old primary, not yet on its replica): 1 % of the run's turns, far
+/// above what a loopback replication lag allows; the figure is printed.
+const LOSS_BOUND: usize = SESSIONS * TURNS / 100;
 /// How long the standalone server stays down (about a failover's time).
 const OUTAGE: Duration = Duration::from_secs(2);
 /// Bound on one frame of a session.
@@ -255,13 +262,18 @@ async fn until_replayed(gw: &Running) {
 }
 
 /// The checks after recovery, over `rows` (every row of every key of
-/// `run`) and `budgets` (each budget counter's value).
-fn assert_exactly_once(
+/// `run`) and `budgets` (each budget counter's value): nothing counted
+/// twice, and at most `may_lose` rows lost (the writes a primary
+/// acknowledged and had not replicated when it died: the documented loss
+/// without `replica_acks`; a lost flush takes its budget increment along,
+/// so a budget still equals its rows). Returns the rows lost.
+fn assert_counted_once(
     run: &Run,
     outcomes: &[Outcome],
     rows: &[HashMap<String, String>],
     budgets: &[(Charged, f64)],
-) {
+    may_lose: usize,
+) -> usize {
     for o in outcomes {
         assert_eq!(o.refused, None, "a session of {} was refused", o.key_id);
         assert!(
@@ -279,6 +291,7 @@ fn assert_exactly_once(
     }
     // Rows name their session, not the upstream's response id: count per
     // key, each completed turn a client saw against the key's completed rows.
+    let mut lost = 0;
     for key in &run.keys {
         let seen: usize = outcomes
             .iter()
@@ -289,12 +302,16 @@ fn assert_exactly_once(
             .iter()
             .filter(|r| &r["key_id"] == key && r["end_reason"] == "completed")
             .count();
-        assert_eq!(
-            completed, seen,
-            "key {key}: {completed} completed rows for {seen} responses done \
-             (fewer: rows lost with the old primary; more: rows applied twice)"
+        assert!(
+            completed <= seen,
+            "key {key}: {completed} completed rows for {seen} responses done: rows applied twice"
         );
+        lost += seen - completed;
     }
+    assert!(
+        lost <= may_lose,
+        "{lost} rows lost (at most {may_lose} allowed): fewer completed rows than responses done"
+    );
     for (charged, spent) in budgets {
         let cost: f64 = rows
             .iter()
@@ -310,6 +327,7 @@ fn assert_exactly_once(
             "{charged:?}: budget {spent} against its rows' cost {cost}"
         );
     }
+    lost
 }
 
 // Fails on the store as it stands (d12a541): after the kill, every store
@@ -321,7 +339,7 @@ fn assert_exactly_once(
 // from the same client answers at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the store's cluster connection does not follow a primary's failover yet; run with --ignored"]
-async fn a_cluster_primary_killed_under_200_sessions_loses_and_doubles_nothing() {
+async fn a_cluster_primary_killed_under_200_sessions_counts_nothing_twice() {
     let test = "cluster_primary_killed";
     let Some(mut cluster) = RedisCluster::start(test).await else {
         return;
@@ -343,7 +361,8 @@ async fn a_cluster_primary_killed_under_200_sessions_loses_and_doubles_nothing()
     until_replayed(&gw).await;
 
     let (rows, budgets) = cluster_rows_and_budgets(&mut cluster, &run).await;
-    assert_exactly_once(&run, &outcomes, &rows, &budgets);
+    let lost = assert_counted_once(&run, &outcomes, &rows, &budgets, LOSS_BOUND);
+    eprintln!("rows lost with the old primary (replica_acks = 0): {lost}");
     assert_keys_tagged(&mut cluster).await;
     assert_eq!(
         metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
@@ -405,7 +424,7 @@ async fn a_cluster_store_under_200_sessions_counts_once_with_every_key_in_its_ta
     until_replayed(&gw).await;
 
     let (rows, budgets) = cluster_rows_and_budgets(&mut cluster, &run).await;
-    assert_exactly_once(&run, &outcomes, &rows, &budgets);
+    assert_counted_once(&run, &outcomes, &rows, &budgets, 0);
     assert_keys_tagged(&mut cluster).await;
     assert_eq!(
         metric(gw.admin_addr, "patchbay_store_errors_total", "").await,
@@ -414,7 +433,7 @@ async fn a_cluster_store_under_200_sessions_counts_once_with_every_key_in_its_ta
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sentinel_failover_under_200_sessions_loses_and_doubles_nothing() {
+async fn a_sentinel_failover_under_200_sessions_counts_nothing_twice() {
     let test = "sentinel_failover_load";
     let Some(mut set) = SentinelSet::start(test).await else {
         return;
@@ -437,7 +456,8 @@ async fn a_sentinel_failover_under_200_sessions_loses_and_doubles_nothing() {
     for (charged, name) in run.budget_keys(false) {
         budgets.push((charged, number(primary, &name).await));
     }
-    assert_exactly_once(&run, &outcomes, &rows, &budgets);
+    let lost = assert_counted_once(&run, &outcomes, &rows, &budgets, LOSS_BOUND);
+    eprintln!("rows lost with the old primary (replica_acks = 0): {lost}");
     // The failover fell inside the run: writes waited in the outbox.
     assert!(metric(gw.admin_addr, "patchbay_outbox_replayed_total", "").await > 0.0);
     assert_eq!(
@@ -481,7 +501,7 @@ async fn a_standalone_store_killed_and_restarted_under_200_sessions_loses_and_do
     for (charged, name) in run.budget_keys(false) {
         budgets.push((charged, number(redis.port, &name).await));
     }
-    assert_exactly_once(&run, &outcomes, &rows, &budgets);
+    assert_counted_once(&run, &outcomes, &rows, &budgets, 0);
     assert!(metric(gw.admin_addr, "patchbay_outbox_replayed_total", "").await > 0.0);
     assert_eq!(
         metric(gw.admin_addr, "patchbay_outbox_dropped_total", "").await,
