@@ -265,8 +265,10 @@ async fn until_replayed(gw: &Running) {
 /// `run`) and `budgets` (each budget counter's value): nothing counted
 /// twice, and at most `may_lose` rows lost (the writes a primary
 /// acknowledged and had not replicated when it died: the documented loss
-/// without `replica_acks`; a lost flush takes its budget increment along,
-/// so a budget still equals its rows). Returns the rows lost.
+/// without `replica_acks`). A lost flush takes its key's charge along, so a
+/// key's budget still equals its rows; a team or route budget, written by
+/// its own part on another node in a cluster, may keep at most the lost
+/// rows' charges. Returns the rows lost.
 fn assert_counted_once(
     run: &Run,
     outcomes: &[Outcome],
@@ -312,6 +314,10 @@ fn assert_counted_once(
         lost <= may_lose,
         "{lost} rows lost (at most {may_lose} allowed): fewer completed rows than responses done"
     );
+    let max_row_cost = rows
+        .iter()
+        .map(|r| r["cost_usd"].parse::<f64>().unwrap())
+        .fold(0.0, f64::max);
     for (charged, spent) in budgets {
         let cost: f64 = rows
             .iter()
@@ -322,23 +328,36 @@ fn assert_counted_once(
             .map(|r| r["cost_usd"].parse::<f64>().unwrap())
             .sum();
         assert!(cost > 0.0, "{charged:?} has rows");
-        assert!(
-            (spent - cost).abs() < 1e-9 * cost.max(1.0),
-            "{charged:?}: budget {spent} against its rows' cost {cost}"
-        );
+        let close = (spent - cost).abs() < 1e-9 * cost.max(1.0);
+        match charged {
+            Charged::Key(_) => assert!(
+                close,
+                "{charged:?}: budget {spent} against its rows' cost {cost} ({lost} rows lost)"
+            ),
+            // A lost key part takes its row and the key's charge along;
+            // the team's and route's parts live on other nodes and may
+            // keep the lost rows' charges.
+            Charged::Team | Charged::Route => assert!(
+                close || (*spent > cost && spent - cost <= lost as f64 * max_row_cost + 1e-9),
+                "{charged:?}: budget {spent} against its rows' cost {cost} ({lost} rows lost)"
+            ),
+        }
     }
     lost
 }
 
-// Fails on the store as it stands (d12a541): after the kill, every store
-// call times out from then on, on every slot (flushes, budget re-reads,
-// the calls index, the outbox's replays: none replayed in 60 s). The same
-// happens to a bare redis-rs 1.8.1 async cluster connection with ~150 or
-// more requests in flight when a primary dies (50 recover within a second
-// of the promotion): the connection stays wedged, while a fresh connection
-// from the same client answers at once.
+// Fails on the store as it stands (7b1df46), in 10 of 17 runs: during the
+// failover, flushes fail with `MOVED` replies the cluster client did not
+// follow, and the outbox then takes a `MOVED` for a rejection: it drops the
+// write (`patchbay_outbox_dropped_total` 1, one row and its charges gone),
+// or a route budget misses a part's charge while its row is in the stream.
+// On the store before (b19b41a, d12a541) all three runs failed otherwise: the
+// cluster connection stayed wedged after the kill, every call timing out
+// (a bare redis-rs 1.8.1 async cluster connection with ~150 or more
+// requests in flight when a primary dies does the same; a fresh connection
+// from the same client answers at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the store's cluster connection does not follow a primary's failover yet; run with --ignored"]
+#[ignore = "the store drops writes answered MOVED during a cluster failover; run with --ignored"]
 async fn a_cluster_primary_killed_under_200_sessions_counts_nothing_twice() {
     let test = "cluster_primary_killed";
     let Some(mut cluster) = RedisCluster::start(test).await else {
