@@ -346,7 +346,8 @@ fn assert_counted_once(
     lost
 }
 
-// Fails on the store as it stands (7b1df46), in 10 of 17 runs: during the
+// Fails on the store as it stands (90f8014) in most runs (14 of 21 since
+// 7b1df46, the last 4 in a row): during the
 // failover, flushes fail with `MOVED` replies the cluster client did not
 // follow, and the outbox then takes a `MOVED` for a rejection: it drops the
 // write (`patchbay_outbox_dropped_total` 1, one row and its charges gone),
