@@ -97,6 +97,24 @@
 #    closes right after its first audio delta, the response still in flight
 #    (close-mid-response: the gateway cancels it upstream meanwhile), then
 #    after response.done (close-after-done). Read the `close` rows' p95.
+# 11. Store run (stage "store", only when named; issue 39's capacity model):
+#    how many Redis commands a session costs. A private redis-server on a
+#    free port (its counts are this run's alone), the calls stage's
+#    simulator, and one gateway (pool on) whose [store] is that Redis, with
+#    STORE_KEYS client keys (each with a budget, rpm, tpm and, unless
+#    STORE_MAX_SESSIONS=0, a fleet cap, so leases are taken and renewed),
+#    all in one team with a budget, on a route with a budget. CONFIG
+#    RESETSTAT, then STORE_N calls (spread over the keys) for STORE_SECS,
+#    turns at the calls stage's cadence, flushed every STORE_FLUSH_SECS;
+#    meanwhile `redis-cli MONITOR` records every command (a script's own
+#    commands included, marked `lua`; STORE_MONITOR=0 leaves it out, as its
+#    feed costs Redis CPU). Then INFO commandstats and Redis's CPU over the
+#    run (less its idle rate, read over 10 s before), and benchmarks/store_commands.py reports commands per
+#    session-minute per command and per feature (admission, metering flush,
+#    leases, calls, connection), round trips and the commands scripts run
+#    apart, and Redis CPU per session-minute (store.txt). STORE_TOPOLOGY=
+#    cluster: the same on a Redis Cluster of its own (three primaries, three
+#    replicas, `redis+cluster://`), counted over the primaries.
 # Every bench reports the CPU of tcp-relay and both gateways over its
 # window (`--cpu-pid`: CPU-seconds per 1000 sessions and the ratio to
 # tcp-relay); the simulator's is printed after each report.
@@ -104,10 +122,12 @@
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
 # all; "cpu-runtime", "cpu-ab", "cpu-otel", "many", "calls", "calls-idle",
-# "translation" and "close" only when named) AB_BIN (cpu-ab's second gateway binary, and
+# "translation", "close" and "store" only when named) AB_BIN (cpu-ab's second gateway binary, and
 # calls' and translation's optional one)
 # CLOSE_N_PER_TARGET CLOSE_C CLOSE_DELTAS CLOSE_DELTA_INTERVAL_MS
 # TRANSLATION_N TRANSLATION_SECS TRANSLATION_CHUNK_MS TRANSLATION_USD_PER_MINUTE
+# STORE_N STORE_SECS STORE_KEYS STORE_FLUSH_SECS STORE_MAX_SESSIONS STORE_MONITOR
+# STORE_TOPOLOGY
 # CALLS_N CALLS_SECS CALLS_SPEECH_MS CALLS_MODEL_MS CALLS_SILENCE_MS
 # CALLS_DELTA_MS CALLS_INFERENCE_MS CALLS_POOL_SIZE CALLS_STEPS
 # CALLS_STEP_SECS CALLS_LIMIT_MS IDLE_N IDLE_SECS IDLE_READ_SECS
@@ -166,6 +186,17 @@ TRANSLATION_SECS=${TRANSLATION_SECS:-60}
 TRANSLATION_CHUNK_MS=${TRANSLATION_CHUNK_MS:-100}
 # gpt-realtime-translate's published rate.
 TRANSLATION_USD_PER_MINUTE=${TRANSLATION_USD_PER_MINUTE:-0.034}
+STORE_N=${STORE_N:-50}
+STORE_SECS=${STORE_SECS:-60}
+STORE_KEYS=${STORE_KEYS:-5}
+STORE_FLUSH_SECS=${STORE_FLUSH_SECS:-15}
+# Per key; 0 = no cap, so no leases.
+STORE_MAX_SESSIONS=${STORE_MAX_SESSIONS:-10000}
+# 0: no MONITOR (its feed costs Redis CPU): commandstats and Redis CPU only.
+STORE_MONITOR=${STORE_MONITOR:-1}
+# standalone, or cluster: three primaries and three replicas, the
+# gateway on their redis+cluster:// URL (the store's Cluster support).
+STORE_TOPOLOGY=${STORE_TOPOLOGY:-standalone}
 # Descriptors a process needs besides its sessions' sockets.
 FD_SPARE=256
 BASE_PORT=${BASE_PORT:-18000}
@@ -190,6 +221,8 @@ ADMIN_ON_B_PORT=$((BASE_PORT + 95))
 OTLP_PORT=$((BASE_PORT + 96))
 ADMIN_OFF_PORT=$((BASE_PORT + 91))
 ADMIN_ON_PORT=$((BASE_PORT + 92))
+GW_STORE_PORT=$((BASE_PORT + 97))
+ADMIN_STORE_PORT=$((BASE_PORT + 98))
 
 bench_setup
 # The gateways' binary (the simulator always runs from BIN): e.g. the
@@ -697,6 +730,153 @@ if stage close; then
   echo
   bench close-after-done 1 -n $((4 * CLOSE_N_PER_TARGET)) -c "$CLOSE_C"
   stop_pids
+  echo
+fi
+
+if stage store; then
+  STACK=store
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
+    { echo "the store stage needs redis-server and redis-cli" >&2; exit 1; }
+  # Ports nothing listens on, so the counts are this run's alone.
+  free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+  mkdir -p "$tmp/redis"
+  # store_ports: the data nodes whose counts add up (the standalone server,
+  # or the cluster's primaries; replicas only replay their writes).
+  store_ports=()
+  if [ "$STORE_TOPOLOGY" = cluster ]; then
+    seeds=()
+    for i in 1 2 3 4 5 6; do
+      p=$(free_port)
+      start "redis-$i" redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
+        --cluster-port "$(free_port)" --cluster-config-file "$tmp/redis/nodes-$p.conf" \
+        --repl-diskless-sync-delay 0 --save "" --appendonly no --dir "$tmp/redis"
+      wait_port "$p"
+      seeds+=("127.0.0.1:$p")
+    done
+    redis-cli --cluster create "${seeds[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$OUT_DIR/store-cluster-create.log" 2>&1
+    first=${seeds[0]##*:}
+    for _ in $(seq 300); do
+      redis-cli -p "$first" CLUSTER INFO | grep -q '^cluster_state:ok' && break
+      sleep 0.1
+    done
+    mapfile -t store_ports < <(redis-cli -p "$first" CLUSTER NODES |
+      awk '$3 ~ /master/ && NF > 8 {split($2, a, "@"); n = split(a[1], b, ":"); print b[n]}')
+    [ "${#store_ports[@]}" = 3 ] || { echo "the cluster did not form (see $OUT_DIR/store-cluster-create.log)" >&2; exit 1; }
+    store_url="redis+cluster://$(IFS=,; echo "${seeds[*]}")"
+  else
+    p=$(free_port)
+    start redis redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp/redis"
+    wait_port "$p"
+    store_ports=("$p")
+    store_url="redis://127.0.0.1:$p"
+  fi
+  start sim "$BIN/patchbay-gateway" sim --listen "127.0.0.1:$SIM_PORT" --keys "$UPSTREAM_KEY" \
+    --stamp-frames --inference-delay-ms "$CALLS_INFERENCE_MS" \
+    --audio-deltas $((CALLS_MODEL_MS / CALLS_DELTA_MS)) \
+    --audio-delta-bytes $((24000 * 2 * CALLS_DELTA_MS / 1000)) --delta-interval-ms "$CALLS_DELTA_MS"
+  wait_port "$SIM_PORT"
+  # STORE_KEYS keys in one team: key, team and route budgets are charged.
+  store_targets=()
+  cap=""
+  [ "$STORE_MAX_SESSIONS" != 0 ] && cap="max_sessions = $STORE_MAX_SESSIONS"
+  : >"$tmp/store-keys.toml"
+  for k in $(seq "$STORE_KEYS"); do
+    key="pb-bench-store-$k"
+    cat >>"$tmp/store-keys.toml" <<EOF
+[[keys]]
+id = "bench-$k"
+sha256 = "$(printf %s "$key" | sha256sum | cut -d' ' -f1)"
+team = "bench"
+budget_usd = 1000000.0
+rpm = 100000
+tpm = 1000000000
+$cap
+
+EOF
+    store_targets+=(--target "key-$k=ws://127.0.0.1:$GW_STORE_PORT/v1/realtime@$key")
+  done
+  cat >>"$tmp/store-keys.toml" <<EOF
+[[teams]]
+id = "bench"
+budget_usd = 1000000.0
+EOF
+  cat >"$tmp/gw-store.toml" <<EOF
+[server]
+listen = "127.0.0.1:$GW_STORE_PORT"
+admin_listen = "127.0.0.1:$ADMIN_STORE_PORT"
+
+[pool]
+max_size = 512
+
+[limits]
+max_sessions = $((2 * STORE_N > 1000 ? 2 * STORE_N : 1000))
+
+[metering]
+flush_secs = $STORE_FLUSH_SECS
+
+[store]
+redis_url_env = "BENCH_REDIS_URL"
+
+[keys]
+file = "$tmp/store-keys.toml"
+
+[[routes]]
+model = "gpt-realtime"
+upstream_url = "ws://127.0.0.1:$SIM_PORT/v1/realtime"
+api_key_env = "BENCH_UPSTREAM_KEY"
+budget_usd = 1000000.0
+
+[[prices]]
+model = "gpt-realtime"
+text_input = 4.0
+cached_text_input = 0.4
+audio_input = 32.0
+cached_audio_input = 0.4
+text_output = 16.0
+audio_output = 64.0
+EOF
+  start gw-store env BENCH_UPSTREAM_KEY="$UPSTREAM_KEY" BENCH_REDIS_URL="$store_url" \
+    REALTIME_POOL_SIZE="$CALLS_POOL_SIZE" "$GATEWAY_BIN" serve --config "$tmp/gw-store.toml"
+  wait_http "http://127.0.0.1:$ADMIN_STORE_PORT/readyz" ||
+    { tail -3 "$OUT_DIR/store-gw-store.log" >&2; exit 1; }
+  per_key=$(((STORE_N + STORE_KEYS - 1) / STORE_KEYS))
+  echo "== store: $((per_key * STORE_KEYS)) calls over $STORE_KEYS keys for ${STORE_SECS} s, flush every ${STORE_FLUSH_SECS} s, max_sessions $STORE_MAX_SESSIONS; $STORE_TOPOLOGY Redis, counted on ${store_ports[*]}"
+  monitor_logs=()
+  for p in "${store_ports[@]}"; do
+    redis-cli -p "$p" CONFIG RESETSTAT >/dev/null
+    if [ "$STORE_MONITOR" = 1 ]; then
+      start "monitor-$p" redis-cli -p "$p" MONITOR
+      monitor_logs+=("$OUT_DIR/store-monitor-$p.log")
+    fi
+  done
+  redis_cpu() {
+    for p in "${store_ports[@]}"; do redis-cli -p "$p" INFO cpu; done |
+      awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {print s}'
+  }
+  # Redis's own idle CPU (its timers; the gateway's idle traffic), per
+  # second, taken off the run's.
+  idle_before=$(redis_cpu)
+  sleep 10
+  idle_rate=$(awk -v a="$(redis_cpu)" -v b="$idle_before" 'BEGIN {print (a - b) / 10}')
+  cpu_before=$(redis_cpu)
+  started=$(date +%s%N)
+  timeout "$BENCH_TIMEOUT_SECS" "$BIN/patchbay-bench" "${store_targets[@]}" \
+    --calls "$per_key" --call-secs "$STORE_SECS" --speech-ms "$CALLS_SPEECH_MS" \
+    --silence-ms "$CALLS_SILENCE_MS" --threads "$BENCH_THREADS" --out "$OUT_DIR/store-bench.json" \
+    >"$OUT_DIR/store-bench.txt" 2>&1 || echo "warning: the store bench failed (see $OUT_DIR/store-bench.txt)" >&2
+  # The last sessions' final flushes and lease removals.
+  sleep 3
+  wall_ms=$((($(date +%s%N) - started) / 1000000))
+  cpu_after=$(redis_cpu)
+  for p in "${store_ports[@]}"; do redis-cli -p "$p" INFO commandstats; done >"$OUT_DIR/store-commandstats.txt"
+  curl -fsS "http://127.0.0.1:$ADMIN_STORE_PORT/metrics" >"$OUT_DIR/store-metrics.txt" || true
+  stop_pids
+  python3 benchmarks/store_commands.py --sessions "$((per_key * STORE_KEYS))" --secs "$STORE_SECS" \
+    --wall-ms "$wall_ms" --metrics "$OUT_DIR/store-metrics.txt" \
+    --redis-cpu-secs "$(awk -v a="$cpu_after" -v b="$cpu_before" -v i="$idle_rate" -v w="$wall_ms" \
+      'BEGIN {print a - b - i * w / 1000}')" \
+    "$OUT_DIR/store-commandstats.txt" "${monitor_logs[@]}" | tee "$OUT_DIR/store.txt"
   echo
 fi
 
