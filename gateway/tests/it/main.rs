@@ -34,6 +34,7 @@ mod redis_url_file;
 mod relay;
 mod secret_files;
 mod skips;
+mod store_cluster;
 mod store_outbox;
 mod store_tls;
 mod tls_and_config;

@@ -1,0 +1,256 @@
+//! Every user of the store on a real Redis Cluster (three primaries, three
+//! replicas) and behind a real Sentinel set: the metering store
+//! (admission, flushes sent twice, replays), session leases, client-secret
+//! configs and the calls fleet work as on one server; in the cluster every
+//! key they write carries the hash tag of its scope and sits in that tag's
+//! slot, and `redis-cli --cluster check` passes.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use patchbay_gateway::calls::fleet::{CallFleet, CallRecord};
+use patchbay_gateway::client_secret::configs::SessionConfigs;
+use patchbay_gateway::config::{BudgetPeriod, RouteConfig};
+use patchbay_gateway::logs::RequestLogRow;
+use patchbay_gateway::metrics::Metrics;
+use patchbay_gateway::store::conn::RedisConn;
+use patchbay_gateway::store::leases::{Acquire, Leases};
+use patchbay_gateway::store::redis::RedisStore;
+use patchbay_gateway::store::{
+    AdmitQuery, BudgetKey, FlushBatch, FlushId, Replayed, RpmWindow, Scope, Store,
+};
+
+use crate::common::unique;
+use crate::redis_topology::{hash_tag, key_slot, RedisCluster, SentinelSet};
+
+fn budget(scope: Scope, id: &str) -> BudgetKey {
+    BudgetKey {
+        scope,
+        id: id.into(),
+        period: BudgetPeriod::Total,
+    }
+}
+
+fn row(key: &str, session: &str, n: u64, cost: f64) -> RequestLogRow {
+    RequestLogRow {
+        request_id: format!("{session}:{n}"),
+        session_id: session.into(),
+        key_id: key.into(),
+        cost_usd: cost,
+        ..RequestLogRow::default()
+    }
+}
+
+#[tokio::test]
+async fn every_store_user_works_on_a_cluster_with_each_key_in_its_tags_slot() {
+    let Some(mut cluster) =
+        RedisCluster::start("every_store_user_works_on_a_cluster_with_each_key_in_its_tags_slot")
+            .await
+    else {
+        return;
+    };
+    let prefix = format!("{}:", unique("pbc"));
+    let conn = RedisConn::new(&cluster.url(), None).unwrap();
+    assert!(conn.tagged());
+    let seed = format!("redis://127.0.0.1:{}", cluster.node_ports()[0]);
+    let mut reader = redis::cluster::ClusterClient::new(vec![seed])
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    let (fleet, held) = exercise(&conn, &prefix, &mut reader).await;
+
+    // Every key written has its scope's hash tag and is in that tag's slot.
+    let keys: Vec<_> = cluster
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| k.key.starts_with(&prefix))
+        .collect();
+    let tags: HashSet<&str> = keys
+        .iter()
+        .map(|k| {
+            let tag = hash_tag(&k.key).unwrap_or_else(|| panic!("{} has no hash tag", k.key));
+            assert_eq!(k.slot, key_slot(tag), "{}", k.key);
+            tag
+        })
+        .collect();
+    let want: HashSet<&str> = ["k1", "t1", "m1", "cs1", "rtc_1"].into_iter().collect();
+    assert!(
+        tags.iter().any(|t| t.starts_with("m1:")),
+        "the route's set of calls: {tags:?}"
+    );
+    assert_eq!(
+        tags.iter()
+            .filter(|t| !t.starts_with("m1:"))
+            .copied()
+            .collect::<HashSet<_>>(),
+        want
+    );
+    let (ok, report) = cluster.check().await;
+    assert!(ok, "{report}");
+    fleet.forget(&route(), "rtc_1").await;
+    assert_eq!(fleet.record("rtc_1").await.unwrap(), None);
+    drop(held);
+}
+
+#[tokio::test]
+async fn every_store_user_works_behind_sentinel() {
+    let Some(set) = SentinelSet::start("every_store_user_works_behind_sentinel").await else {
+        return;
+    };
+    let prefix = format!("{}:", unique("pbs"));
+    let conn = RedisConn::new(&set.url(), None).unwrap();
+    assert!(!conn.tagged(), "behind Sentinel the names are one server's");
+    let mut reader = redis::Client::open(format!("redis://127.0.0.1:{}", set.primary_port()))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (fleet, held) = exercise(&conn, &prefix, &mut reader).await;
+    let budget: f64 = redis::cmd("GET")
+        .arg(format!("{prefix}budget:team:t1:total"))
+        .query_async(&mut reader)
+        .await
+        .unwrap();
+    assert_eq!(budget, 0.75, "on the primary the sentinels name");
+    fleet.forget(&route(), "rtc_1").await;
+    drop(held);
+}
+
+fn route() -> RouteConfig {
+    RouteConfig {
+        model: "m1".into(),
+        upstream_url: "wss://upstream.invalid/v1/realtime".into(),
+        ..RouteConfig::default()
+    }
+}
+
+/// Drives every store user on `conn` under `prefix` and checks their
+/// answers; `reader` reads the request-log stream. Returns the fleet (its
+/// call still registered) and the lease still held.
+async fn exercise(
+    conn: &RedisConn,
+    prefix: &str,
+    reader: &mut impl redis::aio::ConnectionLike,
+) -> (CallFleet, patchbay_gateway::store::leases::Lease) {
+    assert!(!format!("{conn:?}").contains('@'), "{conn:?}");
+    let store = RedisStore::with_conn(conn.clone(), prefix);
+    store.ping().await.expect("the store answers");
+
+    let (key, team, model) = ("k1", "t1", "m1");
+    let budgets = vec![
+        budget(Scope::Key, key),
+        budget(Scope::Team, team),
+        budget(Scope::Route, model),
+    ];
+    let now = SystemTime::now();
+    let admit = AdmitQuery {
+        key_id: key.into(),
+        rpm: RpmWindow::Count,
+        read_tpm: true,
+        budgets: budgets.clone(),
+        now,
+    };
+    let first = store.admit(&admit).await.unwrap();
+    assert_eq!(first.rpm.unwrap().current, 1);
+    assert_eq!(first.budgets, [0.0, 0.0, 0.0]);
+
+    let batch = |seq: u64, cost: f64| FlushBatch {
+        id: Some(FlushId {
+            session_id: "s1".into(),
+            seq,
+        }),
+        now,
+        charges: budgets.iter().map(|b| (b.clone(), cost)).collect(),
+        tpm: Some((key.into(), 100)),
+        rows: vec![row(key, "s1", seq, cost)],
+        stream_maxlen: 0,
+    };
+    let one = batch(1, 0.25);
+    assert_eq!(store.flush(&one).await.unwrap(), [0.25, 0.25, 0.25]);
+    // Sent again (its reply lost): every part is recognised as applied.
+    assert_eq!(store.flush(&one).await.unwrap(), [0.25, 0.25, 0.25]);
+    let two = batch(2, 0.5);
+    let replayed = store.replay(&[&one, &two]).await.unwrap();
+    assert_eq!(replayed, [Replayed::Applied, Replayed::Applied]);
+    assert_eq!(
+        store.replay(&[&two]).await.unwrap(),
+        [Replayed::Applied],
+        "a replayed write already applied is applied once"
+    );
+    let after = store.admit(&admit).await.unwrap();
+    assert_eq!(after.budgets, [0.75, 0.75, 0.75]);
+    assert_eq!(after.rpm.unwrap().current, 2);
+    assert_eq!(after.tpm.unwrap().current, 200);
+    store
+        .unadmit(key, patchbay_gateway::store::window_position(now).0)
+        .await
+        .unwrap();
+
+    // The key's rows, each once, in its stream.
+    let names = store.names();
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(names.request_logs(key))
+        .arg("-")
+        .arg("+")
+        .query_async(reader)
+        .await
+        .unwrap();
+    let ids: Vec<String> = entries
+        .ids
+        .iter()
+        .map(|e| e.get::<String>("request_id").unwrap())
+        .collect();
+    assert_eq!(ids, ["s1:1", "s1:2"]);
+
+    // Leases: the cap holds across the cluster's slots.
+    let leases = Leases::with_conn(conn.clone(), prefix, Arc::new(Metrics::new()));
+    let held = match leases.acquire(key, "l1", 1, now).await.unwrap() {
+        Acquire::Granted { lease, .. } => lease,
+        Acquire::Full { .. } => panic!("the first lease is refused"),
+    };
+    assert!(matches!(
+        leases.acquire(key, "l2", 1, now).await.unwrap(),
+        Acquire::Full { holders: 1 }
+    ));
+    leases.renew(now).await.unwrap();
+    assert_eq!(leases.live(key, now).await.unwrap(), 1);
+
+    // Client-secret configs.
+    let configs = SessionConfigs::on(conn.clone(), prefix);
+    assert!(configs
+        .put("cs1", "{\"a\":1}", Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert_eq!(
+        configs.get("cs1").await.unwrap().as_deref(),
+        Some("{\"a\":1}")
+    );
+
+    // The calls fleet: a record, its holder and the route's set of calls.
+    let fleet = CallFleet::new(conn.clone(), prefix, Arc::new(Metrics::new()));
+    let rec = CallRecord {
+        call_id: "rtc_1".into(),
+        key_id: key.into(),
+        team: Some(team.into()),
+        model: model.into(),
+        transport: "webrtc".into(),
+        client_secret_id: None,
+        lease_id: None,
+        started_unix_ms: 1,
+        accepting: false,
+    };
+    fleet
+        .register(&route(), &rec, Duration::from_secs(60))
+        .await;
+    assert_eq!(fleet.record("rtc_1").await.unwrap(), Some(rec.clone()));
+    assert_eq!(fleet.renew("rtc_1").await, Some(true));
+    let other = CallFleet::new(conn.clone(), prefix, Arc::new(Metrics::new()));
+    assert!(
+        other.claim_orphans(&route()).await.is_empty(),
+        "a held call is not adopted"
+    );
+    (fleet, held)
+}
