@@ -114,7 +114,7 @@ async fn every_store_user_works_behind_sentinel() {
         .query_async(&mut reader)
         .await
         .unwrap();
-    assert_eq!(budget, 0.75, "on the primary the sentinels name");
+    assert_eq!(budget, 1.0, "on the primary the sentinels name");
     fleet.forget(&route(), "rtc_1").await;
     drop(held);
 }
@@ -184,6 +184,17 @@ async fn exercise(
     assert_eq!(after.budgets, [0.75, 0.75, 0.75]);
     assert_eq!(after.rpm.unwrap().current, 2);
     assert_eq!(after.tpm.unwrap().current, 200);
+    // Confirmed by a replica (each primary here has one): the same write
+    // path, with a WAIT in the write's pipeline on the write's node.
+    let confirmed = RedisStore::with_conn(conn.clone(), prefix).with_replica_acks(1);
+    assert_eq!(
+        confirmed.flush(&batch(3, 0.25)).await.unwrap(),
+        [1.0, 1.0, 1.0]
+    );
+    assert_eq!(
+        confirmed.replay(&[&batch(3, 0.25)]).await.unwrap(),
+        [Replayed::Applied]
+    );
     store
         .unadmit(key, patchbay_gateway::store::window_position(now).0)
         .await
@@ -203,7 +214,7 @@ async fn exercise(
         .iter()
         .map(|e| e.get::<String>("request_id").unwrap())
         .collect();
-    assert_eq!(ids, ["s1:1", "s1:2"]);
+    assert_eq!(ids, ["s1:1", "s1:2", "s1:3"]);
 
     // Leases: the cap holds across the cluster's slots.
     let leases = Leases::with_conn(conn.clone(), prefix, Arc::new(Metrics::new()));
