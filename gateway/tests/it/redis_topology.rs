@@ -840,7 +840,12 @@ async fn killing_a_cluster_primary_promotes_its_replica_with_the_replicated_writ
     eprintln!("cluster failover took {:?}", started.elapsed());
     assert_ne!(promoted, old);
     assert_eq!(cluster.primary_for_key(key).await, promoted);
-    assert_eq!(query::<String>(promoted, &["GET", key]).await.unwrap(), "7");
+    // The promoted node may still be settling (loading, redirecting).
+    let value: String = until("the promoted node to answer", FAILOVER_WAIT, || {
+        query::<String>(promoted, &["GET", key])
+    })
+    .await;
+    assert_eq!(value, "7");
     let (ok, out) = cluster.check().await;
     assert!(ok, "redis-cli --cluster check after the failover:\n{out}");
     assert_eq!(cluster.primaries().await.len(), 3);
