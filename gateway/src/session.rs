@@ -41,6 +41,7 @@ use crate::client_secret::Grant;
 use crate::config::Endpoint;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
+use crate::live_records::{LiveRecords, LiveWsSession};
 use crate::metering::client_models::{ModelPolicy, SessionTap};
 use crate::metering::live::LiveUsage;
 use crate::metering::translation::{AudioCounters, TranslationAudio};
@@ -255,6 +256,9 @@ pub struct Session {
     pub live_start: Option<Box<LiveStart>>,
 }
 
+/// Where a Live WebSocket session's owner is recorded, and the record.
+type LiveOwner = (Arc<dyn LiveRecords>, LiveWsSession);
+
 /// A Live session's `session.start` as the client sent it (parsed): sent
 /// upstream by the dial with the upstream's model, or, for a WebSocket fork
 /// of `fork_of`, as sent (a fork inherits its parent's model) to the
@@ -317,13 +321,15 @@ impl Session {
         // reports, from its `session.started` on.
         let live = (route.config.endpoint == Endpoint::Live)
             .then(|| Arc::new(LiveUsage::new(std::time::Instant::now())));
+        let live_id = live
+            .as_ref()
+            .and_then(|_| crate::metering::live::started_id(&warm.session_created));
+        // Boxed: the session's future holds it for the session's life.
+        let live_owner = Box::pin(self.record_live_owner(live_id.clone())).await;
         let meta = SessionMeta::new(self.id.clone(), &self.key, &route.config)
             .on_upstream(&upstream.config, &route.config)
             .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()))
-            .for_live_session(
-                live.as_ref()
-                    .and_then(|_| crate::metering::live::started_id(&warm.session_created)),
-            )
+            .for_live_session(live_id)
             .traced(
                 &gw.telemetry,
                 self.origin.trace,
@@ -423,6 +429,30 @@ impl Session {
                 spliced.upstream_code,
             );
         }
+        if let Some(owner) = live_owner {
+            let (records, session) = *owner;
+            Box::pin(records.ended(&session)).await;
+        }
+    }
+
+    /// A Live WebSocket session's owner, recorded under the id its
+    /// upstream gave it ([`crate::live_records`]), so that its attach and
+    /// forks are served to it from any replica; what retires it at the end.
+    async fn record_live_owner(&self, id: Option<String>) -> Option<Box<LiveOwner>> {
+        let records = self.gateway.live_records.get()?.clone();
+        let now = std::time::SystemTime::now();
+        let started = now.checked_sub(self.started.elapsed()).unwrap_or(now);
+        let session = LiveWsSession {
+            id: id?,
+            key_id: self.key.id.clone(),
+            team: self.key.team.clone(),
+            model: self.route.config.model.clone(),
+            started_unix_ms: started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        records.started(&session).await;
+        Some(Box::new((records, session)))
     }
 
     /// Everything before the splice: the client's upgrade, an upstream (a

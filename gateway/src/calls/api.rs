@@ -774,6 +774,9 @@ pub(super) async fn adopt_loop(st: CallsState) {
 /// once), the key's fleet lease, a new sideband.
 async fn adopt(st: &CallsState, fleet: &CallFleet, route: &Arc<Route>, rec: CallRecord) {
     let gw = &st.gw;
+    if super::live_owners::never_adopted(fleet, &route.config, &rec).await {
+        return;
+    }
     if st.owners.get(&rec.call_id).is_some() {
         // Still metered here: its hold lapsed during a Redis outage and this
         // replica claimed it back. One sideband per call.

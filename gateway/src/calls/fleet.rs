@@ -10,6 +10,9 @@
 //!   `accepting`, expiring [`CLAIM_GRACE`] after the accept's own timeout):
 //!   of concurrent accepts on any replicas, one goes upstream; a refused
 //!   accept deletes its claim (only its own: compare-and-delete).
+//!   A GPT-Live WebSocket session's owner has a record too (`transport`
+//!   `websocket`, [`CallFleet::register_live_ws`]), in no route's set:
+//!   it is never adopted ([`super::live_owners`]).
 //! - `{prefix}call_holder:{call_id}`: the id of the replica whose sideband
 //!   meters the call, with a TTL of [`HOLD_TTL`], renewed every
 //!   [`HOLD_RENEW`] while it does.
@@ -392,6 +395,51 @@ impl CallFleet {
             }
         }
         claimed
+    }
+}
+
+impl CallFleet {
+    /// Records a GPT-Live WebSocket session's owner (`transport`
+    /// `websocket`, for its attach and forks on any replica): the record
+    /// alone, in no route's set and with no holder, so no replica's
+    /// [`CallFleet::claim_orphans`] ever sees it (its client holds the
+    /// session's only connection: nothing could be adopted).
+    pub async fn register_live_ws(&self, rec: &CallRecord, ttl: Duration) {
+        let json = serde_json::to_string(rec).unwrap_or_default();
+        let cmd = redis::cmd("SET")
+            .arg(self.record_key(&rec.call_id))
+            .arg(json)
+            .arg("EX")
+            .arg(ttl.as_secs().max(1))
+            .to_owned();
+        let mut conn = self.conn.get();
+        self.bounded("live_ws_register", cmd.query_async::<()>(&mut conn))
+            .await;
+    }
+
+    /// Keeps an ended Live WebSocket session's record (its owner) for
+    /// [`super::ownership::RETIRED_FOR`].
+    pub async fn retire_live_ws(&self, id: &str) {
+        let cmd = redis::cmd("EXPIRE")
+            .arg(self.record_key(id))
+            .arg(super::ownership::RETIRED_FOR.as_secs())
+            .to_owned();
+        let mut conn = self.conn.get();
+        self.bounded("live_ws_retire", cmd.query_async::<()>(&mut conn))
+            .await;
+    }
+
+    /// Takes `call_id` out of `route`'s set of adoptable calls and drops
+    /// this replica's hold on it (a record that must never be adopted).
+    pub async fn unindex(&self, route: &RouteConfig, call_id: &str) {
+        let cmd = redis::cmd("SREM")
+            .arg(index_key(&self.prefix, route))
+            .arg(call_id)
+            .to_owned();
+        let mut conn = self.conn.get();
+        self.bounded("call_unindex", cmd.query_async::<()>(&mut conn))
+            .await;
+        self.release(call_id).await;
     }
 }
 
