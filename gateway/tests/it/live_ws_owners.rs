@@ -139,6 +139,24 @@ async fn the_owner_of_a_websocket_live_session_attaches_to_it_and_forks_it_and_n
     let other_fork = post_fork(gw.addr, "pb-other", &id).await;
     assert_eq!(other_fork.status, 404, "{}", other_fork.body);
     assert_eq!(upgrades(), 1, "nothing went upstream for another key");
+    // Counted by action and the refusal's code, as every refused action is.
+    let admin = gw.admin_addr;
+    let refused = |action: &'static str| {
+        let labels = format!("action=\"{action}\",reason=\"session_not_found\"");
+        async move { metric(admin, "patchbay_call_action_refusals_total", &labels).await }
+    };
+    assert_eq!(refused("attach").await, 1.0);
+    assert_eq!(refused("fork").await, 1.0);
+    assert_eq!(
+        metric(
+            gw.admin_addr,
+            "patchbay_call_action_refusals_total",
+            "action=\"unknown\""
+        )
+        .await,
+        0.0
+    );
+
     owner_attaches(gw.addr, "pb-owner", &id).await;
     owner_forks(gw.addr, "pb-mate", &id).await;
     assert_eq!(upgrades(), 3, "the attach and the fork went upstream");
