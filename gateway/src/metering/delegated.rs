@@ -154,12 +154,22 @@ pub fn read(text: &[u8], known_response_event: Option<bool>) -> Option<Delegated
 /// The Responses model a Live `session.start` delegates to
 /// (`session.delegation = {type: "responses", responses: {model}}`).
 pub fn start_model(start: &serde_json::Value) -> Option<&str> {
-    let d = start.get("session")?.get("delegation")?;
-    if d.get("type").and_then(serde_json::Value::as_str) != Some("responses") {
+    delegation_model(start.get("session")?.get("delegation")?)
+}
+
+/// The Responses model a Live `session.delegation` names, in a
+/// `session.start` or a `session.update` (`types/live/session_update_config.py`,
+/// `DelegationResponses.responses.model`: "The Responses backend model to
+/// use for subsequent delegated requests").
+pub fn delegation_model(delegation: &serde_json::Value) -> Option<&str> {
+    if delegation.get("type").and_then(serde_json::Value::as_str) != Some("responses") {
         return None;
     }
-    d.get("responses")?.get("model")?.as_str()
+    delegation.get("responses")?.get("model")?.as_str()
 }
+
+/// The `param` naming a delegated model in Live's errors.
+pub const DELEGATED_MODEL_PARAM: &str = "session.delegation.responses.model";
 
 /// The delegated model of `start` when it has no token price on one of
 /// `upstreams` (the route's upstream names): what `unpriced = "block"`

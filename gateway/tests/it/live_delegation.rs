@@ -288,3 +288,66 @@ async fn a_delegation_to_a_model_outside_the_keys_list_is_refused_before_any_dia
     gw.sigterm();
     gw.wait_exit(Duration::from_secs(15)).await;
 }
+
+#[tokio::test]
+async fn a_session_update_delegating_outside_the_keys_list_is_refused_and_not_forwarded() {
+    // As at `session.start`: a model a frame names is held to the key's list before the frame
+    // goes upstream; the session goes on with its delegation as it was.
+    let s = live_sim(None).await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &key_entry(
+            "narrow",
+            "pb-narrow",
+            &format!("models = [\"{LIVE}\", \"{DELEGATE}\"]"),
+        ),
+    );
+    let extra = format!(
+        "{}[keys]\nfile = \"{}\"\n",
+        config(&s, true, ""),
+        keys.0.display()
+    );
+    let mut gw = Child::start(&s.url(false), &extra, &[]).await;
+    let mut ws = connect_live_as(gw.addr, "pb-narrow").await;
+    assert_eq!(start(&mut ws).await["type"], "session.started");
+    send_json(
+        &mut ws,
+        json!({"type": "session.update", "event_id": "u1", "session": {"delegation":
+            {"type": "responses", "responses": {"model": "gpt-elsewhere"}}}}),
+    )
+    .await;
+    let refused = loop {
+        let v = json_of(&recv_text(&mut ws).await);
+        if v["type"] != "session.usage.updated" {
+            break v;
+        }
+    };
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["error"]["code"], "model_not_allowed");
+    assert_eq!(
+        refused["error"]["param"],
+        "session.delegation.responses.model"
+    );
+    assert_eq!(refused["error"]["client_event_id"], "u1");
+    // Still running, delegating as it started.
+    send_json(&mut ws, json!({"type": "session.close"})).await;
+    let (texts, _, _) = until_close(&mut ws).await;
+    assert!(
+        texts.iter().any(|t| kind(t) == "session.closed"),
+        "{texts:?}"
+    );
+    let received = s.stats.received.lock().unwrap().clone();
+    assert!(
+        !received.iter().any(|t| kind(t) == "session.update"),
+        "the refused update went upstream: {received:?}"
+    );
+    let refusals = metric(
+        gw.admin_addr,
+        "patchbay_admission_refusals_total",
+        "reason=\"model_not_allowed\"",
+    )
+    .await;
+    assert_eq!(refusals, 1.0);
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+}
