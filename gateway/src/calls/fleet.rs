@@ -17,9 +17,10 @@
 //!   meters the call, with a TTL of [`HOLD_TTL`], renewed every
 //!   [`HOLD_RENEW`] while it does.
 //! - `{prefix}live_charged:{id}`: for a GPT-Live WebRTC session, the
-//!   milliseconds its metering replica has charged so far (an adopting
-//!   replica charges only what the upstream's cumulative figure adds to
-//!   it; [`crate::metering::live`]). An ended Live session's record is
+//!   milliseconds its metering replica has charged so far, raised before
+//!   each window is charged ([`CallFleet::mark_live_charged`]), so it is
+//!   never behind what was charged (an adopting replica charges only what
+//!   the upstream's cumulative figure adds to it; [`crate::metering::live`]). An ended Live session's record is
 //!   kept for [`super::ownership::RETIRED_FOR`] ([`CallFleet::retire`]):
 //!   its recording and forks stay its owner's.
 //! - `{prefix}calls:{model}:{upstream}`: the set of live call ids of one
@@ -398,7 +399,29 @@ impl CallFleet {
     }
 }
 
+/// Raises `KEYS[1]` to `ARGV[1]` (never lowers it), for `ARGV[2]` s.
+const RAISE_SCRIPT: &str = r"
+local held = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local new = tonumber(ARGV[1])
+if new > held then held = new end
+redis.call('SET', KEYS[1], tostring(held), 'EX', ARGV[2])
+return 1
+";
+
 impl CallFleet {
+    /// Raises what is recorded as charged of a Live session to
+    /// `charged_ms` (before it is charged: [`crate::metering::live::ChargedMark`]);
+    /// true once Redis confirmed it.
+    pub async fn mark_live_charged(&self, call_id: &str, charged_ms: u64, ttl: Duration) -> bool {
+        let mut conn = self.conn.get();
+        let script = redis::Script::new(RAISE_SCRIPT);
+        let mut inv = script.key(self.charged_key(call_id));
+        inv.arg(charged_ms).arg(ttl.as_secs().max(1));
+        self.bounded("live_charged_mark", inv.invoke_async::<i64>(&mut conn))
+            .await
+            .is_some()
+    }
+
     /// Records a GPT-Live WebSocket session's owner (`transport`
     /// `websocket`, for its attach and forks on any replica): the record
     /// alone, in no route's set and with no holder, so no replica's

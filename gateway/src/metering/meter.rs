@@ -379,7 +379,7 @@ impl MeterTask {
         self.take_audio_window();
         if let Some(live) = self.live.as_mut() {
             self.window.extend(live.take_delegated());
-            if let Some(rec) = live.take(!check_budgets) {
+            if let Some(rec) = live.take_marked(!check_budgets).await {
                 self.window.push(rec);
             }
         }
