@@ -21,9 +21,21 @@
 //! model ([`Delegated`]): input at the text input rate, cached input at the
 //! cached text rate, output (reasoning included, as the Responses API
 //! bills it) at the text output rate. A response id seen before charges
-//! nothing ([`DelegatedLedger`]). Caveat: the ids seen are per replica, so
-//! a terminal event repeated after a WebRTC Live session's sideband moved
-//! to another replica would be charged again there.
+//! nothing ([`DelegatedLedger`]).
+//!
+//! Caveat, and its bound: the ids seen are kept per metering of a session,
+//! in memory. A WebSocket session is metered by one replica for its whole
+//! life (it is never handed over), so for it the rule is exact. A WebRTC
+//! session's sideband can move to another replica (a drain, a kill), which
+//! starts with no ids: a response is charged twice only if the upstream
+//! sends its terminal event on the old sideband *and again* on the new one.
+//! A sideband carries the events that happen while it is attached (none
+//! from before), so that takes a terminal event the upstream repeats after
+//! the hand-over's gap (at least the hold's expiry after a kill, a poll
+//! after a drain). The bound: per hand-over, each delegated response whose
+//! terminal event is so repeated is charged at most once more; a response
+//! that ends during the gap is seen by neither replica and charged by
+//! neither.
 //!
 //! Under `unpriced = "block"` a Live session whose `session.start` names a
 //! delegated model without a token price on every upstream of its route is
