@@ -20,7 +20,11 @@
 //!   milliseconds its metering replica has charged so far, raised before
 //!   each window is charged ([`CallFleet::mark_live_charged`]), so it is
 //!   never behind what was charged (an adopting replica charges only what
-//!   the upstream's cumulative figure adds to it; [`crate::metering::live`]). An ended Live session's record is
+//!   the upstream's cumulative figure adds to it; [`crate::metering::live`]).
+//! - `{prefix}live_delegated:{id}`: the response ids of the delegated
+//!   responses charged of that session, added before they are charged
+//!   ([`CallFleet::mark_live_delegated`]): an adopting replica charges
+//!   none of them again ([`crate::metering::delegated`]). An ended Live session's record is
 //!   kept for [`super::ownership::RETIRED_FOR`] ([`CallFleet::retire`]):
 //!   its recording and forks stay its owner's.
 //! - `{prefix}calls:{model}:{upstream}`: the set of live call ids of one
@@ -420,6 +424,37 @@ impl CallFleet {
         self.bounded("live_charged_mark", inv.invoke_async::<i64>(&mut conn))
             .await
             .is_some()
+    }
+
+    fn delegated_key(&self, call_id: &str) -> String {
+        format!("{}live_delegated:{call_id}", self.prefix)
+    }
+
+    /// Adds delegated response ids to those charged of a Live session
+    /// (before they are charged); true once Redis confirmed it.
+    pub async fn mark_live_delegated(&self, call_id: &str, ids: &[String], ttl: Duration) -> bool {
+        let key = self.delegated_key(call_id);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .sadd(&key, ids)
+            .ignore()
+            .expire(&key, ttl.as_secs().max(1) as i64)
+            .ignore();
+        let mut conn = self.conn.get();
+        self.bounded("live_delegated_mark", pipe.query_async::<()>(&mut conn))
+            .await
+            .is_some()
+    }
+
+    /// The delegated response ids charged of a Live session so far;
+    /// `None` when Redis did not say.
+    pub async fn live_delegated(&self, call_id: &str) -> Option<Vec<String>> {
+        let cmd = redis::cmd("SMEMBERS")
+            .arg(self.delegated_key(call_id))
+            .to_owned();
+        let mut conn = self.conn.get();
+        self.bounded("live_delegated_get", cmd.query_async(&mut conn))
+            .await
     }
 
     /// Records a GPT-Live WebSocket session's owner (`transport`

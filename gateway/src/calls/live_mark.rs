@@ -4,6 +4,8 @@
 //! ([`crate::metering::live::ChargedMark`]), so a replica killed between
 //! the two leaves the mark ahead of its charges and the replica adopting
 //! the session from the mark charges nothing twice.
+//! The ids of the delegated responses charged are kept the same way
+//! (`live_delegated`), added before they are charged.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,5 +30,16 @@ impl ChargedMark for FleetMark {
             self.fleet
                 .mark_live_charged(&self.call_id, charged_ms, self.ttl),
         )
+    }
+
+    fn mark_delegated(
+        &self,
+        response_ids: Vec<String>,
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(async move {
+            self.fleet
+                .mark_live_delegated(&self.call_id, &response_ids, self.ttl)
+                .await
+        })
     }
 }

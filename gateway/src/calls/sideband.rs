@@ -224,6 +224,11 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
     };
     let charged_ttl = Duration::from_secs(gw.config.relay.max_session_secs) + RECORD_GRACE;
     if let (Some(u), Some(f)) = (&live, &fleet) {
+        // The delegated responses another replica charged are not charged
+        // again here.
+        if let Some(ids) = f.live_delegated(&call.id).await {
+            u.knows_delegated(ids);
+        }
         // Each window's figure is marked before it is charged.
         u.marked_by(Arc::new(FleetMark {
             fleet: f.clone(),

@@ -23,19 +23,22 @@
 //! bills it) at the text output rate. A response id seen before charges
 //! nothing ([`DelegatedLedger`]).
 //!
-//! Caveat, and its bound: the ids seen are kept per metering of a session,
-//! in memory. A WebSocket session is metered by one replica for its whole
-//! life (it is never handed over), so for it the rule is exact. A WebRTC
-//! session's sideband can move to another replica (a drain, a kill), which
-//! starts with no ids: a response is charged twice only if the upstream
-//! sends its terminal event on the old sideband *and again* on the new one.
-//! A sideband carries the events that happen while it is attached (none
-//! from before), so that takes a terminal event the upstream repeats after
-//! the hand-over's gap (at least the hold's expiry after a kill, a poll
-//! after a drain). The bound: per hand-over, each delegated response whose
-//! terminal event is so repeated is charged at most once more; a response
-//! that ends during the gap is seen by neither replica and charged by
-//! neither.
+//! The ids seen are kept per metering of a session, in memory. A WebSocket
+//! session is metered by one replica for its whole life (it is never
+//! handed over), so for it the rule is exact. A WebRTC session's sideband
+//! can move to another replica (a drain, a kill): with Redis, the ids of
+//! the responses charged are added to the session's `live_delegated` set
+//! *before* they are charged ([`crate::metering::live::ChargedMark`]), and
+//! the adopting replica starts from that set, so a terminal event the
+//! upstream repeats after the hand-over charges nothing there either; a
+//! replica killed between the two leaves those responses charged by
+//! nobody. Remaining bound: a response whose id the store did not confirm
+//! is charged in a later flush (the last flush charges whatever the store
+//! says), and the replica letting a session go on a drain marks its last
+//! ids in its final flush, which can land after the adopting replica read
+//! the set: a terminal event repeated on the new sideband within that gap
+//! (milliseconds) is charged once more. A sideband carries only the events
+//! that happen while it is attached, so nothing else is seen twice.
 //!
 //! Under `unpriced = "block"` a Live session whose `session.start` names a
 //! delegated model without a token price on every upstream of its route is
@@ -228,6 +231,25 @@ impl DelegatedLedger {
     /// The responses queued since the last take.
     pub fn take(&mut self) -> Vec<Delegated> {
         std::mem::take(&mut self.pending)
+    }
+
+    /// Puts taken responses back, to be taken again (their ids stay seen).
+    pub fn requeue(&mut self, taken: Vec<Delegated>) {
+        let later = std::mem::replace(&mut self.pending, taken);
+        self.pending.extend(later);
+    }
+
+    /// A response id charged elsewhere (the replica that metered the
+    /// session before): never queued here.
+    pub fn seen_already(&mut self, response_id: String) {
+        if self.order.len() >= MAX_DELEGATED_IDS {
+            for old in self.order.drain(..MAX_DELEGATED_IDS / 2) {
+                self.seen.remove(&old);
+            }
+        }
+        if self.seen.insert(response_id.clone()) {
+            self.order.push(response_id);
+        }
     }
 }
 

@@ -104,6 +104,12 @@ pub trait ChargedMark: Send + Sync + std::fmt::Debug {
     /// Records that `charged_ms` is charged (never lowering a higher
     /// mark); false when the store did not confirm it.
     fn mark(&self, charged_ms: u64) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
+    /// Records that the delegated responses `response_ids` are charged;
+    /// false when the store did not confirm it.
+    fn mark_delegated(
+        &self,
+        response_ids: Vec<String>,
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
 }
 
 impl LiveUsage {
@@ -119,6 +125,15 @@ impl LiveUsage {
             let_go: AtomicBool::new(false),
             delegated: Mutex::new(DelegatedLedger::default()),
             mark: OnceLock::new(),
+        }
+    }
+
+    /// Delegated responses charged by the replica that metered the session
+    /// before: charged nothing more here.
+    pub fn knows_delegated(&self, response_ids: impl IntoIterator<Item = String>) {
+        let mut ledger = self.delegated.lock().unwrap_or_else(|p| p.into_inner());
+        for id in response_ids {
+            ledger.seen_already(id);
         }
     }
 
@@ -378,36 +393,61 @@ impl LiveWindows {
 }
 
 impl LiveWindows {
-    /// The delegated responses seen since the last call, one record each,
-    /// priced at their own model's token rates by the meter.
-    pub fn take_delegated(&mut self) -> Vec<TurnRecord> {
-        let taken = self
-            .usage
+    fn ledger(&self) -> std::sync::MutexGuard<'_, DelegatedLedger> {
+        self.usage
             .delegated
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let now = SystemTime::now();
-        taken
-            .into_iter()
-            .map(|d| TurnRecord {
-                n: 0,
-                kind: TurnKind::Delegated {
-                    model: d.model,
-                    delegation_id: d.delegation_id,
-                },
-                started_at: now,
-                ended_at: now,
-                latency: std::time::Duration::ZERO,
-                ttft: None,
-                status: 200,
-                end_reason: d.status,
-                usage: Some(d.usage),
-                response_id: Some(d.response_id),
-                conversation_id: None,
-            })
-            .collect()
     }
+
+    /// The delegated responses seen since the last call, one record each,
+    /// priced at their own model's token rates by the meter.
+    pub fn take_delegated(&mut self) -> Vec<TurnRecord> {
+        let taken = self.ledger().take();
+        records_of(taken)
+    }
+
+    /// [`LiveWindows::take_delegated`], their response ids first recorded
+    /// by the session's [`ChargedMark`] when it has one (so that a replica
+    /// adopting the session knows them: [`LiveUsage::knows_delegated`]);
+    /// responses whose ids the store did not confirm wait for the next
+    /// flush, unless this is the last.
+    pub async fn take_delegated_marked(&mut self, last: bool) -> Vec<TurnRecord> {
+        let taken = self.ledger().take();
+        let mark = self.usage.mark.get().cloned();
+        if let (Some(mark), false) = (mark, taken.is_empty()) {
+            let ids = taken.iter().map(|d| d.response_id.clone()).collect();
+            if !mark.mark_delegated(ids).await && !last {
+                self.ledger().requeue(taken);
+                return Vec::new();
+            }
+        }
+        records_of(taken)
+    }
+}
+
+/// One record per delegated response.
+fn records_of(taken: Vec<delegated::Delegated>) -> Vec<TurnRecord> {
+    let now = SystemTime::now();
+    taken
+        .into_iter()
+        .map(|d| TurnRecord {
+            n: 0,
+            kind: TurnKind::Delegated {
+                model: d.model,
+                delegation_id: d.delegation_id,
+            },
+            started_at: now,
+            ended_at: now,
+            latency: std::time::Duration::ZERO,
+            ttft: None,
+            status: 200,
+            end_reason: d.status,
+            usage: Some(d.usage),
+            response_id: Some(d.response_id),
+            conversation_id: None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -546,6 +586,7 @@ mod tests {
     struct Mark {
         usage: OnceLock<Arc<LiveUsage>>,
         asked: Mutex<Vec<(u64, u64)>>,
+        delegated: Mutex<Vec<String>>,
         fails: AtomicBool,
     }
 
@@ -556,6 +597,54 @@ mod tests {
             let ok = !self.fails.load(Ordering::Relaxed);
             Box::pin(async move { ok })
         }
+
+        fn mark_delegated(
+            &self,
+            response_ids: Vec<String>,
+        ) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+            let ok = !self.fails.load(Ordering::Relaxed);
+            if ok {
+                self.delegated.lock().unwrap().extend(response_ids);
+            }
+            Box::pin(async move { ok })
+        }
+    }
+
+    fn delegated_done(id: &str) -> String {
+        format!(
+            r#"{{"type":"response.event","event_id":"e","delegation_id":"dlg_1","event":{{"type":"response.completed","response":{{"id":"{id}","model":"gpt-5.5","usage":{{"input_tokens":10,"output_tokens":5,"total_tokens":15}}}}}}}}"#
+        )
+    }
+
+    #[tokio::test]
+    async fn delegated_responses_charged_before_a_hand_over_are_not_charged_again_after_it() {
+        // Replica A charges resp_1, its id marked first.
+        let a = Arc::new(LiveUsage::new(Instant::now()));
+        let mark = Arc::new(Mark::default());
+        a.marked_by(mark.clone());
+        let mut wa = LiveWindows::new(a.clone());
+        a.on_upstream(delegated_done("resp_1").as_bytes());
+        assert_eq!(wa.take_delegated_marked(false).await.len(), 1);
+        let charged = mark.delegated.lock().unwrap().clone();
+        assert_eq!(charged, vec!["resp_1".to_string()]);
+
+        // Replica B adopts the session knowing the marked ids: the same
+        // terminal event repeated there charges nothing; a new one does,
+        // once its id is marked (a failed mark waits for the next flush).
+        let b = Arc::new(LiveUsage::resumed(Instant::now(), 0));
+        b.knows_delegated(charged);
+        b.marked_by(mark.clone());
+        let mut wb = LiveWindows::new(b.clone());
+        b.on_upstream(delegated_done("resp_1").as_bytes());
+        assert!(wb.take_delegated_marked(false).await.is_empty());
+        b.on_upstream(delegated_done("resp_2").as_bytes());
+        mark.fails.store(true, Ordering::Relaxed);
+        assert!(wb.take_delegated_marked(false).await.is_empty());
+        mark.fails.store(false, Ordering::Relaxed);
+        let taken = wb.take_delegated_marked(false).await;
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].response_id.as_deref(), Some("resp_2"));
+        assert!(wb.take_delegated_marked(false).await.is_empty());
     }
 
     #[tokio::test]

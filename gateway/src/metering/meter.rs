@@ -378,7 +378,8 @@ impl MeterTask {
         self.check_key();
         self.take_audio_window();
         if let Some(live) = self.live.as_mut() {
-            self.window.extend(live.take_delegated());
+            self.window
+                .extend(live.take_delegated_marked(!check_budgets).await);
             if let Some(rec) = live.take_marked(!check_budgets).await {
                 self.window.push(rec);
             }
