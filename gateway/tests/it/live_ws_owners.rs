@@ -88,7 +88,9 @@ async fn started(addr: SocketAddr, key: &str) -> (Client, String) {
 }
 
 fn not_found(r: Result<Client, (u16, Value)>) {
-    let (status, body) = r.err().expect("refused");
+    let Err((status, body)) = r else {
+        panic!("not refused")
+    };
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "session_not_found", "{body}");
 }
