@@ -320,7 +320,13 @@ async fn a_session_update_delegating_outside_the_keys_list_is_refused_and_not_fo
             {"type": "responses", "responses": {"model": "gpt-elsewhere"}}}}),
     )
     .await;
+    // The usage events go on meanwhile: the first other event, within a bound.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     let refused = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no answer to the update"
+        );
         let v = json_of(&recv_text(&mut ws).await);
         if v["type"] != "session.usage.updated" {
             break v;
