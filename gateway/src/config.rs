@@ -35,7 +35,6 @@ use patchbay_config::{
     MIN_DRAIN_WAIT_SECS, MIN_POOL_MAX_IDLE_SECS,
 };
 use serde::Deserialize;
-use url::Url;
 
 use crate::config_checks;
 use crate::config_env;
@@ -648,34 +647,13 @@ pub fn live_from_toml(
     Ok(LiveConfig { metering, prices })
 }
 
-/// A store URL the gateway can use safely: TLS certificates are always
-/// verified (redis-rs's `#insecure` fragment is refused), and a `ca_file`
-/// only makes sense for `rediss://`. Never echoes the URL (it may hold a
-/// password).
 /// The Redis URL in `raw` (an env value or a URL file's text), trimmed and
-/// checked; the error never quotes the URL (it may carry a password).
+/// checked ([`crate::redis_url::check`]); the error never quotes the URL
+/// (it may carry a password).
 pub fn checked_redis_url(raw: &str, has_ca_file: bool) -> Result<Secret, String> {
     let url = raw.trim();
-    if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("unix://"))
-    {
-        return Err("must hold a redis://, rediss:// or unix:// URL".into());
-    }
-    validate_redis_url(url, has_ca_file)?;
+    crate::redis_url::check(url, has_ca_file)?;
     Ok(Secret::new(url))
-}
-
-fn validate_redis_url(url: &str, has_ca_file: bool) -> Result<(), String> {
-    let parsed = Url::parse(url).map_err(|e| format!("not a valid URL: {e}"))?;
-    if parsed.fragment().is_some() {
-        return Err(
-            "a URL fragment (such as #insecure) is not accepted: TLS certificates are always verified"
-                .into(),
-        );
-    }
-    if has_ca_file && parsed.scheme() != "rediss" {
-        return Err("store.ca_file is set, so the URL must be rediss:// (TLS)".into());
-    }
-    Ok(())
 }
 
 /// Every token rate must be a number within `[0, MAX_PRICE_USD_PER_MILLION_TOKENS]` and a

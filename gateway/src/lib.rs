@@ -37,6 +37,7 @@ pub mod metric_family;
 pub mod metrics;
 pub mod pem;
 pub mod pool_watch;
+pub mod redis_url;
 pub mod relay;
 pub mod reload;
 pub mod secret;

@@ -109,7 +109,7 @@ impl JsonObject<'_> {
 }
 
 /// One metered turn.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RequestLogRow {
     /// `<upgrade id>:<turn n>`.
     pub request_id: String,
@@ -558,7 +558,7 @@ impl RequestLog {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> RequestLogRow {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::auth::KeySet;
 use crate::gateway::Gateway;
-use crate::store::redis::RedisConn;
+use crate::store::conn::RedisConn;
 use crate::upstream::pool::parse_size_file;
 use crate::watch;
 

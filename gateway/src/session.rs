@@ -41,7 +41,7 @@ use crate::client_secret::Grant;
 use crate::config::Endpoint;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
-use crate::live_records::{LiveRecords, LiveWsSession};
+use crate::live_records::{LiveOwner, LiveWsSession};
 use crate::metering::client_models::{ModelPolicy, SessionTap};
 use crate::metering::live::LiveUsage;
 use crate::metering::translation::{AudioCounters, TranslationAudio};
@@ -256,9 +256,6 @@ pub struct Session {
     pub live_start: Option<Box<LiveStart>>,
 }
 
-/// Where a Live WebSocket session's owner is recorded, and the record.
-type LiveOwner = (Arc<dyn LiveRecords>, LiveWsSession);
-
 /// A Live session's `session.start` as the client sent it (parsed): sent
 /// upstream by the dial with the upstream's model, or, for a WebSocket fork
 /// of `fork_of`, as sent (a fork inherits its parent's model) to the
@@ -285,174 +282,162 @@ struct Ready {
 }
 
 impl Session {
-    pub async fn run(mut self, start: ClientStart) {
-        // Boxed: a session's future is allocated at the size of its largest
-        // state and held so for the session's life, and the set-up's
-        // locals (the dial and its results, moved between several of them
-        // across awaits, the client secret's config) made it 8.3 KB where
-        // the splice needs about half; boxed, they are freed once the
-        // splice starts.
-        let Some(ready) = Box::pin(self.set_up(start)).await else {
-            return;
-        };
-        let Ready {
-            client,
-            chosen,
-            mut warm,
-            held,
-            setup,
-            applied,
-            policy,
-        } = ready;
+    pub fn run(mut self, start: ClientStart) -> impl std::future::Future<Output = ()> + Send {
         let gw = self.gateway.clone();
         let shutdown = gw.shutdown.clone();
         let route = self.route.clone();
-
-        let limits = Limits {
-            idle_timeout: Duration::from_secs(gw.config.relay.idle_timeout_secs),
-            deadline: session_deadline(
-                self.started,
-                Instant::from_std(warm.connected_at),
-                Duration::from_secs(gw.config.relay.max_session_secs),
-            ),
-        };
-        let upstream = &route.upstreams[chosen];
-        // A Live session is metered by the cumulative seconds its upstream
-        // reports, from its `session.started` on.
-        let live = (route.config.endpoint == Endpoint::Live)
-            .then(|| Arc::new(LiveUsage::new(std::time::Instant::now())));
-        let live_id = live
-            .as_ref()
-            .and_then(|_| crate::metering::live::started_id(&warm.session_created));
-        // Boxed: the session's future holds it for the session's life.
-        let live_owner = Box::pin(self.record_live_owner(live_id.clone())).await;
-        let meta = SessionMeta::new(self.id.clone(), &self.key, &route.config)
-            .on_upstream(&upstream.config, &route.config)
-            .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()))
-            .for_live_session(live_id)
-            .traced(
-                &gw.telemetry,
-                self.origin.trace,
-                &route.config,
-                &self.params,
-            );
-        let trace = meta.trace.clone();
-        let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
-        // A translation session is metered by the audio it carries.
-        let audio = (route.config.endpoint == Endpoint::Translations)
-            .then(|| Arc::new(AudioCounters::default()));
-        let meter = match (&audio, &live) {
-            (Some(counters), _) => meter.measuring_audio(counters.clone()),
-            (None, Some(usage)) => meter.measuring_live(usage.clone()),
-            (None, None) => meter,
-        };
-        let mut meter = InlineMeter::new(meter);
-        // Taken: the text is not needed past this, and the session's
-        // future holds what it keeps until the session ends.
-        tracker.on_upstream_text(&std::mem::take(&mut warm.session_created));
-        for text in &applied {
-            tracker.on_upstream_text(text);
-        }
-        let (model_end, model_refused) = tokio::sync::oneshot::channel();
-        // Boxed: it waits, cold, for the session's whole life (inline, its
-        // three waits put the session's future over its bound).
-        let kill = Box::pin(async move {
-            tokio::select! {
-                k = metering_kill.fired() => k,
-                Ok(k) = model_refused => k,
-                _ = shutdown.cancelled() => Kill {
-                    code: 1001,
-                    reason: "server shutting down".into(),
-                    error_event: None,
-                    outcome: "shutdown",
-                },
-            }
-        });
-        // Boxed: the session's future holds it for the session's life.
-        let mut tap = Box::new(SessionTap::new(
-            &mut tracker,
-            policy,
-            &gw.metrics,
-            &route.config.model,
-            &self.id,
-            model_end,
-        ));
-        if let Some(counters) = audio {
-            tap.measure(TranslationAudio::new(counters));
-        }
-        if let Some(usage) = &live {
-            tap.measure_live(usage.clone());
-        }
-        let spliced = {
-            let splice = pin!(relay::splice(
+        // An async block, not an `async fn`: an `async fn`'s arguments are
+        // stored twice in its future (as arguments, then as the locals they
+        // are moved to), for the session's life.
+        async move {
+            // Boxed: a session's future is allocated at the size of its largest
+            // state and held so for the session's life, and the set-up's
+            // locals (the dial and its results, moved between several of them
+            // across awaits, the client secret's config) made it 8.3 KB where
+            // the splice needs about half; boxed, they are freed once the
+            // splice starts.
+            let Some(ready) = Box::pin(self.set_up(start)).await else {
+                return;
+            };
+            let Ready {
                 client,
-                warm.leg,
-                held.frames,
-                limits,
-                &mut *tap,
-                kill,
-                // The client is gone: its slot and lease go with it, not
-                // with the upstream leg's cancel and close.
-                || self.permit.release(),
-            ));
-            meter.beside(splice).await
-        };
-        let reason = EndReason::from_end(&spliced.end);
-        if let Some(usage) = &live {
-            // Before the tracker finishes: the meter's last row carries it.
-            // A Live upstream closes after `session.closed`: the session's
-            // normal end, not an upstream failure.
-            if usage.closed() && matches!(spliced.end, relay::End::UpstreamClosed(_)) {
-                usage.ended(200, "session_closed");
-            } else {
-                usage.ended(reason.status(), reason.as_str());
+                chosen,
+                mut warm,
+                held,
+                setup,
+                applied,
+                policy,
+            } = ready;
+
+            let limits = Limits {
+                idle_timeout: Duration::from_secs(gw.config.relay.idle_timeout_secs),
+                deadline: session_deadline(
+                    self.started,
+                    Instant::from_std(warm.connected_at),
+                    Duration::from_secs(gw.config.relay.max_session_secs),
+                ),
+            };
+            let upstream = &route.upstreams[chosen];
+            // A Live session is metered by the cumulative seconds its upstream
+            // reports, from its `session.started` on.
+            let live = (route.config.endpoint == Endpoint::Live)
+                .then(|| Arc::new(LiveUsage::new(std::time::Instant::now())));
+            let live_id = live
+                .as_ref()
+                .and_then(|_| crate::metering::live::started_id(&warm.session_created));
+            let meta = SessionMeta::new(self.id.clone(), &self.key, &route.config)
+                .on_upstream(&upstream.config, &route.config)
+                .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()))
+                .for_live_session(live_id.clone())
+                .traced(
+                    &gw.telemetry,
+                    self.origin.trace,
+                    &route.config,
+                    &self.params,
+                );
+            let trace = meta.trace.clone();
+            let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
+            // Its owner, for its attach and forks ([`crate::live_records`]).
+            let live_owner = live_id.zip(gw.live_records.get().cloned()).map(|(id, r)| {
+                let s = LiveWsSession::new(id, &self.key, &route.config.model, self.started);
+                // Boxed: the session's future holds it for the session's life.
+                Box::new(LiveOwner::record(r, &gw.tasks, s))
+            });
+            // A translation session is metered by the audio it carries.
+            let audio = (route.config.endpoint == Endpoint::Translations)
+                .then(|| Arc::new(AudioCounters::default()));
+            let meter = match (&audio, &live) {
+                (Some(counters), _) => meter.measuring_audio(counters.clone()),
+                (None, Some(usage)) => meter.measuring_live(usage.clone()),
+                (None, None) => meter,
+            };
+            let mut meter = InlineMeter::new(meter);
+            // Taken: the text is not needed past this, and the session's
+            // future holds what it keeps until the session ends.
+            tracker.on_upstream_text(&std::mem::take(&mut warm.session_created));
+            for text in &applied {
+                tracker.on_upstream_text(text);
             }
-        }
-        tracker.finish(reason);
-        meter.finish(&gw.tasks);
-        if spliced.end == relay::End::ClientGone {
-            gw.metrics
-                .client_disconnects
-                .get_or_create(&model(&self.route.config.model))
-                .inc();
-        }
-        self.log_end(
-            spliced.end.outcome(),
-            spliced.client_code,
-            spliced.upstream_code,
-            Some(setup),
-        );
-        if let Some(t) = trace {
-            t.ended(
+            let (model_end, model_refused) = tokio::sync::oneshot::channel();
+            // Boxed: it waits, cold, for the session's whole life (inline, its
+            // three waits put the session's future over its bound).
+            let kill = Box::pin(async move {
+                tokio::select! {
+                    k = metering_kill.fired() => k,
+                    Ok(k) = model_refused => k,
+                    _ = shutdown.cancelled() => Kill {
+                        code: 1001,
+                        reason: "server shutting down".into(),
+                        error_event: None,
+                        outcome: "shutdown",
+                    },
+                }
+            });
+            // Boxed: the session's future holds it for the session's life.
+            let mut tap = Box::new(SessionTap::new(
+                &mut tracker,
+                policy,
+                &gw.metrics,
+                &route.config.model,
+                &self.id,
+                model_end,
+            ));
+            if let Some(counters) = audio {
+                tap.measure(TranslationAudio::new(counters));
+            }
+            if let Some(usage) = &live {
+                tap.measure_live(usage.clone());
+            }
+            let spliced = {
+                let splice = pin!(relay::splice(
+                    client,
+                    warm.leg,
+                    held.frames,
+                    limits,
+                    &mut *tap,
+                    kill,
+                    // The client is gone: its slot and lease go with it, not
+                    // with the upstream leg's cancel and close.
+                    || self.permit.release(),
+                ));
+                meter.beside(splice).await
+            };
+            let reason = EndReason::from_end(&spliced.end);
+            if let Some(usage) = &live {
+                // Before the tracker finishes: the meter's last row carries it.
+                // A Live upstream closes after `session.closed`: the session's
+                // normal end, not an upstream failure.
+                if usage.closed() && matches!(spliced.end, relay::End::UpstreamClosed(_)) {
+                    usage.ended(200, "session_closed");
+                } else {
+                    usage.ended(reason.status(), reason.as_str());
+                }
+            }
+            tracker.finish(reason);
+            meter.finish(&gw.tasks);
+            if spliced.end == relay::End::ClientGone {
+                gw.metrics
+                    .client_disconnects
+                    .get_or_create(&model(&self.route.config.model))
+                    .inc();
+            }
+            self.log_end(
                 spliced.end.outcome(),
                 spliced.client_code,
                 spliced.upstream_code,
+                Some(setup),
             );
+            if let Some(t) = trace {
+                t.ended(
+                    spliced.end.outcome(),
+                    spliced.client_code,
+                    spliced.upstream_code,
+                );
+            }
+            if let Some(owner) = live_owner {
+                (*owner).retire(&gw.tasks);
+            }
         }
-        if let Some(owner) = live_owner {
-            let (records, session) = *owner;
-            Box::pin(records.ended(&session)).await;
-        }
-    }
-
-    /// A Live WebSocket session's owner, recorded under the id its
-    /// upstream gave it ([`crate::live_records`]), so that its attach and
-    /// forks are served to it from any replica; what retires it at the end.
-    async fn record_live_owner(&self, id: Option<String>) -> Option<Box<LiveOwner>> {
-        let records = self.gateway.live_records.get()?.clone();
-        let now = std::time::SystemTime::now();
-        let started = now.checked_sub(self.started.elapsed()).unwrap_or(now);
-        let session = LiveWsSession {
-            id: id?,
-            key_id: self.key.id.clone(),
-            team: self.key.team.clone(),
-            model: self.route.config.model.clone(),
-            started_unix_ms: started
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        };
-        records.started(&session).await;
-        Some(Box::new((records, session)))
     }
 
     /// Everything before the splice: the client's upgrade, an upstream (a
@@ -929,7 +914,8 @@ mod tests {
     /// future passed by value was stored twice, twice its size when the
     /// server wrapped it in an `async fn` holding the drain's token, and
     /// 8.3 KB (release build) while the set-up's locals were part of it
-    /// rather than boxed ([`Session::set_up`]).
+    /// rather than boxed ([`Session::set_up`]), and 448 bytes more while
+    /// `run` was an `async fn` (its arguments stored twice).
     #[tokio::test]
     async fn a_sessions_future_stays_small() {
         let config = Config {
@@ -960,7 +946,7 @@ mod tests {
         let mut request = http::Request::new(());
         let run = session.run(ClientStart::Hyper(hyper::upgrade::on(&mut request)));
         let size = std::mem::size_of_val(&run);
-        assert!(size <= 6 * 1024, "a session's future is {size} bytes");
+        assert!(size <= 5632, "a session's future is {size} bytes");
         // As the server runs it: with the drain's tracker token taken at
         // admission (an `async fn` wrapper stored the session twice).
         let token = tokio_util::task::TaskTracker::new().token();

@@ -142,7 +142,7 @@ return 0
 pub struct CallFleet {
     /// The process's shared Redis connection (the store's URL, TLS
     /// settings and reconnects).
-    conn: crate::store::redis::RedisConn,
+    conn: crate::store::conn::RedisConn,
     prefix: String,
     /// This replica's id in holder keys.
     pub replica: String,
@@ -158,18 +158,19 @@ impl std::fmt::Debug for CallFleet {
     }
 }
 
-/// The set of a route's live calls.
-pub fn index_key(prefix: &str, route: &RouteConfig) -> String {
+/// The set of a route's live calls (its own hash tag in a cluster).
+pub fn index_key(prefix: &str, route: &RouteConfig, tagged: bool) -> String {
     let digest = sha2::Sha256::digest(route.upstream_url.as_bytes());
-    format!(
-        "{prefix}calls:{}:{}",
-        route.model,
-        hex::encode(&digest[..8])
-    )
+    let id = format!("{}:{}", route.model, hex::encode(&digest[..8]));
+    if tagged {
+        format!("{prefix}calls:{{{id}}}")
+    } else {
+        format!("{prefix}calls:{id}")
+    }
 }
 
 impl CallFleet {
-    pub fn new(conn: crate::store::redis::RedisConn, prefix: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn new(conn: crate::store::conn::RedisConn, prefix: &str, metrics: Arc<Metrics>) -> Self {
         Self {
             conn,
             prefix: prefix.to_string(),
@@ -178,16 +179,48 @@ impl CallFleet {
         }
     }
 
+    /// `call_id`, in braces in a cluster: a call's keys share its slot.
+    fn id(&self, call_id: &str) -> String {
+        if self.conn.tagged() {
+            format!("{{{call_id}}}")
+        } else {
+            call_id.to_string()
+        }
+    }
+
     fn record_key(&self, call_id: &str) -> String {
-        format!("{}call:{call_id}", self.prefix)
+        format!("{}call:{}", self.prefix, self.id(call_id))
     }
 
     fn holder_key(&self, call_id: &str) -> String {
-        format!("{}call_holder:{call_id}", self.prefix)
+        format!("{}call_holder:{}", self.prefix, self.id(call_id))
     }
 
     fn charged_key(&self, call_id: &str) -> String {
-        format!("{}live_charged:{call_id}", self.prefix)
+        format!("{}live_charged:{}", self.prefix, self.id(call_id))
+    }
+
+    fn index_key(&self, route: &RouteConfig) -> String {
+        index_key(&self.prefix, route, self.conn.tagged())
+    }
+
+    /// Runs `call` (a transaction on one call's keys) with `index` (the
+    /// route's set): in the same transaction on one server; in a cluster,
+    /// where the set lives in another slot, right after it.
+    async fn with_index(&self, op: &'static str, mut call: redis::Pipeline, index: redis::Cmd) {
+        let mut conn = self.conn.get();
+        if self.conn.tagged() {
+            if self
+                .bounded(op, call.query_async::<()>(&mut conn))
+                .await
+                .is_some()
+            {
+                self.bounded(op, index.query_async::<()>(&mut conn)).await;
+            }
+        } else {
+            call.add_command(index).ignore();
+            self.bounded(op, call.query_async::<()>(&mut conn)).await;
+        }
     }
 
     /// Records what this replica has charged of a Live session so far.
@@ -229,12 +262,12 @@ impl CallFleet {
             .del(self.holder_key(call_id))
             .ignore()
             .del(self.charged_key(call_id))
-            .ignore()
-            .srem(index_key(&self.prefix, route), call_id)
             .ignore();
-        let mut conn = self.conn.get();
-        self.bounded("call_retire", pipe.query_async::<()>(&mut conn))
-            .await;
+        let srem = redis::cmd("SREM")
+            .arg(self.index_key(route))
+            .arg(call_id)
+            .to_owned();
+        self.with_index("call_retire", pipe, srem).await;
     }
 
     async fn bounded<T>(
@@ -263,8 +296,6 @@ impl CallFleet {
         pipe.atomic()
             .set_ex(self.record_key(&rec.call_id), json, ttl)
             .ignore()
-            .sadd(index_key(&self.prefix, route), &rec.call_id)
-            .ignore()
             .set_options(
                 self.holder_key(&rec.call_id),
                 &self.replica,
@@ -272,9 +303,11 @@ impl CallFleet {
                     .with_expiration(redis::SetExpiry::PX(HOLD_TTL.as_millis() as u64)),
             )
             .ignore();
-        let mut conn = self.conn.get();
-        self.bounded("call_register", pipe.query_async::<()>(&mut conn))
-            .await;
+        let sadd = redis::cmd("SADD")
+            .arg(self.index_key(route))
+            .arg(&rec.call_id)
+            .to_owned();
+        self.with_index("call_register", pipe, sadd).await;
     }
 
     /// Renews this replica's hold on a call: `Some(false)` when another
@@ -342,12 +375,12 @@ impl CallFleet {
             .del(self.record_key(call_id))
             .ignore()
             .del(self.holder_key(call_id))
-            .ignore()
-            .srem(index_key(&self.prefix, route), call_id)
             .ignore();
-        let mut conn = self.conn.get();
-        self.bounded("call_forget", pipe.query_async::<()>(&mut conn))
-            .await;
+        let srem = redis::cmd("SREM")
+            .arg(self.index_key(route))
+            .arg(call_id)
+            .to_owned();
+        self.with_index("call_forget", pipe, srem).await;
     }
 
     /// The record of a call, from any replica: `Ok(None)` when there is
@@ -366,7 +399,7 @@ impl CallFleet {
     /// the calls this replica now holds.
     pub async fn claim_orphans(&self, route: &RouteConfig) -> Vec<CallRecord> {
         let mut conn = self.conn.get();
-        let index = index_key(&self.prefix, route);
+        let index = self.index_key(route);
         let cmd = redis::cmd("SMEMBERS").arg(&index).to_owned();
         let Some(ids) = self
             .bounded("call_index", cmd.query_async::<Vec<String>>(&mut conn))
@@ -427,7 +460,7 @@ impl CallFleet {
     }
 
     fn delegated_key(&self, call_id: &str) -> String {
-        format!("{}live_delegated:{call_id}", self.prefix)
+        format!("{}live_delegated:{}", self.prefix, self.id(call_id))
     }
 
     /// Adds delegated response ids to those charged of a Live session
@@ -491,7 +524,7 @@ impl CallFleet {
     /// this replica's hold on it (a record that must never be adopted).
     pub async fn unindex(&self, route: &RouteConfig, call_id: &str) {
         let cmd = redis::cmd("SREM")
-            .arg(index_key(&self.prefix, route))
+            .arg(self.index_key(route))
             .arg(call_id)
             .to_owned();
         let mut conn = self.conn.get();
@@ -532,10 +565,10 @@ mod tests {
             upstream_url: url.into(),
             ..RouteConfig::default()
         };
-        let a = index_key("p:", &route("wss://a/v1/realtime"));
+        let a = index_key("p:", &route("wss://a/v1/realtime"), false);
         assert!(a.starts_with("p:calls:m:"), "{a}");
-        assert_ne!(a, index_key("p:", &route("wss://b/v1/realtime")));
-        assert_eq!(a, index_key("p:", &route("wss://a/v1/realtime")));
+        assert_ne!(a, index_key("p:", &route("wss://b/v1/realtime"), false));
+        assert_eq!(a, index_key("p:", &route("wss://a/v1/realtime"), false));
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub const SWEEP_EVERY_PUTS: u64 = 256;
 pub enum SessionConfigs {
     Memory(Mutex<MemoryConfigs>),
     Redis {
-        conn: crate::store::redis::RedisConn,
+        conn: crate::store::conn::RedisConn,
         prefix: String,
     },
 }
@@ -98,13 +98,13 @@ impl SessionConfigs {
     /// A Redis-backed map under `prefix`; does not connect until first use.
     /// Must be called inside a Tokio runtime.
     pub fn redis(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let conn = crate::store::redis::RedisConn::new(url, None)?;
+        let conn = crate::store::conn::RedisConn::new(url, None)?;
         Ok(Self::on(conn, prefix))
     }
 
     /// A Redis-backed map on the process's shared connection (the store's
     /// URL, TLS settings and reconnects).
-    pub fn on(conn: crate::store::redis::RedisConn, prefix: &str) -> Self {
+    pub fn on(conn: crate::store::conn::RedisConn, prefix: &str) -> Self {
         Self::Redis {
             conn,
             prefix: prefix.to_string(),
@@ -129,7 +129,7 @@ impl SessionConfigs {
             Self::Redis { conn, prefix } => {
                 let mut pipe = redis::pipe();
                 pipe.cmd("SET")
-                    .arg(key(prefix, id))
+                    .arg(key(conn, prefix, id))
                     .arg(config)
                     .arg("PX")
                     .arg(ttl.as_millis().max(1) as u64)
@@ -148,7 +148,7 @@ impl SessionConfigs {
             }
             Self::Redis { conn, prefix } => {
                 let mut pipe = redis::pipe();
-                pipe.get(key(prefix, id));
+                pipe.get(key(conn, prefix, id));
                 let replies = run(conn, "client secret get", &pipe).await?;
                 let first = replies.first().ok_or_else(|| StoreError::Reply {
                     op: "client secret get",
@@ -165,12 +165,17 @@ impl SessionConfigs {
     }
 }
 
-fn key(prefix: &str, id: &str) -> String {
-    format!("{prefix}client_secret:{id}")
+/// In a cluster the id is the key's hash tag, as every key's scope id is.
+fn key(conn: &crate::store::conn::RedisConn, prefix: &str, id: &str) -> String {
+    if conn.tagged() {
+        format!("{prefix}client_secret:{{{id}}}")
+    } else {
+        format!("{prefix}client_secret:{id}")
+    }
 }
 
 async fn run(
-    conn: &crate::store::redis::RedisConn,
+    conn: &crate::store::conn::RedisConn,
     op: &'static str,
     pipe: &redis::Pipeline,
 ) -> Result<Vec<redis::Value>, StoreError> {

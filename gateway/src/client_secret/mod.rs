@@ -128,7 +128,7 @@ impl ClientSecrets {
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<Self, String> {
         let redis = match &config.store.redis_url {
             Some(url) => Some(
-                crate::store::redis::RedisConn::new(url.expose(), config.store.ca_file.as_deref())
+                crate::store::conn::RedisConn::new(url.expose(), config.store.ca_file.as_deref())
                     .map_err(|e| e.to_string())?,
             ),
             None => None,
@@ -141,7 +141,7 @@ impl ClientSecrets {
     pub fn with_redis(
         config: &Config,
         metrics: Arc<Metrics>,
-        redis: Option<crate::store::redis::RedisConn>,
+        redis: Option<crate::store::conn::RedisConn>,
     ) -> Result<Self, String> {
         let files = config.client_secrets.signing_key_files.clone();
         let keys = match load_signing_keys(&files)? {

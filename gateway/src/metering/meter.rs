@@ -281,9 +281,9 @@ impl MeterTask {
         });
     }
 
-    /// Runs until the tracker is finished (or dropped) and the final flush
-    /// has been written.
-    pub async fn run(mut self) {
+    /// Checks the key at once; the future runs until the tracker is
+    /// finished (or dropped) and the final flush has been written.
+    pub fn run(mut self) -> impl Future<Output = ()> + Send {
         // Subscribed before the first check, so no swap falls between them.
         let mut keys = self.shared.keys.subscribe();
         self.check_key();
@@ -295,28 +295,40 @@ impl MeterTask {
         } else {
             Duration::from_secs(flush_secs)
         };
-        let start = Instant::now();
-        let mut flush_tick = interval_at(start + period, period);
-        flush_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        loop {
-            tokio::select! {
-                rec = self.rx.recv() => match rec {
-                    Some(rec) => {
-                        self.window.push(*rec);
-                        while let Ok(rec) = self.rx.try_recv() {
+        // An async block, not an `async fn`: an `async fn`'s argument is
+        // stored twice in its future (as the argument, then as the local it
+        // is moved to), and the meter is most of the future.
+        async move {
+            let start = Instant::now();
+            let mut flush_tick = interval_at(start + period, period);
+            flush_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+            loop {
+                tokio::select! {
+                    rec = self.rx.recv() => match rec {
+                        Some(rec) => {
                             self.window.push(*rec);
+                            while let Ok(rec) = self.rx.try_recv() {
+                                self.window.push(*rec);
+                            }
+                            if every_turn || self.window.len() >= MAX_WINDOW_TURNS {
+                                self.flush_boxed(true).await;
+                            }
                         }
-                        if every_turn || self.window.len() >= MAX_WINDOW_TURNS {
-                            self.flush(true).await;
-                        }
-                    }
-                    None => break,
-                },
-                _ = flush_tick.tick() => self.flush(true).await,
-                Ok(()) = keys.changed() => self.check_key(),
+                        None => break,
+                    },
+                    _ = flush_tick.tick() => self.flush_boxed(true).await,
+                    Ok(()) = keys.changed() => self.check_key(),
+                }
             }
+            self.flush_boxed(false).await;
         }
-        self.flush(false).await;
+    }
+
+    /// [`Self::flush`] in a box of its own: its state (a store write in
+    /// flight) is allocated while it runs, not held in the meter's future
+    /// for the session's life, which is mostly idle.
+    async fn flush_boxed(&mut self, check_budgets: bool) {
+        Box::pin(self.flush(check_budgets)).await
     }
 
     /// Fires the kill unless one already fired; true if this one did.
@@ -788,6 +800,25 @@ mod tests {
                 ..PriceRow::default()
             },
         ]
+    }
+
+    /// A meter's future is boxed and held for its session's life, idle
+    /// most of it: a flush's state (a store write in flight) lives in a box
+    /// of its own, only while it runs.
+    #[tokio::test]
+    async fn a_meters_future_stays_small() {
+        let metering = crate::metering::Metering::with_redis(
+            &crate::config::Config::default(),
+            Arc::new(crate::metrics::Metrics::new()),
+            Arc::new(crate::auth::KeyStore::new(Default::default())),
+            None,
+        );
+        let (_tracker, meter, _kill) = metering.start_session(meta());
+        let run = meter.run();
+        let size = std::mem::size_of_val(&run);
+        // 2,536 bytes (debug build) with the flush inline and the meter
+        // stored twice (an `async fn` taking it by value).
+        assert!(size <= 1200, "a meter's future is {size} bytes");
     }
 
     #[test]

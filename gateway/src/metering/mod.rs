@@ -131,7 +131,7 @@ impl Metering {
         config: &Config,
         metrics: Arc<Metrics>,
         keys: Arc<KeyStore>,
-        redis: Option<crate::store::redis::RedisConn>,
+        redis: Option<crate::store::conn::RedisConn>,
     ) -> Self {
         let store: Arc<dyn Store> = match redis {
             Some(conn) => {

@@ -64,10 +64,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis::{Pipeline, Value};
+use redis::Value;
 use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
 
+use super::grouped::Grouped;
 use super::{StoreError, CALL_TIMEOUT};
 use crate::metrics::Metrics;
 
@@ -178,7 +179,7 @@ pub struct Leases {
 }
 
 struct Inner {
-    conn: super::redis::RedisConn,
+    conn: super::conn::RedisConn,
     prefix: String,
     timeout: Duration,
     state: Mutex<State>,
@@ -213,14 +214,14 @@ impl Leases {
     /// Nothing is renewed until [`Leases::spawn_renewal`].
     pub fn new(url: &str, prefix: &str, metrics: Arc<Metrics>) -> Result<Self, StoreError> {
         Ok(Self::with_conn(
-            super::redis::RedisConn::new(url, None)?,
+            super::conn::RedisConn::new(url, None)?,
             prefix,
             metrics,
         ))
     }
 
     /// Leases on the process's shared Redis connection.
-    pub fn with_conn(conn: super::redis::RedisConn, prefix: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn with_conn(conn: super::conn::RedisConn, prefix: &str, metrics: Arc<Metrics>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 conn,
@@ -236,7 +237,11 @@ impl Leases {
 
     /// The sorted set holding `key_id`'s leases.
     pub fn set_name(&self, key_id: &str) -> String {
-        format!("{}sessions:{key_id}", self.inner.prefix)
+        if self.inner.conn.tagged() {
+            format!("{}sessions:{{{key_id}}}", self.inner.prefix)
+        } else {
+            format!("{}sessions:{key_id}", self.inner.prefix)
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -348,12 +353,16 @@ impl Leases {
     /// a read, nothing is pruned or written.
     pub async fn live(&self, key_id: &str, now: SystemTime) -> Result<u64, StoreError> {
         const OP: &str = "lease count";
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZCOUNT")
-            .arg(self.set_name(key_id))
-            .arg(format!("({}", unix_ms(now)))
-            .arg("+inf");
-        match self.run(OP, &pipe).await?.first() {
+        let mut g = Grouped::new(false);
+        g.keep(
+            key_id,
+            redis::cmd("ZCOUNT")
+                .arg(self.set_name(key_id))
+                .arg(format!("({}", unix_ms(now)))
+                .arg("+inf")
+                .to_owned(),
+        );
+        match self.run(OP, &g).await?.first() {
             Some(Value::Int(n)) => Ok((*n).max(0) as u64),
             other => Err(StoreError::Reply {
                 op: OP,
@@ -390,22 +399,26 @@ impl Leases {
         self.inner.wake.notify_one();
     }
 
-    fn renewal(&self, batches: &[(String, Vec<String>)], now: SystemTime) -> Pipeline {
+    /// One pipeline on one server; in a cluster one per key's set.
+    fn renewal(&self, batches: &[(String, Vec<String>)], now: SystemTime) -> Grouped {
         let expiry = expiry_ms(now, LEASE_TTL);
-        let mut pipe = redis::pipe();
+        let mut g = Grouped::new(self.inner.conn.tagged());
         for (key_id, ids) in batches {
             let set = self.set_name(key_id);
-            let zadd = pipe.cmd("ZADD").arg(&set);
+            let mut zadd = redis::cmd("ZADD");
+            zadd.arg(&set);
             for id in ids {
                 zadd.arg(expiry).arg(id);
             }
-            zadd.ignore();
-            pipe.cmd("PEXPIRE")
-                .arg(&set)
-                .arg(LEASE_TTL.as_millis() as u64)
-                .ignore();
+            g.ignore(key_id, zadd).ignore(
+                key_id,
+                redis::cmd("PEXPIRE")
+                    .arg(&set)
+                    .arg(LEASE_TTL.as_millis() as u64)
+                    .to_owned(),
+            );
         }
-        pipe
+        g
     }
 
     /// One pipeline renewing every lease held here; nothing is sent when
@@ -434,14 +447,17 @@ impl Leases {
         if batches.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
+        let mut g = Grouped::new(self.inner.conn.tagged());
         for (key_id, ids) in &batches {
-            pipe.cmd("ZREM")
-                .arg(self.set_name(key_id))
-                .arg(ids)
-                .ignore();
+            g.ignore(
+                key_id,
+                redis::cmd("ZREM")
+                    .arg(self.set_name(key_id))
+                    .arg(ids)
+                    .to_owned(),
+            );
         }
-        let result = self.run("lease remove", &pipe).await.map(|_| ());
+        let result = self.run("lease remove", &g).await.map(|_| ());
         if result.is_err() {
             let mut s = self.lock();
             for e in ended.into_iter().rev() {
@@ -461,21 +477,8 @@ impl Leases {
         tokio::spawn(renew_loop(Arc::downgrade(&self.inner)))
     }
 
-    async fn run(&self, op: &'static str, pipe: &Pipeline) -> Result<Vec<Value>, StoreError> {
-        let mut conn = self.inner.conn.get();
-        match tokio::time::timeout(
-            self.inner.timeout,
-            pipe.query_async::<Vec<Value>>(&mut conn),
-        )
-        .await
-        {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(StoreError::Redis { op, source }),
-            Err(_) => Err(StoreError::Timeout {
-                op,
-                after: self.inner.timeout,
-            }),
-        }
+    async fn run(&self, op: &'static str, g: &Grouped) -> Result<Vec<Value>, StoreError> {
+        g.run(&self.inner.conn.get(), op, self.inner.timeout).await
     }
 
     fn store_error(&self, e: &StoreError, during: &'static str) {
@@ -646,8 +649,8 @@ mod tests {
         );
     }
 
-    fn words(pipe: &Pipeline) -> Vec<Vec<String>> {
-        pipe.cmd_iter()
+    fn words(g: &Grouped) -> Vec<Vec<String>> {
+        g.commands()
             .map(|c| {
                 c.args_iter()
                     .map(|a| match a {

@@ -130,7 +130,7 @@ impl MemoryStore {
         s.tick(now);
         let fresh = match &batch.id {
             Some(id) => {
-                let key = self.names.flushed(&id.session_id);
+                let key = self.names.flushed(&id.session_id, super::Scope::Key, "");
                 let applied = match s.marks.get(&key) {
                     Some((seq, exp)) if *exp > now => *seq,
                     _ => 0,

@@ -55,6 +55,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::BudgetPeriod;
 use crate::logs::RequestLogRow;
 
+pub mod conn;
+pub(crate) mod flush_parts;
+pub(crate) mod grouped;
 #[cfg(test)]
 pub(crate) mod held_replies;
 pub mod leases;
@@ -285,10 +288,14 @@ impl FlushBatch {
     }
 }
 
-/// Key names under one prefix.
+/// Key names under one prefix. In a cluster ([`KeyNames::tagged`]) every
+/// name carries the hash tag of the scope it serves (the id in braces:
+/// `patchbay:budget:key:{k1}:total`), so the keys one script or pipeline
+/// touches together share a slot; on one server the names are untagged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyNames {
     prefix: String,
+    tagged: bool,
 }
 
 impl Default for KeyNames {
@@ -301,15 +308,37 @@ impl KeyNames {
     pub fn new(prefix: impl Into<String>) -> Self {
         Self {
             prefix: prefix.into(),
+            tagged: false,
+        }
+    }
+
+    /// The names of a cluster (`tagged`) or of one server.
+    pub fn with_tags(prefix: impl Into<String>, tagged: bool) -> Self {
+        Self {
+            prefix: prefix.into(),
+            tagged,
+        }
+    }
+
+    pub fn tagged(&self) -> bool {
+        self.tagged
+    }
+
+    /// `id`, in braces when tagged.
+    fn id(&self, id: &str) -> String {
+        if self.tagged {
+            format!("{{{id}}}")
+        } else {
+            id.to_string()
         }
     }
 
     pub fn rpm(&self, key_id: &str, minute: u64) -> String {
-        format!("{}rpm:{key_id}:{minute}", self.prefix)
+        format!("{}rpm:{}:{minute}", self.prefix, self.id(key_id))
     }
 
     pub fn tpm(&self, key_id: &str, minute: u64) -> String {
-        format!("{}tpm:{key_id}:{minute}", self.prefix)
+        format!("{}tpm:{}:{minute}", self.prefix, self.id(key_id))
     }
 
     pub fn budget(&self, b: &BudgetKey, now: SystemTime) -> String {
@@ -317,17 +346,33 @@ impl KeyNames {
             "{}budget:{}:{}:{}",
             self.prefix,
             b.scope.as_str(),
-            b.id,
+            self.id(&b.id),
             period_label(b.period, now)
         )
     }
 
-    pub fn request_logs(&self) -> String {
-        format!("{}request_logs", self.prefix)
+    /// The request-log stream of `key_id`'s rows: one stream on one server,
+    /// one per client key in a cluster.
+    pub fn request_logs(&self, key_id: &str) -> String {
+        if self.tagged {
+            format!("{}request_logs:{{{key_id}}}", self.prefix)
+        } else {
+            format!("{}request_logs", self.prefix)
+        }
     }
 
-    pub fn flushed(&self, session_id: &str) -> String {
-        format!("{}flushed:{session_id}", self.prefix)
+    /// A session's write mark: one on one server; in a cluster one per
+    /// scope its writes touch (`scope`, `id`), beside that scope's keys.
+    pub fn flushed(&self, session_id: &str, scope: Scope, id: &str) -> String {
+        if self.tagged {
+            format!(
+                "{}flushed:{}:{{{id}}}:{session_id}",
+                self.prefix,
+                scope.as_str()
+            )
+        } else {
+            format!("{}flushed:{session_id}", self.prefix)
+        }
     }
 }
 
@@ -492,7 +537,29 @@ mod tests {
         assert_eq!(k.budget(&b, at(0)), "p:budget:team:support:d1970-01-01");
         assert_eq!(k.rpm("k1", 7), "p:rpm:k1:7");
         assert_eq!(k.tpm("k1", 7), "p:tpm:k1:7");
-        assert_eq!(KeyNames::default().request_logs(), "patchbay:request_logs");
-        assert_eq!(k.flushed("up1"), "p:flushed:up1");
+        assert_eq!(
+            KeyNames::default().request_logs("k1"),
+            "patchbay:request_logs"
+        );
+        assert_eq!(k.flushed("up1", Scope::Team, "support"), "p:flushed:up1");
+    }
+
+    #[test]
+    fn tagged_key_names_put_each_scope_in_the_slot_of_its_id() {
+        let k = KeyNames::with_tags("p:", true);
+        let b = BudgetKey {
+            scope: Scope::Team,
+            id: "support".into(),
+            period: BudgetPeriod::Total,
+        };
+        assert_eq!(k.budget(&b, at(0)), "p:budget:team:{support}:total");
+        assert_eq!(k.rpm("k1", 7), "p:rpm:{k1}:7");
+        assert_eq!(k.tpm("k1", 7), "p:tpm:{k1}:7");
+        assert_eq!(k.request_logs("k1"), "p:request_logs:{k1}");
+        assert_eq!(
+            k.flushed("up1", Scope::Team, "support"),
+            "p:flushed:team:{support}:up1"
+        );
+        assert_eq!(k.flushed("up1", Scope::Key, "k1"), "p:flushed:key:{k1}:up1");
     }
 }

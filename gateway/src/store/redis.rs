@@ -1,8 +1,10 @@
 //! The Redis store: counters shared by every gateway instance pointed at the
-//! same Redis, through one redis-rs [`ConnectionManager`] per process
-//! (a multiplexed connection that reconnects on its own).
+//! same Redis (one server, a Cluster or a Sentinel-watched primary), through
+//! the process's one [`RedisConn`].
 //!
-//! Each [`Store`] call is one round trip:
+//! On one server each [`Store`] call is one round trip (in a cluster, one
+//! per hash tag it touches, concurrently: [`super::grouped`],
+//! [`super::flush_parts`]):
 //! - admit: one pipeline: `INCR` + `EXPIRE` the rpm minute, `GET` the
 //!   previous minute, `GET` both tpm minutes, `GET` each budget counter;
 //! - flush: one Lua script ([`FLUSH_SCRIPT`], `EVALSHA`), atomic: if the
@@ -33,33 +35,24 @@
 //! Redis 6 ACL user.
 //!
 //! Failure handling: every call is bounded by [`CALL_TIMEOUT`] here, on top
-//! of the manager's own connect and response timeouts, and errors are
+//! of the connection's own connect and response timeouts, and errors are
 //! returned, never retried here: the caller fails open and the outbox keeps
-//! the write. The manager is created lazily, so a gateway starts (and
+//! the write. The connection is made lazily, so a gateway starts (and
 //! admits, failing open) while Redis is down, and reconnects when Redis
 //! returns.
-//!
-//! Not supported: Redis Cluster (keys of one call span hash slots).
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Pipeline, Script, Value};
+use redis::{Script, Value};
 
+use super::conn::RedisConn;
+use super::flush_parts::{self, Part};
+use super::grouped::Grouped;
 use super::{
-    period_ttl, window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Replayed,
-    RpmWindow, Store, StoreError, StoreFuture, WindowCounts, CALL_TIMEOUT, FLUSH_MARK_TTL,
-    WINDOW_TTL,
+    window_position, AdmitCounts, AdmitQuery, FlushBatch, KeyNames, Replayed, RpmWindow, Store,
+    StoreError, StoreFuture, WindowCounts, CALL_TIMEOUT, WINDOW_TTL,
 };
-use crate::logs::FIELDS;
 
-/// Bound on one connection attempt (TCP, TLS and AUTH).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// Reconnect attempts per outage detection; the next call tries again.
-const RECONNECT_RETRIES: usize = 1;
-const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 /// Bound on one replay round trip (up to [`crate::metering::outbox::REPLAY_BATCH`]
 /// writes).
 pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -212,7 +205,7 @@ fn transient(code: &str, message: &str) -> bool {
 
 pub struct RedisStore {
     conn: RedisConn,
-    names: KeyNames,
+    prefix: String,
     timeout: Duration,
     script: Script,
 }
@@ -221,97 +214,9 @@ impl std::fmt::Debug for RedisStore {
     // The URL may carry a password: never print the connection.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("names", &self.names)
+            .field("prefix", &self.prefix)
             .field("endpoint", &self.conn.endpoint())
             .finish_non_exhaustive()
-    }
-}
-
-/// The process's Redis connection, shared by the metering store, the
-/// session leases and the client-secret configs, and swappable: when the
-/// URL changes (`[store] redis_url_file`, a rotated Secret) [`RedisConn::reconnect`]
-/// puts a connection to the new URL in place, and every user's next call
-/// goes there (calls meanwhile fail open as during any outage). Cheap to
-/// clone; clones share the slot.
-#[derive(Clone)]
-pub struct RedisConn {
-    /// The connection and the URL it was made for.
-    slot: Arc<std::sync::RwLock<(ConnectionManager, crate::secret::Secret)>>,
-    ca_file: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for RedisConn {
-    // The URL may carry a password: only scheme, host and port.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisConn")
-            .field("endpoint", &self.endpoint())
-            .finish_non_exhaustive()
-    }
-}
-
-impl RedisConn {
-    /// A lazily connecting connection to `url` (see [`managed`]); must be
-    /// called inside a Tokio runtime.
-    pub fn new(url: &str, ca_file: Option<&Path>) -> Result<Self, StoreError> {
-        let conn = managed(url, ca_file)?;
-        Ok(Self {
-            slot: Arc::new(std::sync::RwLock::new((
-                conn,
-                crate::secret::Secret::new(url),
-            ))),
-            ca_file: ca_file.map(Path::to_path_buf),
-        })
-    }
-
-    /// The connection to use for the next call.
-    pub fn get(&self) -> ConnectionManager {
-        self.slot
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .0
-            .clone()
-    }
-
-    /// `scheme://host:port` of the current URL.
-    pub fn endpoint(&self) -> String {
-        endpoint(
-            self.slot
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .1
-                .expose(),
-        )
-    }
-
-    /// Whether the connection is the one made for `url`.
-    pub fn is_for(&self, url: &str) -> bool {
-        self.slot
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            .expose()
-            == url
-    }
-
-    /// Points every user at `url` from their next call on.
-    pub fn reconnect(&self, url: &str) -> Result<(), StoreError> {
-        let conn = managed(url, self.ca_file.as_deref())?;
-        *self.slot.write().unwrap_or_else(|p| p.into_inner()) =
-            (conn, crate::secret::Secret::new(url));
-        Ok(())
-    }
-}
-
-/// `scheme://host:port` of a Redis URL, without user, password or path.
-pub fn endpoint(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(u) => format!(
-            "{}://{}:{}",
-            u.scheme(),
-            u.host_str().unwrap_or(""),
-            u.port().unwrap_or(6379)
-        ),
-        Err(_) => "redis (unparsable URL)".into(),
     }
 }
 
@@ -326,51 +231,51 @@ impl RedisStore {
     pub fn with_conn(conn: RedisConn, prefix: &str) -> Self {
         Self {
             conn,
-            names: KeyNames::new(prefix),
+            prefix: prefix.to_string(),
             timeout: CALL_TIMEOUT,
             script: Script::new(FLUSH_SCRIPT),
         }
     }
 
-    async fn run(&self, op: &'static str, pipe: &Pipeline) -> Result<Vec<Value>, StoreError> {
-        let mut conn = self.conn.get();
-        match tokio::time::timeout(self.timeout, pipe.query_async::<Vec<Value>>(&mut conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(StoreError::Redis { op, source }),
-            Err(_) => Err(StoreError::Timeout {
-                op,
-                after: self.timeout,
-            }),
-        }
+    /// The key names for the connection's topology (tagged in a cluster).
+    pub fn names(&self) -> KeyNames {
+        KeyNames::with_tags(self.prefix.clone(), self.conn.tagged())
     }
 
     async fn admit_inner(&self, q: &AdmitQuery) -> Result<AdmitCounts, StoreError> {
         const OP: &str = "admit";
+        let names = self.names();
         let (minute, _) = window_position(q.now);
-        let mut pipe = redis::pipe();
-        let cur = self.names.rpm(&q.key_id, minute);
+        let key = q.key_id.as_str();
+        let mut g = Grouped::new(names.tagged());
+        let cur = names.rpm(key, minute);
+        let get = |k: String| redis::cmd("GET").arg(k).to_owned();
         match q.rpm {
             RpmWindow::Skip => {}
             RpmWindow::Read => {
-                pipe.get(&cur);
+                g.keep(key, get(cur));
             }
             RpmWindow::Count => {
-                pipe.incr(&cur, 1)
-                    .expire(&cur, WINDOW_TTL.as_secs() as i64)
-                    .ignore();
+                g.keep(key, redis::cmd("INCR").arg(&cur).to_owned()).ignore(
+                    key,
+                    redis::cmd("EXPIRE")
+                        .arg(&cur)
+                        .arg(WINDOW_TTL.as_secs())
+                        .to_owned(),
+                );
             }
         }
         if q.rpm != RpmWindow::Skip {
-            pipe.get(self.names.rpm(&q.key_id, minute.wrapping_sub(1)));
+            g.keep(key, get(names.rpm(key, minute.wrapping_sub(1))));
         }
         if q.read_tpm {
-            pipe.get(self.names.tpm(&q.key_id, minute))
-                .get(self.names.tpm(&q.key_id, minute.wrapping_sub(1)));
+            g.keep(key, get(names.tpm(key, minute)))
+                .keep(key, get(names.tpm(key, minute.wrapping_sub(1))));
         }
         for b in &q.budgets {
-            pipe.get(self.names.budget(b, q.now));
+            g.keep(&b.id, get(names.budget(b, q.now)));
         }
-        let replies = self.run(OP, &pipe).await?;
+        let replies = g.run(&self.conn.get(), OP, self.timeout).await?;
         let mut it = replies.iter();
         let mut next = || {
             it.next().ok_or_else(|| StoreError::Reply {
@@ -399,101 +304,74 @@ impl RedisStore {
         Ok(AdmitCounts { rpm, tpm, budgets })
     }
 
-    /// The script's KEYS and ARGV for `batch`.
-    fn script_args(&self, batch: &FlushBatch) -> (Vec<String>, Vec<String>) {
-        let session = batch.id.as_ref().map_or("", |id| id.session_id.as_str());
-        let mut keys = vec![self.names.flushed(session), self.names.request_logs()];
-        keys.extend(
-            batch
-                .charges
-                .iter()
-                .map(|(b, _)| self.names.budget(b, batch.now)),
-        );
-        let (minute, _) = window_position(batch.now);
-        let tpm_by = match &batch.tpm {
-            Some((key_id, tokens)) => {
-                keys.push(self.names.tpm(key_id, minute));
-                // Redis integers are i64; the meter caps an increment far
-                // below that (`MAX_TPM_INCREMENT`).
-                i64::try_from(*tokens).unwrap_or(i64::MAX)
-            }
-            None => 0,
-        };
-        let mut args =
-            Vec::with_capacity(8 + FIELDS.len() * (1 + batch.rows.len()) + 2 * batch.charges.len());
-        args.push(batch.id.as_ref().map_or(0, |id| id.seq).to_string());
-        args.push(FLUSH_MARK_TTL.as_secs().to_string());
-        args.push(batch.stream_maxlen.to_string());
-        args.push(batch.charges.len().to_string());
-        args.push(tpm_by.to_string());
-        args.push(WINDOW_TTL.as_secs().to_string());
-        args.push(batch.rows.len().to_string());
-        args.push(FIELDS.len().to_string());
-        args.extend(FIELDS.iter().map(|f| f.to_string()));
-        for (b, cost) in &batch.charges {
-            args.push(cost.max(0.0).to_string());
-            let ttl = period_ttl(b.period, batch.now).map_or(0, |t| t.as_secs());
-            args.push(ttl.to_string());
+    /// One script call (EVALSHA, loading the script on `NOSCRIPT`).
+    async fn invoke(
+        &self,
+        op: &'static str,
+        part: &Part,
+        timeout: Duration,
+    ) -> Result<Value, StoreError> {
+        let mut inv = self.script.prepare_invoke();
+        for k in &part.keys {
+            inv.key(k);
         }
-        for row in &batch.rows {
-            args.extend(row.stream_fields().into_iter().map(|(_, v)| v));
+        for a in &part.args {
+            inv.arg(a);
         }
-        (keys, args)
+        let mut conn = self.conn.get();
+        match tokio::time::timeout(timeout, inv.invoke_async::<Value>(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(StoreError::Redis { op, source }),
+            Err(_) => Err(StoreError::Timeout { op, after: timeout }),
+        }
     }
 
     async fn flush_inner(&self, batch: &FlushBatch) -> Result<Vec<f64>, StoreError> {
         const OP: &str = "flush";
-        let (keys, args) = self.script_args(batch);
-        let mut inv = self.script.prepare_invoke();
-        for k in &keys {
-            inv.key(k);
-        }
-        for a in &args {
-            inv.arg(a);
-        }
-        let mut conn = self.conn.get();
-        let reply =
-            match tokio::time::timeout(self.timeout, inv.invoke_async::<Value>(&mut conn)).await {
-                Ok(Ok(v)) => v,
-                Ok(Err(source)) => return Err(StoreError::Redis { op: OP, source }),
-                Err(_) => {
-                    return Err(StoreError::Timeout {
-                        op: OP,
-                        after: self.timeout,
-                    })
-                }
-            };
-        let (failed, totals) = script_reply(OP, &reply)?;
-        if failed > 0 {
-            tracing::warn!(store = %self.conn.endpoint(), failed, "the store refused part of a flush (a metering key holds a value of another type?)");
-        }
-        if totals.len() != batch.charges.len() {
-            return Err(StoreError::Reply {
-                op: OP,
-                message: format!(
-                    "{} totals for {} budgets",
-                    totals.len(),
-                    batch.charges.len()
-                ),
-            });
+        let parts = flush_parts::parts(&self.names(), batch);
+        let replies = futures_util::future::try_join_all(
+            parts.iter().map(|p| self.invoke(OP, p, self.timeout)),
+        )
+        .await?;
+        let mut totals = vec![0.0; batch.charges.len()];
+        for (part, reply) in parts.iter().zip(&replies) {
+            let (failed, got) = script_reply(OP, reply)?;
+            if failed > 0 {
+                tracing::warn!(store = %self.conn.endpoint(), failed, "the store refused part of a flush (a metering key holds a value of another type?)");
+            }
+            if got.len() != part.charges.len() {
+                return Err(StoreError::Reply {
+                    op: OP,
+                    message: format!("{} totals for {} budgets", got.len(), part.charges.len()),
+                });
+            }
+            for (&i, t) in part.charges.iter().zip(got) {
+                totals[i] = t;
+            }
         }
         Ok(totals)
     }
 
     async fn replay_inner(&self, batches: &[&FlushBatch]) -> Result<Vec<Replayed>, StoreError> {
+        if self.conn.tagged() {
+            return self.replay_by_part(batches).await;
+        }
         const OP: &str = "replay";
+        let names = self.names();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         // Loaded in the same pipeline, so a restarted (empty) Redis knows
         // the script before the first EVALSHA.
         pipe.cmd("SCRIPT").arg("LOAD").arg(FLUSH_SCRIPT);
         for batch in batches {
-            let (keys, args) = self.script_args(batch);
-            pipe.cmd("EVALSHA")
-                .arg(self.script.get_hash())
-                .arg(keys.len())
-                .arg(keys)
-                .arg(args);
+            // One server: one part per batch.
+            for part in flush_parts::parts(&names, batch) {
+                pipe.cmd("EVALSHA")
+                    .arg(self.script.get_hash())
+                    .arg(part.keys.len())
+                    .arg(part.keys)
+                    .arg(part.args);
+            }
         }
         let mut conn = self.conn.get();
         let replies =
@@ -528,15 +406,52 @@ impl RedisStore {
                     out.push(Replayed::Rejected(e.to_string()));
                 }
                 other => {
-                    let (failed, _) = script_reply(OP, other)?;
-                    if failed > 0 {
-                        tracing::warn!(store = %self.conn.endpoint(), failed, "the store refused part of a replayed flush (a metering key holds a value of another type?)");
-                    }
+                    self.applied(OP, other)?;
                     out.push(Replayed::Applied);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// A cluster's replay: each batch's parts in turn, each in its own slot
+    /// (a part applied before is answered as a read). A batch is applied
+    /// when all its parts are; a transient refusal stops the replay there.
+    async fn replay_by_part(&self, batches: &[&FlushBatch]) -> Result<Vec<Replayed>, StoreError> {
+        const OP: &str = "replay";
+        let names = self.names();
+        let deadline = tokio::time::Instant::now() + REPLAY_TIMEOUT;
+        let mut out = Vec::with_capacity(batches.len());
+        for batch in batches {
+            let mut outcome = Replayed::Applied;
+            for part in flush_parts::parts(&names, batch) {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match self.invoke(OP, &part, left).await {
+                    Ok(v) => self.applied(OP, &v)?,
+                    Err(StoreError::Redis { source, .. })
+                        if source.code().is_some()
+                            && !transient(
+                                source.code().unwrap_or_default(),
+                                &source.to_string(),
+                            ) =>
+                    {
+                        outcome = Replayed::Rejected(source.to_string());
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            out.push(outcome);
+        }
+        Ok(out)
+    }
+
+    fn applied(&self, op: &'static str, reply: &Value) -> Result<(), StoreError> {
+        let (failed, _) = script_reply(op, reply)?;
+        if failed > 0 {
+            tracing::warn!(store = %self.conn.endpoint(), failed, "the store refused part of a replayed flush (a metering key holds a value of another type?)");
+        }
+        Ok(())
     }
 }
 
@@ -559,48 +474,6 @@ fn script_reply(op: &'static str, v: &Value) -> Result<(u64, Vec<f64>), StoreErr
         other => return Err(bad(format!("totals not an array: {other:?}"))),
     };
     Ok((failed, totals))
-}
-
-/// A lazily connecting [`ConnectionManager`] on `url` (a `rediss://`
-/// server's certificate chaining to `ca_file` when given) with the store's
-/// bounds: connect and response timeouts, one reconnect attempt per failure.
-/// The store uses it, and so do other Redis users in the process (session
-/// leases), so TLS settings apply to every connection alike.
-pub fn managed(url: &str, ca_file: Option<&Path>) -> Result<ConnectionManager, StoreError> {
-    if url.starts_with("rediss://") {
-        // redis-rs builds its rustls config with the process-default
-        // provider: make that ring, whatever else the build links
-        // (an error only means one is installed already).
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-    let client = match ca_file {
-        Some(path) => {
-            // Parsed here too, so a bad file is an error naming it.
-            crate::pem::read_ca_file(path).map_err(StoreError::CaFile)?;
-            let pem = std::fs::read(path).map_err(|source| {
-                StoreError::CaFile(crate::pem::TlsSetupError::Read {
-                    path: path.display().to_string(),
-                    source,
-                })
-            })?;
-            redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                },
-            )
-            .map_err(StoreError::Url)?
-        }
-        None => redis::Client::open(url).map_err(StoreError::Url)?,
-    };
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(CALL_TIMEOUT))
-        .set_number_of_retries(RECONNECT_RETRIES)
-        .set_min_delay(RECONNECT_MIN_DELAY)
-        .set_max_delay(CONNECT_TIMEOUT);
-    ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::Url)
 }
 
 fn int(op: &'static str, v: &Value) -> Result<u64, StoreError> {
@@ -628,9 +501,16 @@ impl Store for RedisStore {
 
     fn unadmit<'a>(&'a self, key_id: &'a str, minute: u64) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut pipe = redis::pipe();
-            pipe.decr(self.names.rpm(key_id, minute), 1).ignore();
-            self.run("unadmit", &pipe).await.map(|_| ())
+            let mut g = Grouped::new(false);
+            g.ignore(
+                key_id,
+                redis::cmd("DECR")
+                    .arg(self.names().rpm(key_id, minute))
+                    .to_owned(),
+            );
+            g.run(&self.conn.get(), "unadmit", self.timeout)
+                .await
+                .map(|_| ())
         })
     }
 
@@ -644,9 +524,11 @@ impl Store for RedisStore {
 
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let mut pipe = redis::pipe();
-            pipe.cmd("PING").ignore();
-            self.run("ping", &pipe).await.map(|_| ())
+            let mut g = Grouped::new(false);
+            g.ignore("", redis::cmd("PING"));
+            g.run(&self.conn.get(), "ping", self.timeout)
+                .await
+                .map(|_| ())
         })
     }
 

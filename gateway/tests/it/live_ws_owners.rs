@@ -209,6 +209,9 @@ async fn with_redis_another_gateway_serves_the_owner_of_a_websocket_live_session
     let second = Child::start(&sim.url(false), &toml, &env).await;
     let (mut primary, id) = started(first.addr, "pb-owner").await;
     let upgrades = || sim.stats.upgrades.load(Ordering::Relaxed);
+    // The record is written beside the session's start (the client has
+    // `session.started` first): a moment for it to reach Redis.
+    tokio::time::sleep(Duration::from_millis(200)).await;
 
     not_found(
         ws_at(
