@@ -250,6 +250,9 @@ pub struct Gateway {
     /// applied ([`crate::pool_watch`]): the mounted size file, an older copy
     /// of the same ConfigMap, is then not applied.
     pub pool_size_watched: AtomicBool,
+    /// Where Live WebSocket sessions record their owners, set once by the
+    /// calls routes ([`crate::live_records`]).
+    pub live_records: std::sync::OnceLock<Arc<dyn crate::live_records::LiveRecords>>,
     ready: AtomicBool,
     /// The client listener's accepts fail for want of descriptors.
     accepts_failing: AtomicBool,
@@ -377,6 +380,7 @@ impl Gateway {
             tasks: TaskTracker::new(),
             telemetry,
             pool_size_watched: AtomicBool::new(false),
+            live_records: std::sync::OnceLock::new(),
             ready: AtomicBool::new(ready),
             accepts_failing: AtomicBool::new(false),
         })

@@ -29,6 +29,7 @@ pub mod ids;
 pub mod lane;
 pub mod linger;
 pub mod live;
+pub mod live_records;
 pub mod logging;
 pub mod logs;
 pub mod metering;

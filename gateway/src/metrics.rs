@@ -115,8 +115,9 @@ pub struct SecretRefusalLabels {
 }
 
 /// A refused call action (`patchbay_call_action_refusals_total`):
-/// `action` is `hangup`, `refer`, `reject` or `unknown` (an accept's
-/// refusals are admission refusals).
+/// `action` is `hangup`, `refer`, `reject`, a Live session's `attach`,
+/// `fork` (WebSocket) or `content`, or `unknown` (an accept's refusals are
+/// admission refusals); `reason` is the refusal's code.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionRefusalLabels {
     pub action: String,

@@ -41,6 +41,7 @@ use crate::client_secret::Grant;
 use crate::config::Endpoint;
 use crate::event::error_event;
 use crate::gateway::{Gateway, Route};
+use crate::live_records::{LiveOwner, LiveWsSession};
 use crate::metering::client_models::{ModelPolicy, SessionTap};
 use crate::metering::live::LiveUsage;
 use crate::metering::translation::{AudioCounters, TranslationAudio};
@@ -321,13 +322,13 @@ impl Session {
             // reports, from its `session.started` on.
             let live = (route.config.endpoint == Endpoint::Live)
                 .then(|| Arc::new(LiveUsage::new(std::time::Instant::now())));
+            let live_id = live
+                .as_ref()
+                .and_then(|_| crate::metering::live::started_id(&warm.session_created));
             let meta = SessionMeta::new(self.id.clone(), &self.key, &route.config)
                 .on_upstream(&upstream.config, &route.config)
                 .with_client_secret(self.client_secret.as_ref().map(|g| g.id.clone()))
-                .for_live_session(
-                    live.as_ref()
-                        .and_then(|_| crate::metering::live::started_id(&warm.session_created)),
-                )
+                .for_live_session(live_id.clone())
                 .traced(
                     &gw.telemetry,
                     self.origin.trace,
@@ -336,6 +337,12 @@ impl Session {
                 );
             let trace = meta.trace.clone();
             let (mut tracker, meter, metering_kill) = gw.metering.start_session(meta);
+            // Its owner, for its attach and forks ([`crate::live_records`]).
+            let live_owner = live_id.zip(gw.live_records.get().cloned()).map(|(id, r)| {
+                let s = LiveWsSession::new(id, &self.key, &route.config.model, self.started);
+                // Boxed: the session's future holds it for the session's life.
+                Box::new(LiveOwner::record(r, &gw.tasks, s))
+            });
             // A translation session is metered by the audio it carries.
             let audio = (route.config.endpoint == Endpoint::Translations)
                 .then(|| Arc::new(AudioCounters::default()));
@@ -426,6 +433,9 @@ impl Session {
                     spliced.client_code,
                     spliced.upstream_code,
                 );
+            }
+            if let Some(owner) = live_owner {
+                (*owner).retire(&gw.tasks);
             }
         }
     }

@@ -38,6 +38,9 @@ pub(crate) struct SimCall {
     pub(crate) model: Option<String>,
     pub(crate) created_at: Instant,
     pub(crate) ended_at: Option<Instant>,
+    /// A Live session on its primary WebSocket ([`crate::live`]): that
+    /// connection bills it, not its end here.
+    pub(crate) primary: bool,
 }
 
 impl SimCall {
@@ -50,6 +53,7 @@ impl SimCall {
             model,
             created_at: Instant::now(),
             ended_at: None,
+            primary: false,
         }
     }
 
@@ -127,6 +131,18 @@ impl SimCalls {
         if let Some(c) = lock(&self.calls).get_mut(call_id) {
             c.end();
         }
+    }
+
+    /// Registers a Live WebSocket session under its id, so that its
+    /// sidebands attach, its forks find its model and its hangup ends it
+    /// (`resources/live/sideband.py`, `forks.py`, `sessions.py` take any
+    /// Live session id); its primary connection bills it.
+    pub(crate) fn primary_started(&self, id: &str, model: String) -> CancellationToken {
+        let mut call = SimCall::new(CallKind::Live, true, Some(model));
+        call.primary = true;
+        let ended = call.ended.clone();
+        lock(&self.calls).insert(id.to_string(), call);
+        ended
     }
 
     /// Whether the call has been hung up or rejected.

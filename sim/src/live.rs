@@ -34,7 +34,13 @@
 //! - a WebSocket fork (`GET …/sessions/{id}/fork` of a known Live session,
 //!   `resources/live/forks.py`) is a new session that inherits the
 //!   parent's model: its `session.start` names none (one that does is
-//!   answered `invalid_value`).
+//!   answered `invalid_value`);
+//! - a started session is known by its id to the rest of the Live API as a
+//!   WebRTC one is: sidebands attach to it (`resources/live/sideband.py`),
+//!   it is forked over HTTP or WebSocket (`forks.py`), and a sideband's
+//!   `session.close` or a `hangup` of its id (`sessions.py`) ends it, the
+//!   primary then getting `session.closed` and the close as for its own
+//!   `session.close`.
 //!
 //! What the simulated upstream bills is the final cumulative figure of each
 //! session, added to [`crate::SimStats::live_seconds`] when it ends however
@@ -72,6 +78,14 @@ type Ws = WebSocketStream<SimIo>;
 /// `resources/live/live.py`, `_prepare_url`: `…/live/sessions`).
 pub const LIVE_PATH_SUFFIX: &str = "/live/sessions";
 
+/// Fires when `ended` is cancelled; never without one.
+async fn ended_of(ended: Option<&tokio_util::sync::CancellationToken>) {
+    match ended {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// How the session's loop goes on after an event.
 enum Flow {
     Go,
@@ -96,6 +110,9 @@ pub(crate) struct Live {
     /// none (`fork_session_start_event_param.py`: "do not supply a new
     /// model").
     inherited: Option<String>,
+    /// Cancelled when the session is ended from elsewhere: a sideband's
+    /// `session.close` or a `hangup` of its id.
+    ended: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Live {
@@ -110,6 +127,7 @@ impl Live {
             reports: 0,
             held: None,
             inherited: None,
+            ended: None,
         }
     }
 
@@ -217,7 +235,14 @@ impl Live {
         let mut tick = tokio::time::interval_at(Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let ended = self.ended.clone();
             let flow = tokio::select! {
+                // Ended from a sideband or a hangup: closed as on its own
+                // `session.close`, with the final figure.
+                _ = ended_of(ended.as_ref()), if self.session.is_some() => {
+                    self.close(&mut ws, None).await;
+                    Flow::Stop
+                }
                 _ = tick.tick(), if self.session.is_some() => {
                     let s = self.seconds();
                     if self.report(&mut ws, s).await { Flow::Go } else { Flow::Stop }
@@ -251,6 +276,8 @@ impl Live {
         if self.session.is_some() {
             self.bill();
         }
+        // Its sidebands close with it.
+        self.handle.stats.calls.end(&self.id);
     }
 
     async fn on_event(&mut self, ws: &mut Ws, text: &str) -> Flow {
@@ -352,8 +379,14 @@ impl Live {
                 )
                 .await;
         }
+        let model = session
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         self.session = Some(session);
         self.started = Instant::now();
+        self.ended = Some(self.handle.stats.calls.primary_started(&self.id, model));
         self.handle
             .stats
             .live_sessions

@@ -170,6 +170,11 @@ fn end(id: &str, config: &SimConfig, handle: &SimHandle) {
         return;
     }
     c.end();
+    if c.primary {
+        // A WebSocket session: its primary connection sees the end and
+        // bills it ([`crate::live`]).
+        return;
+    }
     let seconds = billed(
         c.created_at,
         c.ended_at.unwrap_or_else(Instant::now),

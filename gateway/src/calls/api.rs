@@ -118,19 +118,24 @@ pub(super) fn refuse(gw: &Gateway, model: &str, r: Refusal) -> Response {
 /// The call actions of the calls API.
 const ACTIONS: [&str; 4] = ["accept", "hangup", "refer", "reject"];
 
+/// The actions on a call's or Live session's id that admit nothing, as
+/// labelled in `patchbay_call_action_refusals_total` (any other: `unknown`).
+const LABELLED_ACTIONS: [&str; 6] = ["hangup", "refer", "reject", "attach", "fork", "content"];
+
 /// A refused call action. An accept admits a call, so its refusals are
-/// admission refusals; a hangup, refer or reject admits nothing (a hangup
+/// admission refusals; a hangup, refer or reject (and a Live session's
+/// attach, WebSocket fork or recording download) admits nothing (a hangup
 /// of an unknown call is not a refused admission), so theirs count in
-/// `patchbay_call_action_refusals_total` by action and reason.
+/// `patchbay_call_action_refusals_total` by action and reason (the
+/// refusal's code, as every refusal metric's).
 pub(super) fn refuse_action(gw: &Gateway, action: &str, r: Refusal) -> Response {
     if action == "accept" {
         return refuse(gw, "", r);
     }
-    let action = if ACTIONS.contains(&action) {
-        action
-    } else {
-        "unknown"
-    };
+    let action = LABELLED_ACTIONS
+        .into_iter()
+        .find(|a| *a == action)
+        .unwrap_or("unknown");
     gw.metrics
         .call_action_refusals
         .get_or_create(&ActionRefusalLabels {
@@ -774,6 +779,9 @@ pub(super) async fn adopt_loop(st: CallsState) {
 /// once), the key's fleet lease, a new sideband.
 async fn adopt(st: &CallsState, fleet: &CallFleet, route: &Arc<Route>, rec: CallRecord) {
     let gw = &st.gw;
+    if super::live_owners::never_adopted(fleet, &route.config, &rec).await {
+        return;
+    }
     if st.owners.get(&rec.call_id).is_some() {
         // Still metered here: its hold lapsed during a Redis outage and this
         // replica claimed it back. One sideband per call.

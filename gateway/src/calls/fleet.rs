@@ -10,13 +10,21 @@
 //!   `accepting`, expiring [`CLAIM_GRACE`] after the accept's own timeout):
 //!   of concurrent accepts on any replicas, one goes upstream; a refused
 //!   accept deletes its claim (only its own: compare-and-delete).
+//!   A GPT-Live WebSocket session's owner has a record too (`transport`
+//!   `websocket`, [`CallFleet::register_live_ws`]), in no route's set:
+//!   it is never adopted ([`super::live_owners`]).
 //! - `{prefix}call_holder:{call_id}`: the id of the replica whose sideband
 //!   meters the call, with a TTL of [`HOLD_TTL`], renewed every
 //!   [`HOLD_RENEW`] while it does.
 //! - `{prefix}live_charged:{id}`: for a GPT-Live WebRTC session, the
-//!   milliseconds its metering replica has charged so far (an adopting
-//!   replica charges only what the upstream's cumulative figure adds to
-//!   it; [`crate::metering::live`]). An ended Live session's record is
+//!   milliseconds its metering replica has charged so far, raised before
+//!   each window is charged ([`CallFleet::mark_live_charged`]), so it is
+//!   never behind what was charged (an adopting replica charges only what
+//!   the upstream's cumulative figure adds to it; [`crate::metering::live`]).
+//! - `{prefix}live_delegated:{id}`: the response ids of the delegated
+//!   responses charged of that session, added before they are charged
+//!   ([`CallFleet::mark_live_delegated`]): an adopting replica charges
+//!   none of them again ([`crate::metering::delegated`]). An ended Live session's record is
 //!   kept for [`super::ownership::RETIRED_FOR`] ([`CallFleet::retire`]):
 //!   its recording and forks stay its owner's.
 //! - `{prefix}calls:{model}:{upstream}`: the set of live call ids of one
@@ -425,6 +433,104 @@ impl CallFleet {
             }
         }
         claimed
+    }
+}
+
+/// Raises `KEYS[1]` to `ARGV[1]` (never lowers it), for `ARGV[2]` s.
+const RAISE_SCRIPT: &str = r"
+local held = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local new = tonumber(ARGV[1])
+if new > held then held = new end
+redis.call('SET', KEYS[1], tostring(held), 'EX', ARGV[2])
+return 1
+";
+
+impl CallFleet {
+    /// Raises what is recorded as charged of a Live session to
+    /// `charged_ms` (before it is charged: [`crate::metering::live::ChargedMark`]);
+    /// true once Redis confirmed it.
+    pub async fn mark_live_charged(&self, call_id: &str, charged_ms: u64, ttl: Duration) -> bool {
+        let mut conn = self.conn.get();
+        let script = redis::Script::new(RAISE_SCRIPT);
+        let mut inv = script.key(self.charged_key(call_id));
+        inv.arg(charged_ms).arg(ttl.as_secs().max(1));
+        self.bounded("live_charged_mark", inv.invoke_async::<i64>(&mut conn))
+            .await
+            .is_some()
+    }
+
+    fn delegated_key(&self, call_id: &str) -> String {
+        format!("{}live_delegated:{}", self.prefix, self.id(call_id))
+    }
+
+    /// Adds delegated response ids to those charged of a Live session
+    /// (before they are charged); true once Redis confirmed it.
+    pub async fn mark_live_delegated(&self, call_id: &str, ids: &[String], ttl: Duration) -> bool {
+        let key = self.delegated_key(call_id);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .sadd(&key, ids)
+            .ignore()
+            .expire(&key, ttl.as_secs().max(1) as i64)
+            .ignore();
+        let mut conn = self.conn.get();
+        self.bounded("live_delegated_mark", pipe.query_async::<()>(&mut conn))
+            .await
+            .is_some()
+    }
+
+    /// The delegated response ids charged of a Live session so far;
+    /// `None` when Redis did not say.
+    pub async fn live_delegated(&self, call_id: &str) -> Option<Vec<String>> {
+        let cmd = redis::cmd("SMEMBERS")
+            .arg(self.delegated_key(call_id))
+            .to_owned();
+        let mut conn = self.conn.get();
+        self.bounded("live_delegated_get", cmd.query_async(&mut conn))
+            .await
+    }
+
+    /// Records a GPT-Live WebSocket session's owner (`transport`
+    /// `websocket`, for its attach and forks on any replica): the record
+    /// alone, in no route's set and with no holder, so no replica's
+    /// [`CallFleet::claim_orphans`] ever sees it (its client holds the
+    /// session's only connection: nothing could be adopted).
+    pub async fn register_live_ws(&self, rec: &CallRecord, ttl: Duration) {
+        let json = serde_json::to_string(rec).unwrap_or_default();
+        let cmd = redis::cmd("SET")
+            .arg(self.record_key(&rec.call_id))
+            .arg(json)
+            .arg("EX")
+            .arg(ttl.as_secs().max(1))
+            .to_owned();
+        let mut conn = self.conn.get();
+        self.bounded("live_ws_register", cmd.query_async::<()>(&mut conn))
+            .await;
+    }
+
+    /// Keeps an ended Live WebSocket session's record (its owner) for
+    /// [`super::ownership::RETIRED_FOR`].
+    pub async fn retire_live_ws(&self, id: &str) {
+        let cmd = redis::cmd("EXPIRE")
+            .arg(self.record_key(id))
+            .arg(super::ownership::RETIRED_FOR.as_secs())
+            .to_owned();
+        let mut conn = self.conn.get();
+        self.bounded("live_ws_retire", cmd.query_async::<()>(&mut conn))
+            .await;
+    }
+
+    /// Takes `call_id` out of `route`'s set of adoptable calls and drops
+    /// this replica's hold on it (a record that must never be adopted).
+    pub async fn unindex(&self, route: &RouteConfig, call_id: &str) {
+        let cmd = redis::cmd("SREM")
+            .arg(self.index_key(route))
+            .arg(call_id)
+            .to_owned();
+        let mut conn = self.conn.get();
+        self.bounded("call_unindex", cmd.query_async::<()>(&mut conn))
+            .await;
+        self.release(call_id).await;
     }
 }
 

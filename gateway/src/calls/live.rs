@@ -308,7 +308,9 @@ pub(super) async fn fork(
 }
 
 /// `GET /v1/live/sessions/{id}/content`: the recording, from the upstream,
-/// for the session's owner only.
+/// for the session's owner only, streamed as the upstream sends it (each
+/// part within `upgrade_timeout_secs` of the last, at most
+/// [`upstream::MAX_RECORDING_BYTES`]).
 pub(super) async fn content(
     State(st): State<CallsState>,
     path: Result<Path<String>, PathRejection>,
@@ -335,11 +337,14 @@ pub(super) async fn content(
         Err(e) => return refuse_action(gw, "content", route_refusal(&route.config.model, &e)),
     };
     let timeout = Duration::from_secs(gw.config.server.upgrade_timeout_secs);
-    match upstream::get(&route.config, &url, timeout).await {
+    match upstream::get_streamed(&route.config, &url, timeout).await {
         Ok(a) if a.status.is_success() => {
-            let mut r = Response::new(Body::from(a.body));
-            if let Some(ct) = a.headers.get(header::CONTENT_TYPE) {
-                r.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+            // Relayed as it comes, never held whole.
+            let mut r = Response::new(Body::from_stream(a.body));
+            for name in [header::CONTENT_TYPE, header::CONTENT_LENGTH] {
+                if let Some(v) = a.headers.get(&name) {
+                    r.headers_mut().insert(name, v.clone());
+                }
             }
             r
         }

@@ -39,9 +39,11 @@
 //! `session.start` and admitted for the forking key ([`crate::live`]: its
 //! caps, budget and allow-list, before anything is dialled), dialled at the
 //! upstream's `…/{id}/fork` and metered as any Live WebSocket session.
-//! Caveat: only sessions with an owner record can be forked here: WebRTC
-//! Live sessions and their forks, not Live WebSocket sessions (whose ids
-//! the gateway does not record).
+//!
+//! Both serve every Live id with an owner record: WebRTC Live sessions and
+//! their forks ([`super::live`]), and Live WebSocket sessions and their
+//! forks, recorded once `session.started` names them
+//! ([`super::live_owners`]); with Redis, on any replica.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

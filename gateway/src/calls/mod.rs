@@ -18,6 +18,10 @@
 //! - [`sideband`]: the metered sideband of one call, and how it ends;
 //! - [`live`]: GPT-Live's WebRTC sessions (create, fork, recording, call
 //!   control), calls in all but their wire shapes;
+//! - [`live_mark`]: a WebRTC Live session's charged figure in the fleet,
+//!   raised before each window is charged;
+//! - [`live_owners`]: the owners of Live WebSocket sessions, recorded
+//!   beside the others (never adopted);
 //! - [`live_ws`]: the WebSockets under a Live session's id: a client's own
 //!   sideband, relayed (the gateway's sideband meters it), and forks;
 //! - [`routes`]: the routes of both, composed over one state.
@@ -30,6 +34,8 @@ pub mod api;
 pub mod claim;
 pub mod fleet;
 pub mod live;
+pub mod live_mark;
+pub mod live_owners;
 pub mod live_ws;
 pub mod offer;
 pub mod ownership;

@@ -17,6 +17,7 @@ use super::api::{
     CALLS_PATHS, TRANSLATION_CALLS_PATHS,
 };
 use super::fleet::CallFleet;
+use super::live_owners::LiveWsOwners;
 use super::{live, live_ws};
 
 /// The calls and Live sessions routes. With Redis, also starts the task
@@ -33,6 +34,12 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         owners: Arc::default(),
         fleet,
     };
+    // Live WebSocket sessions record their owners here too.
+    let max_session = std::time::Duration::from_secs(state.gw.config.relay.max_session_secs);
+    let records = LiveWsOwners::new(state.owners.clone(), state.fleet.clone(), max_session);
+    if state.gw.live_records.set(Arc::new(records)).is_err() {
+        tracing::warn!("the calls routes were built twice: Live WebSocket owners go to the first");
+    }
     if state.fleet.is_some() {
         tokio::spawn(adopt_loop(state.clone()));
     }

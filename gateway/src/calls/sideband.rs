@@ -39,8 +39,9 @@
 //!   rows naming `live_session_id`. When the gateway hangs it up, the
 //!   final figure is read from `session.closed` (waited for, bounded by
 //!   [`relay::CLOSE_GRACE`]), else estimated. With Redis, what was charged
-//!   is kept beside the call's record after every window, so a replica
-//!   that adopts the session charges only what is new; without Redis, a
+//!   is kept beside the call's record, raised before every window is
+//!   charged ([`super::live_mark`]), so a replica that adopts the session
+//!   charges only what is new, even after a kill; without Redis, a
 //!   drain hangs a Live session up (it is billed by the second, and nobody
 //!   would meter it after).
 //!
@@ -67,6 +68,7 @@ use crate::relay::{self, End, Kill, Tap};
 use crate::telemetry::context::TraceParent;
 
 use super::fleet::{CallFleet, HOLD_RENEW, RECORD_GRACE};
+use super::live_mark::FleetMark;
 use super::ownership::Owners;
 use super::{upstream, Transport};
 
@@ -221,6 +223,19 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
         (true, None) => Some(Arc::new(LiveUsage::new(call.started.into_std()))),
     };
     let charged_ttl = Duration::from_secs(gw.config.relay.max_session_secs) + RECORD_GRACE;
+    if let (Some(u), Some(f)) = (&live, &fleet) {
+        // The delegated responses another replica charged are not charged
+        // again here.
+        if let Some(ids) = f.live_delegated(&call.id).await {
+            u.knows_delegated(ids);
+        }
+        // Each window's figure is marked before it is charged.
+        u.marked_by(Arc::new(FleetMark {
+            fleet: f.clone(),
+            call_id: call.id.clone(),
+            ttl: charged_ttl,
+        }));
+    }
     let meter = match (&clock, &live) {
         (Some(c), _) => meter.measuring_call(c.clone()),
         (None, Some(u)) => meter.measuring_live(u.clone()),
@@ -281,11 +296,6 @@ pub async fn run(gw: Arc<Gateway>, mut call: Call, owners: Arc<Owners>, fleet: O
                     k = &mut kill => break SidebandEnd::Killed(k),
                     _ = client_end.cancelled() => break SidebandEnd::ClientHangup,
                     _ = tokio::time::sleep_until(deadline) => break SidebandEnd::MaxDuration,
-                    _ = charged(live.as_deref()), if fleet.is_some() => {
-                        if let (Some(f), Some(u)) = (&fleet, &live) {
-                            f.set_live_charged(&call.id, u.charged_ms(), charged_ttl).await;
-                        }
-                    }
                     _ = &mut let_go => break SidebandEnd::LetGo,
                     _ = renew.tick(), if fleet.is_some() => {
                         if let Some(f) = &fleet {
@@ -462,14 +472,6 @@ fn on_text(tracker: &mut crate::metering::tracker::TurnTracker, live: Option<&Li
     tracker.on_upstream_text(t);
     if let Some(u) = live {
         u.on_upstream(t.as_bytes());
-    }
-}
-
-/// Fires when a Live session's meter charged a window (never otherwise).
-async fn charged(live: Option<&LiveUsage>) {
-    match live {
-        Some(u) => u.charged.notified().await,
-        None => std::future::pending().await,
     }
 }
 

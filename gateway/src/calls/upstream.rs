@@ -36,8 +36,8 @@ use crate::upstream::tls;
 
 /// The largest upstream answer body read (an SDP answer is a few KiB).
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
-/// The largest Live recording relayed (`GET …/{id}/content`), buffered
-/// whole: about an hour of 16 kHz mono PCM.
+/// The largest Live recording relayed (`GET …/{id}/content`, streamed):
+/// about an hour of 16 kHz mono PCM.
 pub const MAX_RECORDING_BYTES: usize = 128 << 20;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -212,24 +212,91 @@ pub async fn post(
         .map_err(|_| UpstreamCallError::Timeout(timeout))?
 }
 
-/// GETs `url` with the route's key, within `timeout` (a Live recording:
-/// its body bounded by [`MAX_RECORDING_BYTES`]).
-pub async fn get(
+/// A body relayed as the upstream sends it.
+pub type ByteStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, UpstreamCallError>> + Send>>;
+
+/// An answer whose body is streamed (a Live recording).
+pub struct Streamed {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: ByteStream,
+}
+
+/// GETs `url` with the route's key (a Live recording): the status and
+/// headers within `timeout`, then the body as it comes, each part within
+/// `timeout` of the last, [`MAX_RECORDING_BYTES`] at most (a body that
+/// says it is longer is refused before any of it is read; one that grows
+/// past it ends with an error, the client seeing a cut body).
+pub async fn get_streamed(
     route: &RouteConfig,
     url: &Url,
     timeout: Duration,
-) -> Result<Answer, UpstreamCallError> {
-    let req = request(
-        route,
-        Method::GET,
-        url,
-        None,
-        Vec::new(),
-        MAX_RECORDING_BYTES,
-    );
-    tokio::time::timeout(timeout, req)
+) -> Result<Streamed, UpstreamCallError> {
+    let sent = send(route, Method::GET, url, None, Vec::new());
+    let (resp, driver) = tokio::time::timeout(timeout, sent)
         .await
-        .map_err(|_| UpstreamCallError::Timeout(timeout))?
+        .map_err(|_| UpstreamCallError::Timeout(timeout))??;
+    let (parts, body) = resp.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_RECORDING_BYTES as u64) {
+        driver.abort();
+        return Err(UpstreamCallError::AnswerTooLarge);
+    }
+    let reading = Reading {
+        body: http_body_util::Limited::new(body, MAX_RECORDING_BYTES),
+        _driver: AbortOnDrop(driver),
+        idle: timeout,
+    };
+    let body = futures_util::stream::unfold(Some(reading), |state| async move {
+        let mut r = state?;
+        loop {
+            match tokio::time::timeout(r.idle, r.body.frame()).await {
+                Err(_) => return Some((Err(UpstreamCallError::Timeout(r.idle)), None)),
+                Ok(None) => return None,
+                Ok(Some(Err(e))) => {
+                    let e = if e.is::<http_body_util::LengthLimitError>() {
+                        UpstreamCallError::AnswerTooLarge
+                    } else {
+                        UpstreamCallError::Http(e.to_string())
+                    };
+                    return Some((Err(e), None));
+                }
+                Ok(Some(Ok(frame))) => {
+                    // Trailers carry no bytes: read on.
+                    if let Ok(data) = frame.into_data() {
+                        return Some((Ok(data), Some(r)));
+                    }
+                }
+            }
+        }
+    });
+    Ok(Streamed {
+        status: parts.status,
+        headers: parts.headers,
+        body: Box::pin(body),
+    })
+}
+
+/// A streamed body being read, and its connection's task (ended with it).
+struct Reading {
+    body: http_body_util::Limited<hyper::body::Incoming>,
+    /// Held for its drop: the connection lives as long as the body.
+    _driver: AbortOnDrop,
+    idle: Duration,
+}
+
+/// Aborts its task when dropped (a client gone mid-body frees the
+/// upstream connection).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn request(
@@ -240,6 +307,35 @@ async fn request(
     body: Vec<u8>,
     limit: usize,
 ) -> Result<Answer, UpstreamCallError> {
+    let (resp, driver) = send(route, method, url, content_type, body).await?;
+    let (parts, body) = resp.into_parts();
+    let body = http_body_util::Limited::new(body, limit)
+        .collect()
+        .await
+        .map_err(|_| UpstreamCallError::AnswerTooLarge);
+    driver.abort();
+    Ok(Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body?.to_bytes(),
+    })
+}
+
+/// Sends one request on a connection of its own: the response (its body
+/// unread) and the task driving the connection.
+async fn send(
+    route: &RouteConfig,
+    method: Method,
+    url: &Url,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> Result<
+    (
+        http::Response<hyper::body::Incoming>,
+        tokio::task::JoinHandle<()>,
+    ),
+    UpstreamCallError,
+> {
     let io = connect(route, url).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
@@ -271,26 +367,13 @@ async fn request(
     for (name, value) in headers.map_err(UpstreamCallError::Http)? {
         req.headers_mut().insert(name, value);
     }
-    let result = async {
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| UpstreamCallError::Http(e.to_string()))?;
-        let (parts, body) = resp.into_parts();
-        let body = http_body_util::Limited::new(body, limit)
-            .collect()
-            .await
-            .map_err(|_| UpstreamCallError::AnswerTooLarge)?
-            .to_bytes();
-        Ok(Answer {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        })
+    match sender.send_request(req).await {
+        Ok(resp) => Ok((resp, driver)),
+        Err(e) => {
+            driver.abort();
+            Err(UpstreamCallError::Http(e.to_string()))
+        }
     }
-    .await;
-    driver.abort();
-    result
 }
 
 /// Opens the sideband for `call_id` with the route's key, within `timeout`.
@@ -387,6 +470,88 @@ mod tests {
             api_key: crate::upstream_key::UpstreamKey::new(Secret::new("sk-up")),
             ..RouteConfig::default()
         }
+    }
+
+    /// An upstream answering one GET: `head` and a first chunk, then
+    /// (once `release` fires, if it ever does) the last chunk.
+    async fn upstream_once(
+        head: &'static str,
+        release: tokio::sync::oneshot::Receiver<()>,
+    ) -> RouteConfig {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let mut seen = Vec::new();
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = tcp.read(&mut buf).await.unwrap();
+                assert!(n > 0, "request head");
+                seen.extend_from_slice(&buf[..n]);
+            }
+            tcp.write_all(head.as_bytes()).await.unwrap();
+            tcp.write_all(b"5\r\nfirst\r\n").await.unwrap();
+            if release.await.is_ok() {
+                tcp.write_all(b"4\r\nrest\r\n0\r\n\r\n").await.unwrap();
+            }
+            let _ = tcp.read(&mut buf).await;
+        });
+        RouteConfig {
+            endpoint: Endpoint::Live,
+            ..route(
+                Provider::Openai,
+                &format!("ws://{addr}/v1/live/sessions"),
+                Protocol::Ga,
+            )
+        }
+    }
+
+    const CHUNKED: &str =
+        "HTTP/1.1 200 OK\r\ncontent-type: audio/wav\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    #[tokio::test]
+    async fn a_recording_is_relayed_as_it_comes_and_one_that_stalls_ends_in_a_timeout() {
+        use futures_util::StreamExt;
+        let (release, held) = tokio::sync::oneshot::channel();
+        let r = upstream_once(CHUNKED, held).await;
+        let url = action_url(&r, "live_1", "content").unwrap();
+        let mut a = get_streamed(&r, &url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.headers[header::CONTENT_TYPE], "audio/wav");
+        // The first part is out while the upstream still holds the rest.
+        assert_eq!(a.body.next().await.unwrap().unwrap(), "first");
+        release.send(()).unwrap();
+        assert_eq!(a.body.next().await.unwrap().unwrap(), "rest");
+        assert!(a.body.next().await.is_none());
+
+        let (_never, held) = tokio::sync::oneshot::channel();
+        let r = upstream_once(CHUNKED, held).await;
+        let url = action_url(&r, "live_1", "content").unwrap();
+        let idle = Duration::from_millis(200);
+        let mut a = get_streamed(&r, &url, idle).await.unwrap();
+        assert_eq!(a.body.next().await.unwrap().unwrap(), "first");
+        let stalled = a.body.next().await.unwrap();
+        assert!(matches!(stalled, Err(UpstreamCallError::Timeout(t)) if t == idle));
+        assert!(a.body.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_recording_declared_longer_than_the_bound_is_refused_before_its_body() {
+        let (_never, held) = tokio::sync::oneshot::channel();
+        let head: &'static str = Box::leak(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+                MAX_RECORDING_BYTES + 1
+            )
+            .into_boxed_str(),
+        );
+        let r = upstream_once(head, held).await;
+        let url = action_url(&r, "live_1", "content").unwrap();
+        let refused = get_streamed(&r, &url, Duration::from_secs(5)).await;
+        assert!(matches!(refused, Err(UpstreamCallError::AnswerTooLarge)));
     }
 
     #[test]

@@ -45,6 +45,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use super::delegated::{delegation_model as delegated_model, DELEGATED_MODEL_PARAM};
 use super::live::{LiveUsage, CLOSE_EVENT as LIVE_CLOSE_EVENT};
 use super::pricing;
 use super::tracker::{TurnTracker, OUTCOME_MODEL_REFUSED};
@@ -147,6 +148,10 @@ struct UpdateSession {
     audio: Option<Audio>,
     /// Beta.
     input_audio_transcription: Option<Transcription>,
+    /// GPT-Live: the delegation's Responses model may change
+    /// (`types/live/session_update_config.py`); read leniently, as only
+    /// its `responses.model` is checked.
+    delegation: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -263,7 +268,35 @@ impl ModelPolicy {
             self.check_transcription_model(&m, param)
                 .map_err(|(code, message)| refuse(code, param, message))?;
         }
+        // A Live session's delegation moved to another Responses model is
+        // held to what its `session.start` was: allowed, and token-priced
+        // under `unpriced = "block"` (its usage is charged at its rates).
+        if let Some(m) = session.delegation.as_ref().and_then(delegated_model) {
+            self.check_delegated_model(m)
+                .map_err(|(code, message)| refuse(code, DELEGATED_MODEL_PARAM, message))?;
+        }
         Ok(replaced)
+    }
+
+    /// Whether the session may delegate to `m`: allowed for the key and its
+    /// team, and priced per token under `unpriced = "block"`.
+    pub fn check_delegated_model(&self, m: &str) -> Result<(), (&'static str, String)> {
+        let param = DELEGATED_MODEL_PARAM;
+        if !model_allowed(&self.key, self.team.as_ref(), m) {
+            return Err((
+                "model_not_allowed",
+                format!("this API key is not allowed to use the model '{m}' ({param})"),
+            ));
+        }
+        let priced =
+            pricing::find(&self.prices, m, m, &self.upstream).is_some_and(PriceRow::prices_tokens);
+        if self.block_unpriced && !priced {
+            return Err((
+                "model_not_priced",
+                format!("the delegated model '{m}' ({param}) has no token price configured and this gateway refuses unpriced models"),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether the session may transcribe with `m`: allowed for the key
@@ -609,6 +642,39 @@ mod tests {
             policy(None, false).check(ga_update("x").as_bytes()),
             Ok(None)
         );
+    }
+
+    #[test]
+    fn a_live_update_delegating_to_a_model_outside_the_list_or_unpriced_is_refused() {
+        let update = |m: &str| {
+            json!({"type": "session.update", "event_id": "evt_2", "session": {"delegation":
+                {"type": "responses", "responses": {"model": m, "instructions": "x"}}}})
+            .to_string()
+        };
+        let p = policy(Some(&["gpt-realtime-mini"]), false);
+        let r = p.check(update("gpt-5.5").as_bytes()).unwrap_err();
+        assert_eq!(
+            (r.code, r.param, r.event_id.as_deref()),
+            (
+                "model_not_allowed",
+                Some("session.delegation.responses.model"),
+                Some("evt_2")
+            )
+        );
+        let p = policy(Some(&["gpt-realtime-mini", "gpt-5.5"]), false);
+        assert_eq!(p.check(update("gpt-5.5").as_bytes()), Ok(None));
+        // Under block, a token price is needed (WHISPER's is per minute).
+        let r = policy(None, true).check(update(WHISPER).as_bytes());
+        assert_eq!(r.unwrap_err().code, "model_not_priced");
+        assert_eq!(
+            policy(None, false).check(update(WHISPER).as_bytes()),
+            Ok(None)
+        );
+        // Another delegation type names no Responses model.
+        let client =
+            json!({"type": "session.update", "session": {"delegation": {"type": "client"}}});
+        let p = policy(Some(&["gpt-realtime-mini"]), true);
+        assert_eq!(p.check(client.to_string().as_bytes()), Ok(None));
     }
 
     #[test]

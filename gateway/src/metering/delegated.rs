@@ -21,9 +21,24 @@
 //! model ([`Delegated`]): input at the text input rate, cached input at the
 //! cached text rate, output (reasoning included, as the Responses API
 //! bills it) at the text output rate. A response id seen before charges
-//! nothing ([`DelegatedLedger`]). Caveat: the ids seen are per replica, so
-//! a terminal event repeated after a WebRTC Live session's sideband moved
-//! to another replica would be charged again there.
+//! nothing ([`DelegatedLedger`]).
+//!
+//! The ids seen are kept per metering of a session, in memory. A WebSocket
+//! session is metered by one replica for its whole life (it is never
+//! handed over), so for it the rule is exact. A WebRTC session's sideband
+//! can move to another replica (a drain, a kill): with Redis, the ids of
+//! the responses charged are added to the session's `live_delegated` set
+//! *before* they are charged ([`crate::metering::live::ChargedMark`]), and
+//! the adopting replica starts from that set, so a terminal event the
+//! upstream repeats after the hand-over charges nothing there either; a
+//! replica killed between the two leaves those responses charged by
+//! nobody. Remaining bound: a response whose id the store did not confirm
+//! is charged in a later flush (the last flush charges whatever the store
+//! says), and the replica letting a session go on a drain marks its last
+//! ids in its final flush, which can land after the adopting replica read
+//! the set: a terminal event repeated on the new sideband within that gap
+//! (milliseconds) is charged once more. A sideband carries only the events
+//! that happen while it is attached, so nothing else is seen twice.
 //!
 //! Under `unpriced = "block"` a Live session whose `session.start` names a
 //! delegated model without a token price on every upstream of its route is
@@ -154,12 +169,22 @@ pub fn read(text: &[u8], known_response_event: Option<bool>) -> Option<Delegated
 /// The Responses model a Live `session.start` delegates to
 /// (`session.delegation = {type: "responses", responses: {model}}`).
 pub fn start_model(start: &serde_json::Value) -> Option<&str> {
-    let d = start.get("session")?.get("delegation")?;
-    if d.get("type").and_then(serde_json::Value::as_str) != Some("responses") {
+    delegation_model(start.get("session")?.get("delegation")?)
+}
+
+/// The Responses model a Live `session.delegation` names, in a
+/// `session.start` or a `session.update` (`types/live/session_update_config.py`,
+/// `DelegationResponses.responses.model`: "The Responses backend model to
+/// use for subsequent delegated requests").
+pub fn delegation_model(delegation: &serde_json::Value) -> Option<&str> {
+    if delegation.get("type").and_then(serde_json::Value::as_str) != Some("responses") {
         return None;
     }
-    d.get("responses")?.get("model")?.as_str()
+    delegation.get("responses")?.get("model")?.as_str()
 }
+
+/// The `param` naming a delegated model in Live's errors.
+pub const DELEGATED_MODEL_PARAM: &str = "session.delegation.responses.model";
 
 /// The delegated model of `start` when it has no token price on one of
 /// `upstreams` (the route's upstream names): what `unpriced = "block"`
@@ -206,6 +231,25 @@ impl DelegatedLedger {
     /// The responses queued since the last take.
     pub fn take(&mut self) -> Vec<Delegated> {
         std::mem::take(&mut self.pending)
+    }
+
+    /// Puts taken responses back, to be taken again (their ids stay seen).
+    pub fn requeue(&mut self, taken: Vec<Delegated>) {
+        let later = std::mem::replace(&mut self.pending, taken);
+        self.pending.extend(later);
+    }
+
+    /// A response id charged elsewhere (the replica that metered the
+    /// session before): never queued here.
+    pub fn seen_already(&mut self, response_id: String) {
+        if self.order.len() >= MAX_DELEGATED_IDS {
+            for old in self.order.drain(..MAX_DELEGATED_IDS / 2) {
+                self.seen.remove(&old);
+            }
+        }
+        if self.seen.insert(response_id.clone()) {
+            self.order.push(response_id);
+        }
     }
 }
 

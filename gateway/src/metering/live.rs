@@ -25,12 +25,18 @@
 //! A WebRTC Live session is metered over its sideband, which may move
 //! between replicas ([`crate::calls::sideband`]): the replica that lets it
 //! go ([`LiveUsage::let_go`]) charges up to the highest figure it saw and
-//! no estimate, and what was charged so far
-//! ([`LiveUsage::charged_ms`], published after every window with
-//! [`LiveUsage::charged`] notified) is what the adopting replica starts
-//! from ([`LiveUsage::resumed`]), so the two never charge the same seconds
-//! twice. Caveat: a replica killed between a window's charge and the
-//! publication of its figure leaves that window to be charged again.
+//! no estimate, and what was charged so far ([`LiveUsage::charged_ms`],
+//! kept in the store) is what the adopting replica starts from
+//! ([`LiveUsage::resumed`]), so the two never charge the same seconds
+//! twice. With a store, the figure a window brings the session to is
+//! recorded *before* the window is charged ([`ChargedMark`],
+//! [`LiveWindows::take_marked`]): a replica killed between the two leaves
+//! the mark ahead of what it charged, so that window is charged by nobody
+//! (at most one window's increase is lost, plus whatever the killed
+//! replica's outbox held), and none is charged twice. A window whose mark
+//! the store does not confirm is deferred to the next (during a store
+//! outage the session's windows are charged together when it answers, or
+//! in the last row).
 //!
 //! Token usage of the responses the session delegates to a Responses
 //! backend comes inside nested `response.event`s; it is read here and
@@ -42,8 +48,10 @@
 //! final state is published with release/acquire before the tracker's
 //! channel closes, which the meter waits for before its last flush.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use memchr::memmem;
@@ -77,13 +85,31 @@ pub struct LiveUsage {
     resumed_ms: u64,
     /// Charged so far, published by the meter after each window.
     charged_ms: AtomicU64,
-    /// Notified when `charged_ms` changed.
-    pub charged: tokio::sync::Notify,
     /// Handed over to another replica: no estimate at the end.
     let_go: AtomicBool,
     /// Delegated responses seen, and those not yet charged (rare events:
     /// a lock per delegated response, none per frame).
     delegated: Mutex<DelegatedLedger>,
+    /// Where each window's charged figure is recorded before it is
+    /// charged (a WebRTC Live session with a fleet), see [`ChargedMark`].
+    mark: OnceLock<Arc<dyn ChargedMark>>,
+}
+
+/// Where a session's charged figure is kept for a replica that may adopt
+/// it ([`crate::calls::fleet`]'s `live_charged`). A window is charged only
+/// once the figure it brings the session to is recorded here, so a replica
+/// killed between the two has charged *less* than its mark, never more:
+/// the adopting replica, which starts from the mark, charges nothing twice.
+pub trait ChargedMark: Send + Sync + std::fmt::Debug {
+    /// Records that `charged_ms` is charged (never lowering a higher
+    /// mark); false when the store did not confirm it.
+    fn mark(&self, charged_ms: u64) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
+    /// Records that the delegated responses `response_ids` are charged;
+    /// false when the store did not confirm it.
+    fn mark_delegated(
+        &self,
+        response_ids: Vec<String>,
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
 }
 
 impl LiveUsage {
@@ -96,10 +122,24 @@ impl LiveUsage {
             end: OnceLock::new(),
             resumed_ms: 0,
             charged_ms: AtomicU64::new(0),
-            charged: tokio::sync::Notify::new(),
             let_go: AtomicBool::new(false),
             delegated: Mutex::new(DelegatedLedger::default()),
+            mark: OnceLock::new(),
         }
+    }
+
+    /// Delegated responses charged by the replica that metered the session
+    /// before: charged nothing more here.
+    pub fn knows_delegated(&self, response_ids: impl IntoIterator<Item = String>) {
+        let mut ledger = self.delegated.lock().unwrap_or_else(|p| p.into_inner());
+        for id in response_ids {
+            ledger.seen_already(id);
+        }
+    }
+
+    /// Charges each window only once `mark` has recorded its figure.
+    pub fn marked_by(&self, mark: Arc<dyn ChargedMark>) {
+        let _ = self.mark.set(mark);
     }
 
     /// A session another replica metered up to `charged_ms`: that much is
@@ -258,14 +298,14 @@ pub fn final_figure(seen_ms: u64, closed: bool, since_seen_ms: u64) -> (u64, boo
 /// The meter's side: what it has charged, and the windows it wrote.
 #[derive(Debug)]
 pub struct LiveWindows {
-    usage: std::sync::Arc<LiveUsage>,
+    usage: Arc<LiveUsage>,
     charged_ms: u64,
     windows: u64,
     since: SystemTime,
 }
 
 impl LiveWindows {
-    pub fn new(usage: std::sync::Arc<LiveUsage>) -> Self {
+    pub fn new(usage: Arc<LiveUsage>) -> Self {
         Self {
             charged_ms: usage.resumed_ms,
             usage,
@@ -278,23 +318,54 @@ impl LiveWindows {
     /// nothing rose), or at the end (`last`) the rest of the final figure,
     /// always written.
     pub fn take(&mut self, last: bool) -> Option<TurnRecord> {
+        let (target, estimated) = self.target(last);
+        self.charge(target, estimated, last)
+    }
+
+    /// [`LiveWindows::take`], the window's figure first recorded by the
+    /// session's [`ChargedMark`] when it has one: a window whose mark the
+    /// store did not confirm is not charged now (the next window, or the
+    /// last, charges it with its own); the last is charged whatever the
+    /// mark's fate (the session is over, its mark retired).
+    pub async fn take_marked(&mut self, last: bool) -> Option<TurnRecord> {
+        let Some(mark) = self.usage.mark.get().cloned() else {
+            return self.take(last);
+        };
+        let (target, estimated) = self.target(last);
+        if target > self.charged_ms && !mark.mark(target).await && !last {
+            tracing::warn!(
+                charged_ms = self.charged_ms,
+                target_ms = target,
+                "live session: the charged mark was not confirmed; this window is charged with the next"
+            );
+            return None;
+        }
+        self.charge(target, estimated, last)
+    }
+
+    /// The figure the window charges up to, and whether it is an estimate.
+    fn target(&self, last: bool) -> (u64, bool) {
         let u = &self.usage;
         let closed = last && (u.closed() || u.let_go.load(Ordering::Acquire));
         let seen = u.seen_ms.load(Ordering::Relaxed);
-        let (target, estimated) = if last {
+        if last {
             let since = (u.started.elapsed().as_millis() as u64)
                 .saturating_sub(u.seen_at_ms.load(Ordering::Relaxed));
             final_figure(seen, closed, since)
         } else {
             (seen, false)
-        };
+        }
+    }
+
+    /// The record charging up to `target`.
+    fn charge(&mut self, target: u64, estimated: bool, last: bool) -> Option<TurnRecord> {
+        let u = &self.usage;
         let ms = charge_increase(self.charged_ms, target);
         if ms == 0 && !last {
             return None;
         }
         self.charged_ms += ms;
         u.charged_ms.store(self.charged_ms, Ordering::Relaxed);
-        u.charged.notify_one();
         let now = SystemTime::now();
         let started_at = std::mem::replace(&mut self.since, now);
         self.windows += 1;
@@ -322,42 +393,66 @@ impl LiveWindows {
 }
 
 impl LiveWindows {
-    /// The delegated responses seen since the last call, one record each,
-    /// priced at their own model's token rates by the meter.
-    pub fn take_delegated(&mut self) -> Vec<TurnRecord> {
-        let taken = self
-            .usage
+    fn ledger(&self) -> std::sync::MutexGuard<'_, DelegatedLedger> {
+        self.usage
             .delegated
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let now = SystemTime::now();
-        taken
-            .into_iter()
-            .map(|d| TurnRecord {
-                n: 0,
-                kind: TurnKind::Delegated {
-                    model: d.model,
-                    delegation_id: d.delegation_id,
-                },
-                started_at: now,
-                ended_at: now,
-                latency: std::time::Duration::ZERO,
-                ttft: None,
-                status: 200,
-                end_reason: d.status,
-                usage: Some(d.usage),
-                response_id: Some(d.response_id),
-                conversation_id: None,
-            })
-            .collect()
     }
+
+    /// The delegated responses seen since the last call, one record each,
+    /// priced at their own model's token rates by the meter.
+    pub fn take_delegated(&mut self) -> Vec<TurnRecord> {
+        let taken = self.ledger().take();
+        records_of(taken)
+    }
+
+    /// [`LiveWindows::take_delegated`], their response ids first recorded
+    /// by the session's [`ChargedMark`] when it has one (so that a replica
+    /// adopting the session knows them: [`LiveUsage::knows_delegated`]);
+    /// responses whose ids the store did not confirm wait for the next
+    /// flush, unless this is the last.
+    pub async fn take_delegated_marked(&mut self, last: bool) -> Vec<TurnRecord> {
+        let taken = self.ledger().take();
+        let mark = self.usage.mark.get().cloned();
+        if let (Some(mark), false) = (mark, taken.is_empty()) {
+            let ids = taken.iter().map(|d| d.response_id.clone()).collect();
+            if !mark.mark_delegated(ids).await && !last {
+                self.ledger().requeue(taken);
+                return Vec::new();
+            }
+        }
+        records_of(taken)
+    }
+}
+
+/// One record per delegated response.
+fn records_of(taken: Vec<delegated::Delegated>) -> Vec<TurnRecord> {
+    let now = SystemTime::now();
+    taken
+        .into_iter()
+        .map(|d| TurnRecord {
+            n: 0,
+            kind: TurnKind::Delegated {
+                model: d.model,
+                delegation_id: d.delegation_id,
+            },
+            started_at: now,
+            ended_at: now,
+            latency: std::time::Duration::ZERO,
+            ttft: None,
+            status: 200,
+            end_reason: d.status,
+            usage: Some(d.usage),
+            response_id: Some(d.response_id),
+            conversation_id: None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     fn usage(s: f64) -> String {
         format!(r#"{{"type":"session.usage.updated","event_id":"e","usage":{{"seconds":{s}}}}}"#)
@@ -483,6 +578,111 @@ mod tests {
         b.on_upstream(usage(40.0).as_bytes());
         b.on_upstream(closed(42.0).as_bytes());
         assert_eq!(seconds(&wb.take(true).unwrap()), 17.0);
+    }
+
+    /// A store's mark: the figures recorded, what was charged when each
+    /// was asked for, and whether it confirms.
+    #[derive(Debug, Default)]
+    struct Mark {
+        usage: OnceLock<Arc<LiveUsage>>,
+        asked: Mutex<Vec<(u64, u64)>>,
+        delegated: Mutex<Vec<String>>,
+        fails: AtomicBool,
+    }
+
+    impl ChargedMark for Mark {
+        fn mark(&self, charged_ms: u64) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+            let charged = self.usage.get().map_or(0, |u| u.charged_ms());
+            self.asked.lock().unwrap().push((charged_ms, charged));
+            let ok = !self.fails.load(Ordering::Relaxed);
+            Box::pin(async move { ok })
+        }
+
+        fn mark_delegated(
+            &self,
+            response_ids: Vec<String>,
+        ) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+            let ok = !self.fails.load(Ordering::Relaxed);
+            if ok {
+                self.delegated.lock().unwrap().extend(response_ids);
+            }
+            Box::pin(async move { ok })
+        }
+    }
+
+    fn delegated_done(id: &str) -> String {
+        format!(
+            r#"{{"type":"response.event","event_id":"e","delegation_id":"dlg_1","event":{{"type":"response.completed","response":{{"id":"{id}","model":"gpt-5.5","usage":{{"input_tokens":10,"output_tokens":5,"total_tokens":15}}}}}}}}"#
+        )
+    }
+
+    #[tokio::test]
+    async fn delegated_responses_charged_before_a_hand_over_are_not_charged_again_after_it() {
+        // Replica A charges resp_1, its id marked first.
+        let a = Arc::new(LiveUsage::new(Instant::now()));
+        let mark = Arc::new(Mark::default());
+        a.marked_by(mark.clone());
+        let mut wa = LiveWindows::new(a.clone());
+        a.on_upstream(delegated_done("resp_1").as_bytes());
+        assert_eq!(wa.take_delegated_marked(false).await.len(), 1);
+        let charged = mark.delegated.lock().unwrap().clone();
+        assert_eq!(charged, vec!["resp_1".to_string()]);
+
+        // Replica B adopts the session knowing the marked ids: the same
+        // terminal event repeated there charges nothing; a new one does,
+        // once its id is marked (a failed mark waits for the next flush).
+        let b = Arc::new(LiveUsage::resumed(Instant::now(), 0));
+        b.knows_delegated(charged);
+        b.marked_by(mark.clone());
+        let mut wb = LiveWindows::new(b.clone());
+        b.on_upstream(delegated_done("resp_1").as_bytes());
+        assert!(wb.take_delegated_marked(false).await.is_empty());
+        b.on_upstream(delegated_done("resp_2").as_bytes());
+        mark.fails.store(true, Ordering::Relaxed);
+        assert!(wb.take_delegated_marked(false).await.is_empty());
+        mark.fails.store(false, Ordering::Relaxed);
+        let taken = wb.take_delegated_marked(false).await;
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].response_id.as_deref(), Some("resp_2"));
+        assert!(wb.take_delegated_marked(false).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_window_is_charged_only_after_its_figure_is_marked_and_an_unmarked_one_waits() {
+        let u = Arc::new(LiveUsage::new(Instant::now()));
+        let mark = Arc::new(Mark::default());
+        mark.usage.set(u.clone()).unwrap();
+        u.marked_by(mark.clone());
+        let mut w = LiveWindows::new(u.clone());
+        u.on_upstream(usage(20.0).as_bytes());
+        assert_eq!(seconds(&w.take_marked(false).await.unwrap()), 20.0);
+        // Nothing rose: nothing to mark.
+        assert!(w.take_marked(false).await.is_none());
+        // The store does not confirm: not charged, the mark never behind.
+        mark.fails.store(true, Ordering::Relaxed);
+        u.on_upstream(usage(30.0).as_bytes());
+        assert!(w.take_marked(false).await.is_none());
+        assert_eq!(u.charged_ms(), 20_000);
+        mark.fails.store(false, Ordering::Relaxed);
+        u.on_upstream(usage(35.0).as_bytes());
+        assert_eq!(seconds(&w.take_marked(false).await.unwrap()), 15.0);
+        // The last is charged even if its mark fails.
+        mark.fails.store(true, Ordering::Relaxed);
+        u.on_upstream(closed(40.0).as_bytes());
+        assert_eq!(seconds(&w.take_marked(true).await.unwrap()), 5.0);
+        // Each mark was asked for before the window reaching it was
+        // charged: a replica killed in between has charged less than its
+        // mark, and the one adopting from the mark charges nothing twice.
+        let asked = mark.asked.lock().unwrap().clone();
+        assert_eq!(
+            asked,
+            vec![
+                (20_000, 0),
+                (30_000, 20_000),
+                (35_000, 20_000),
+                (40_000, 35_000)
+            ]
+        );
     }
 
     #[test]

@@ -390,8 +390,9 @@ impl MeterTask {
         self.check_key();
         self.take_audio_window();
         if let Some(live) = self.live.as_mut() {
-            self.window.extend(live.take_delegated());
-            if let Some(rec) = live.take(!check_budgets) {
+            self.window
+                .extend(live.take_delegated_marked(!check_budgets).await);
+            if let Some(rec) = live.take_marked(!check_budgets).await {
                 self.window.push(rec);
             }
         }

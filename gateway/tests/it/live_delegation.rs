@@ -102,7 +102,11 @@ struct Ran {
 /// Starts a session, asks for one delegated response, lets the session
 /// run a simulated minute or so, and closes it.
 async fn run_session(addr: std::net::SocketAddr) -> Ran {
-    let mut ws = connect_live(addr).await;
+    run_session_as(addr, CLIENT_KEY).await
+}
+
+async fn run_session_as(addr: std::net::SocketAddr, key: &str) -> Ran {
+    let mut ws = connect_live_as(addr, key).await;
     let started = start(&mut ws).await;
     assert_eq!(started["type"], "session.started", "{started}");
     let live_session_id = started["session"]["id"].as_str().unwrap().to_string();
@@ -287,4 +291,139 @@ async fn a_delegation_to_a_model_outside_the_keys_list_is_refused_before_any_dia
     assert_eq!(s.stats.upgrades.load(Ordering::Relaxed), 0);
     gw.sigterm();
     gw.wait_exit(Duration::from_secs(15)).await;
+}
+
+#[tokio::test]
+async fn a_session_update_delegating_outside_the_keys_list_is_refused_and_not_forwarded() {
+    // As at `session.start`: a model a frame names is held to the key's list before the frame
+    // goes upstream; the session goes on with its delegation as it was.
+    let s = live_sim(None).await;
+    let keys = TempFile::new(
+        "keys.toml",
+        &key_entry(
+            "narrow",
+            "pb-narrow",
+            &format!("models = [\"{LIVE}\", \"{DELEGATE}\"]"),
+        ),
+    );
+    let extra = format!(
+        "{}[keys]\nfile = \"{}\"\n",
+        config(&s, true, ""),
+        keys.0.display()
+    );
+    let mut gw = Child::start(&s.url(false), &extra, &[]).await;
+    let mut ws = connect_live_as(gw.addr, "pb-narrow").await;
+    assert_eq!(start(&mut ws).await["type"], "session.started");
+    send_json(
+        &mut ws,
+        json!({"type": "session.update", "event_id": "u1", "session": {"delegation":
+            {"type": "responses", "responses": {"model": "gpt-elsewhere"}}}}),
+    )
+    .await;
+    // The usage events go on meanwhile: the first other event, within a bound.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let refused = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no answer to the update"
+        );
+        let v = json_of(&recv_text(&mut ws).await);
+        if v["type"] != "session.usage.updated" {
+            break v;
+        }
+    };
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["error"]["code"], "model_not_allowed");
+    assert_eq!(
+        refused["error"]["param"],
+        "session.delegation.responses.model"
+    );
+    assert_eq!(refused["error"]["client_event_id"], "u1");
+    // Still running, delegating as it started.
+    send_json(&mut ws, json!({"type": "session.close"})).await;
+    let (texts, _, _) = until_close(&mut ws).await;
+    assert!(
+        texts.iter().any(|t| kind(t) == "session.closed"),
+        "{texts:?}"
+    );
+    let received = s.stats.received.lock().unwrap().clone();
+    assert!(
+        !received.iter().any(|t| kind(t) == "session.update"),
+        "the refused update went upstream: {received:?}"
+    );
+    let refusals = metric(
+        gw.admin_addr,
+        "patchbay_admission_refusals_total",
+        "reason=\"model_not_allowed\"",
+    )
+    .await;
+    assert_eq!(refusals, 1.0);
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+}
+
+#[tokio::test]
+async fn with_redis_the_keys_budget_counter_rises_by_exactly_the_delegated_charge_beside_the_seconds(
+) {
+    let Some(url) = redis_url("a delegated charge in the fleet's budget counter") else {
+        return;
+    };
+    let s = live_sim(None).await;
+    // A key id of its own: its budget counter in Redis starts at nothing.
+    let id = unique("deleg");
+    let keys = TempFile::new(
+        "keys.toml",
+        &key_entry(&id, "pb-budgeted", "budget_usd = 100.0"),
+    );
+    let toml = format!(
+        "{}[store]\nredis_url_env = \"{REDIS_ENV}\"\n[keys]\nfile = \"{}\"\n",
+        config(&s, true, ""),
+        keys.0.display()
+    );
+    let mut gw = Child::start(&s.url(false), &toml, &[(REDIS_ENV, url.as_str())]).await;
+    let spent = || async {
+        let a = request(
+            gw.addr,
+            "GET",
+            "/v1/patchbay/usage",
+            &[("Authorization", "Bearer pb-budgeted")],
+            b"",
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        let u = a.json();
+        let key = u["budgets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["scope"] == "key")
+            .cloned()
+            .unwrap_or_else(|| panic!("no key budget in {u}"));
+        key["spent_usd"].as_f64().unwrap()
+    };
+    assert_eq!(spent().await, 0.0);
+    run_session_as(gw.addr, "pb-budgeted").await;
+    let billed = s.stats.live_seconds.load(Ordering::Relaxed) as f64;
+    let seconds_usd = billed / 60.0 * USD_PER_MINUTE;
+    // The final flush lands shortly after the close.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut total = spent().await;
+    while total < seconds_usd + delegated_usd() - 1e-9 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        total = spent().await;
+    }
+    gw.sigterm();
+    gw.wait_exit(Duration::from_secs(15)).await;
+    let rows = gw.stdout_rows();
+    assert_seconds_charged(&rows, billed);
+    // The counter is the rows' sum, and what the seconds leave of it is
+    // exactly the delegated response at its model's token rates.
+    let all: Vec<&Value> = rows.iter().collect();
+    assert!((total - cost(&all)).abs() < 1e-8, "{total} vs {rows:?}");
+    assert!(
+        (total - seconds_usd - delegated_usd()).abs() < 1e-8,
+        "the counter rose by {} beside {seconds_usd} of seconds; the delegated charge is {}",
+        total - seconds_usd,
+        delegated_usd()
+    );
 }

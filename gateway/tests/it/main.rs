@@ -18,6 +18,7 @@ mod live_config;
 mod live_delegation;
 mod live_sessions;
 mod live_webrtc;
+mod live_ws_owners;
 mod log_pipe;
 mod log_secrets;
 mod metering;
