@@ -841,9 +841,11 @@ async fn killing_a_cluster_primary_promotes_its_replica_with_the_replicated_writ
     assert_ne!(promoted, old);
     assert_eq!(cluster.primary_for_key(key).await, promoted);
     // The promoted node may still be settling (loading, redirecting).
-    let value: String = until("the promoted node to answer", FAILOVER_WAIT, || {
-        query::<String>(promoted, &["GET", key])
-    })
+    let value: String = until(
+        "the promoted node to answer",
+        FAILOVER_WAIT,
+        || async move { query::<String>(promoted, &["GET", key]).await },
+    )
     .await;
     assert_eq!(value, "7");
     let (ok, out) = cluster.check().await;
