@@ -1346,6 +1346,15 @@ mod tests {
         let e = Config::from_toml_with_env("[store]\nredis_url_env = \"REDIS\"\n", &env_of(&env))
             .unwrap_err();
         assert_eq!(e.key, "store.ca_file", "the env override reaches ca_file");
+        let c = with(
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+            "replica_acks = 1",
+        )
+        .unwrap();
+        assert_eq!(c.store.replica_acks, 1);
+        let e = with("redis://127.0.0.1:6379", "replica_acks = 17").unwrap_err();
+        assert_eq!(e.key, "store.replica_acks");
+        assert!(e.message.contains("at most 16"), "{e}");
     }
 
     #[test]

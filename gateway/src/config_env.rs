@@ -72,7 +72,7 @@ pub fn section_keys(section: &str) -> &'static [&'static str] {
         "relay" => &["idle_timeout_secs", "max_session_secs", "max_message_bytes"],
         "limits" => &["max_sessions"],
         "metering" => &["flush_secs", "unpriced", "stream_maxlen", "max_turn_usd"],
-        "store" => &["redis_url_env", "redis_url_file", "ca_file"],
+        "store" => &["redis_url_env", "redis_url_file", "ca_file", "replica_acks"],
         "keys" => &["file"],
         "drain" => &["wait_secs", "mode", "linger_secs"],
         "client_secrets" => &["signing_key_files", "max_ttl_secs"],
