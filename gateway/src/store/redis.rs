@@ -217,7 +217,7 @@ pub struct RedisStore {
 }
 
 /// How long a write waits for its replicas' confirmation (`WAIT`).
-pub const REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(100);
+pub const REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(250);
 
 impl std::fmt::Debug for RedisStore {
     // The URL may carry a password: never print the connection.

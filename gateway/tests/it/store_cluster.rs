@@ -186,15 +186,19 @@ async fn exercise(
     assert_eq!(after.tpm.unwrap().current, 200);
     // Confirmed by a replica (each primary here has one): the same write
     // path, with a WAIT in the write's pipeline on the write's node.
+    // A confirmation late on a loaded machine is an error whose write the
+    // outbox replays: replayed until confirmed, it counts once.
     let confirmed = RedisStore::with_conn(conn.clone(), prefix).with_replica_acks(1);
-    assert_eq!(
-        confirmed.flush(&batch(3, 0.25)).await.unwrap(),
-        [1.0, 1.0, 1.0]
-    );
-    assert_eq!(
-        confirmed.replay(&[&batch(3, 0.25)]).await.unwrap(),
-        [Replayed::Applied]
-    );
+    let three = batch(3, 0.25);
+    if let Err(e) = confirmed.flush(&three).await {
+        assert!(e.to_string().contains("replicas confirmed"), "{e}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while confirmed.replay(&[&three]).await.ok() != Some(vec![Replayed::Applied]) {
+        assert!(std::time::Instant::now() < deadline, "never confirmed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(store.flush(&three).await.unwrap(), [1.0, 1.0, 1.0]);
     store
         .unadmit(key, patchbay_gateway::store::window_position(now).0)
         .await
