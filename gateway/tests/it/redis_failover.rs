@@ -348,6 +348,19 @@ fn assert_counted_once(
     lost
 }
 
+/// A cluster, a simulator and a gateway on both, with `test`'s keys;
+/// `None` (the test skips) without the Redis tools.
+async fn on_cluster(
+    test: &str,
+) -> Option<(RedisCluster, patchbay_sim::SimHandle, TempDir, Run, Running)> {
+    let cluster = RedisCluster::start(test).await?;
+    let sim = sim(SimConfig::default()).await;
+    let dir = TempDir::new(test);
+    let run = Run::new(test);
+    let gw = gateway_on(&dir, &sim.url(false), &run, &cluster.url()).await;
+    Some((cluster, sim, dir, run, gw))
+}
+
 // Failed on the store before 325c02f: a redis-rs cluster connection with
 // ~150 or more requests in flight when a primary dies stayed wedged (every
 // call timing out; the store now connects afresh after such errors), and
@@ -355,14 +368,10 @@ fn assert_counted_once(
 // for rejections and dropped by the outbox (now transient: kept, replayed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_primary_killed_under_200_sessions_counts_nothing_twice() {
-    let test = "cluster_primary_killed";
-    let Some(mut cluster) = RedisCluster::start(test).await else {
+    let Some((mut cluster, _sim, _dir, run, gw)) = on_cluster("cluster_primary_killed").await
+    else {
         return;
     };
-    let sim = sim(SimConfig::default()).await;
-    let dir = TempDir::new(test);
-    let run = Run::new(test);
-    let gw = gateway_on(&dir, &sim.url(false), &run, &cluster.url()).await;
     let victim = cluster
         .primary_for_key(&format!("patchbay:budget:key:{{{}}}:total", run.keys[0]))
         .await;
@@ -426,14 +435,9 @@ async fn assert_keys_tagged(cluster: &mut RedisCluster) {
 /// of its scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_store_under_200_sessions_counts_once_with_every_key_in_its_tags_slot() {
-    let test = "cluster_store_load";
-    let Some(mut cluster) = RedisCluster::start(test).await else {
+    let Some((mut cluster, _sim, _dir, run, gw)) = on_cluster("cluster_store_load").await else {
         return;
     };
-    let sim = sim(SimConfig::default()).await;
-    let dir = TempDir::new(test);
-    let run = Run::new(test);
-    let gw = gateway_on(&dir, &sim.url(false), &run, &cluster.url()).await;
 
     let outcomes = run_sessions(gw.addr, &run.keys, async {}).await;
     until_replayed(&gw).await;
