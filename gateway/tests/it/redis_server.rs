@@ -59,7 +59,8 @@ impl Drop for TempDir {
 /// have distinct subjects: OpenSSL (`redis-cli`, and `redis-server` itself
 /// when it connects to a replica's primary or a cluster peer over TLS)
 /// takes a leaf whose subject is its issuer's for self-issued and refuses
-/// it.
+/// it. Each CA's name is its own, so a certificate of another `pki()` is
+/// one of an unknown issuer.
 pub struct Pki {
     pub ca_pem: String,
     pub cert_pem: String,
@@ -69,9 +70,10 @@ pub struct Pki {
 pub fn pki() -> Pki {
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "patchbay test CA");
+    ca_params.distinguished_name.push(
+        DnType::CommonName,
+        format!("patchbay test CA {}", patchbay_gateway::ids::short_id()),
+    );
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let mut leaf_params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
     leaf_params
