@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, SanType};
 
 use crate::common::{free_port, skipped, WAIT};
 
@@ -55,7 +55,12 @@ impl Drop for TempDir {
     }
 }
 
-/// A CA (PEM) and a certificate + key for 127.0.0.1 signed by it.
+/// A CA (PEM) and a certificate + key for 127.0.0.1 signed by it. The two
+/// have distinct subjects: OpenSSL (`redis-cli`, and `redis-server` itself
+/// when it connects to a replica's primary or a cluster peer over TLS)
+/// takes a leaf whose subject is its issuer's for self-issued and refuses
+/// it. Each CA's name is its own, so a certificate of another `pki()` is
+/// one of an unknown issuer.
 pub struct Pki {
     pub ca_pem: String,
     pub cert_pem: String,
@@ -65,8 +70,15 @@ pub struct Pki {
 pub fn pki() -> Pki {
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(
+        DnType::CommonName,
+        format!("patchbay test CA {}", patchbay_gateway::ids::short_id()),
+    );
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let mut leaf_params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    leaf_params
+        .distinguished_name
+        .push(DnType::CommonName, "127.0.0.1");
     leaf_params
         .subject_alt_names
         .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));

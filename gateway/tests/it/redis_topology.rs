@@ -17,6 +17,15 @@
 //! link to its primary is up, and diskless sync starts at once
 //! (`repl-diskless-sync-delay 0`, the default waits five seconds).
 //!
+//! Each topology also starts TLS-only (`start_tls`): every node and
+//! sentinel listens on a TLS port alone (`--port 0`), with the test's
+//! certificate for 127.0.0.1; the cluster bus (`tls-cluster`) and
+//! replication and the sentinels' links (`tls-replication`) are TLS too,
+//! and clients are not asked for a certificate. Redis then reports the TLS
+//! ports: `CLUSTER NODES`/`CLUSTER SLOTS` to a TLS client, and the
+//! sentinels' master and replica addresses. The harness's own commands
+//! (`query_on`, `redis-cli --tls --cacert`) trust only the test's CA.
+//!
 //! Tests skip with a printed reason when `redis-server` or `redis-cli` is
 //! not installed.
 
@@ -28,7 +37,7 @@ use std::time::Duration;
 use redis::FromRedisValue;
 
 use crate::common::{free_port, skipped};
-use crate::redis_server::TempDir;
+use crate::redis_server::{Pki, TempDir};
 
 /// Hash slots of a Redis Cluster.
 pub const SLOTS: u16 = 16384;
@@ -106,17 +115,116 @@ impl Drop for Proc {
     }
 }
 
+/// A TLS-only topology's certificate files (in its directory) and CA.
+pub struct Tls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    ca_pem: String,
+}
+
+impl Tls {
+    fn write(dir: &TempDir, pki: &Pki) -> Tls {
+        Tls {
+            ca: dir.file("ca.pem", &pki.ca_pem),
+            cert: dir.file("server.pem", &pki.cert_pem),
+            key: dir.file("server.key", &pki.key_pem),
+            ca_pem: pki.ca_pem.clone(),
+        }
+    }
+
+    /// Listening on the TLS `port` alone, clients not asked for a
+    /// certificate, replication over TLS (config-file lines, or with `--`
+    /// command-line arguments).
+    fn settings(&self, port: u16) -> Vec<(&'static str, String)> {
+        let path = |p: &Path| p.display().to_string();
+        vec![
+            ("port", "0".into()),
+            ("tls-port", port.to_string()),
+            ("tls-cert-file", path(&self.cert)),
+            ("tls-key-file", path(&self.key)),
+            ("tls-ca-cert-file", path(&self.ca)),
+            ("tls-auth-clients", "no".into()),
+            ("tls-replication", "yes".into()),
+        ]
+    }
+
+    /// Trusting only this CA, for redis-rs clients.
+    pub fn certs(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(self.ca_pem.clone().into_bytes()),
+        }
+    }
+
+    fn cli_args(&self) -> Vec<String> {
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            self.ca.display().to_string(),
+        ]
+    }
+}
+
+/// `redis-server` arguments listening on `port` of 127.0.0.1, plain or
+/// TLS-only.
+fn listen_args(port: u16, tls: Option<&Tls>) -> Vec<String> {
+    let mut args = vec!["--bind".to_string(), "127.0.0.1".to_string()];
+    match tls {
+        None => args.extend(["--port".to_string(), port.to_string()]),
+        Some(t) => {
+            for (k, v) in t.settings(port) {
+                args.extend([format!("--{k}"), v]);
+            }
+        }
+    }
+    args
+}
+
+/// `redis` or, over TLS, `rediss`.
+fn scheme(tls: Option<&Tls>) -> &'static str {
+    if tls.is_some() {
+        "rediss"
+    } else {
+        "redis"
+    }
+}
+
+/// `redis-cli` arguments for the topology's transport.
+fn cli_args(tls: Option<&Tls>) -> Vec<String> {
+    tls.map(Tls::cli_args).unwrap_or_default()
+}
+
 /// One `redis-server` (data node or sentinel) on 127.0.0.1.
 struct Node {
     port: u16,
     proc: Proc,
 }
 
-/// Runs `args` on the node at `port` (a fresh connection, bounded by `CALL`).
+/// Runs `args` on the plain node at `port` (a fresh connection, bounded by
+/// `CALL`).
 pub async fn query<T: FromRedisValue>(port: u16, args: &[&str]) -> Result<T, String> {
+    query_on(None, port, args).await
+}
+
+/// Runs `args` on the node at `port`, over TLS trusting only `tls`'s CA when
+/// given (a fresh connection, bounded by `CALL`).
+pub async fn query_on<T: FromRedisValue>(
+    tls: Option<&Tls>,
+    port: u16,
+    args: &[&str],
+) -> Result<T, String> {
     let call = async {
-        let client =
-            redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
+        let client = match tls {
+            None => redis::Client::open(format!("redis://127.0.0.1:{port}")),
+            Some(t) => {
+                // redis-rs builds its rustls config with the process-default
+                // provider (an error only means one is installed already).
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                redis::Client::build_with_tls(format!("rediss://127.0.0.1:{port}"), t.certs())
+            }
+        }
+        .map_err(|e| e.to_string())?;
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
@@ -329,6 +437,7 @@ pub struct RedisCluster {
     /// Killed primaries and the replicas they had (read before the kill: a
     /// promoted replica no longer names its old primary).
     killed: Vec<(u16, Vec<u16>)>,
+    tls: Option<Tls>,
     dir: TempDir,
 }
 
@@ -336,40 +445,51 @@ impl RedisCluster {
     /// Six nodes, the cluster formed, every slot served, every replica in
     /// sync; `None` (the test skips) without the Redis tools.
     pub async fn start(test: &str) -> Option<RedisCluster> {
+        Self::start_with(test, None).await
+    }
+
+    /// As `start`, TLS-only with `pki`'s certificate, the cluster bus too.
+    pub async fn start_tls(test: &str, pki: &Pki) -> Option<RedisCluster> {
+        Self::start_with(test, Some(pki)).await
+    }
+
+    async fn start_with(test: &str, pki: Option<&Pki>) -> Option<RedisCluster> {
         let (server, cli) = tools(test)?;
         let dir = TempDir::new(&format!("cluster-{test}"));
+        let tls = pki.map(|p| Tls::write(&dir, p));
         let mut nodes = Vec::new();
         for _ in 0..6 {
             let (port, bus) = (free_port(), free_port());
-            let args: Vec<String> = [
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-port",
-                &bus.to_string(),
-                "--cluster-config-file",
-                &format!("nodes-{port}.conf"),
-                "--cluster-node-timeout",
-                &NODE_TIMEOUT_MS.to_string(),
-                // A replica may always stand in for its primary, however
-                // long since it last heard from it.
-                "--cluster-replica-validity-factor",
-                "0",
-                "--repl-diskless-sync-delay",
-                "0",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                &dir.0.display().to_string(),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let mut args = listen_args(port, tls.as_ref());
+            if tls.is_some() {
+                args.extend(["--tls-cluster".to_string(), "yes".to_string()]);
+            }
+            args.extend(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &bus.to_string(),
+                    "--cluster-config-file",
+                    &format!("nodes-{port}.conf"),
+                    "--cluster-node-timeout",
+                    &NODE_TIMEOUT_MS.to_string(),
+                    // A replica may always stand in for its primary, however
+                    // long since it last heard from it.
+                    "--cluster-replica-validity-factor",
+                    "0",
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    &dir.0.display().to_string(),
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
             let log = format!("node-{port}.log");
             let mut node = Node {
                 port,
@@ -382,9 +502,11 @@ impl RedisCluster {
             cli,
             nodes,
             killed: Vec::new(),
+            tls,
             dir,
         };
-        let mut create = vec!["--cluster".to_string(), "create".to_string()];
+        let mut create = cli_args(cluster.tls.as_ref());
+        create.extend(["--cluster".to_string(), "create".to_string()]);
         create.extend(
             cluster
                 .nodes
@@ -402,9 +524,10 @@ impl RedisCluster {
     /// every slot, each with one replica whose link is up.
     async fn wait_formed(&mut self) {
         let ports = self.node_ports();
+        let tls = self.tls.as_ref();
         until("the cluster to form", FORM_WAIT, || async {
             for &port in &ports {
-                let info: String = query(port, &["CLUSTER", "INFO"]).await?;
+                let info: String = query_on(tls, port, &["CLUSTER", "INFO"]).await?;
                 let state = info_field(&info, "cluster_state");
                 let slots = info_field(&info, "cluster_slots_ok");
                 let known = info_field(&info, "cluster_known_nodes");
@@ -416,7 +539,8 @@ impl RedisCluster {
                         "{port}: {state:?}, slots {slots:?}, known {known:?}"
                     ));
                 }
-                let table = parse_nodes(&query::<String>(port, &["CLUSTER", "NODES"]).await?);
+                let table =
+                    parse_nodes(&query_on::<String>(tls, port, &["CLUSTER", "NODES"]).await?);
                 let primaries = table.iter().filter(|n| n.is_primary()).count();
                 let replicas = table.iter().filter(|n| n.primary.is_some()).count();
                 if primaries != 3 || replicas != 3 {
@@ -424,7 +548,7 @@ impl RedisCluster {
                         "{port}: {primaries} primaries, {replicas} replicas"
                     ));
                 }
-                let repl: String = query(port, &["INFO", "replication"]).await?;
+                let repl: String = query_on(tls, port, &["INFO", "replication"]).await?;
                 if info_field(&repl, "role").as_deref() == Some("slave")
                     && info_field(&repl, "master_link_status").as_deref() != Some("up")
                 {
@@ -436,14 +560,24 @@ impl RedisCluster {
         .await
     }
 
-    /// `redis+cluster://` with every node as a seed.
+    /// `redis+cluster://` (`rediss+cluster://` over TLS) with every node
+    /// as a seed.
     pub fn url(&self) -> String {
         let seeds: Vec<String> = self
             .nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        format!("redis+cluster://{}", seeds.join(","))
+        format!(
+            "{}+cluster://{}",
+            scheme(self.tls.as_ref()),
+            seeds.join(",")
+        )
+    }
+
+    /// The TLS files and CA of a TLS-only cluster.
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     pub fn node_ports(&self) -> Vec<u16> {
@@ -460,7 +594,9 @@ impl RedisCluster {
     /// `CLUSTER NODES` as seen by the first live node that answers.
     pub async fn nodes_table(&mut self) -> Vec<NodeLine> {
         for port in self.live_ports() {
-            if let Ok(text) = query::<String>(port, &["CLUSTER", "NODES"]).await {
+            if let Ok(text) =
+                query_on::<String>(self.tls.as_ref(), port, &["CLUSTER", "NODES"]).await
+            {
                 return parse_nodes(&text);
             }
         }
@@ -483,7 +619,9 @@ impl RedisCluster {
     /// The port of the primary serving `key`'s slot (`CLUSTER KEYSLOT`).
     pub async fn primary_for_key(&mut self, key: &str) -> u16 {
         let port = self.live_ports()[0];
-        let slot: u16 = query(port, &["CLUSTER", "KEYSLOT", key]).await.unwrap();
+        let slot: u16 = query_on(self.tls.as_ref(), port, &["CLUSTER", "KEYSLOT", key])
+            .await
+            .unwrap();
         self.nodes_table()
             .await
             .into_iter()
@@ -526,6 +664,7 @@ impl RedisCluster {
             .map(|(_, replicas)| replicas.clone())
             .unwrap_or_else(|| panic!("{old_port} was not killed by kill_primary"));
         let live = self.live_ports();
+        let tls = self.tls.as_ref();
         until(
             "a replica promoted and the cluster ok",
             FAILOVER_WAIT,
@@ -534,7 +673,7 @@ impl RedisCluster {
                 async move {
                     let mut promoted = None;
                     for &r in replicas {
-                        let role: Vec<redis::Value> = query(r, &["ROLE"]).await?;
+                        let role: Vec<redis::Value> = query_on(tls, r, &["ROLE"]).await?;
                         if String::from_redis_value(role[0].clone()).ok().as_deref()
                             == Some("master")
                         {
@@ -543,7 +682,7 @@ impl RedisCluster {
                     }
                     let promoted = promoted.ok_or("no replica promoted yet")?;
                     for &port in live {
-                        let info: String = query(port, &["CLUSTER", "INFO"]).await?;
+                        let info: String = query_on(tls, port, &["CLUSTER", "INFO"]).await?;
                         if info_field(&info, "cluster_state").as_deref() != Some("ok") {
                             return Err(format!("{port} does not report cluster_state:ok yet"));
                         }
@@ -559,9 +698,9 @@ impl RedisCluster {
     /// (exit status 0, no `[ERR]`), and its output.
     pub async fn check(&mut self) -> (bool, String) {
         let port = self.live_ports()[0];
-        let args = ["--cluster", "check"]
-            .map(String::from)
+        let args = cli_args(self.tls.as_ref())
             .into_iter()
+            .chain(["--cluster", "check"].map(String::from))
             .chain([format!("127.0.0.1:{port}")])
             .collect::<Vec<_>>();
         let (ok, out) = run_cli(&self.cli, &args, &self.dir.0).await;
@@ -576,11 +715,13 @@ impl RedisCluster {
             let mut cursor = "0".to_string();
             loop {
                 let (next, keys): (String, Vec<String>) =
-                    query(port, &["SCAN", &cursor, "COUNT", "1000"])
+                    query_on(self.tls.as_ref(), port, &["SCAN", &cursor, "COUNT", "1000"])
                         .await
                         .unwrap();
                 for key in keys {
-                    let slot = query(port, &["CLUSTER", "KEYSLOT", &key]).await.unwrap();
+                    let slot = query_on(self.tls.as_ref(), port, &["CLUSTER", "KEYSLOT", &key])
+                        .await
+                        .unwrap();
                     found.push(ClusterKey { key, slot, port });
                 }
                 if next == "0" {
@@ -599,6 +740,7 @@ pub struct SentinelSet {
     primary: Node,
     replica: Node,
     sentinels: Vec<Node>,
+    tls: Option<Tls>,
     _dir: TempDir,
 }
 
@@ -607,26 +749,35 @@ impl SentinelSet {
     /// primary, the replica and the two other sentinels; `None` (the test
     /// skips) without the Redis tools.
     pub async fn start(test: &str) -> Option<SentinelSet> {
+        Self::start_with(test, None).await
+    }
+
+    /// As `start`, TLS-only with `pki`'s certificate: the data nodes, the
+    /// replication, the sentinels and their links to every instance.
+    pub async fn start_tls(test: &str, pki: &Pki) -> Option<SentinelSet> {
+        Self::start_with(test, Some(pki)).await
+    }
+
+    async fn start_with(test: &str, pki: Option<&Pki>) -> Option<SentinelSet> {
         let (server, _cli) = tools(test)?;
         let dir = TempDir::new(&format!("sentinel-{test}"));
+        let tls = pki.map(|p| Tls::write(&dir, p));
         let data_node = |port: u16, extra: &[String]| -> Vec<String> {
-            let mut args: Vec<String> = [
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--repl-diskless-sync-delay",
-                "0",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                &dir.0.display().to_string(),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let mut args = listen_args(port, tls.as_ref());
+            args.extend(
+                [
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    &dir.0.display().to_string(),
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
             args.extend_from_slice(extra);
             args
         };
@@ -651,11 +802,19 @@ impl SentinelSet {
         let mut sentinels = Vec::new();
         for _ in 0..3 {
             let port = free_port();
+            let listen: String = match &tls {
+                None => format!("port {port}\n"),
+                Some(t) => t
+                    .settings(port)
+                    .into_iter()
+                    .map(|(k, v)| format!("{k} {v}\n"))
+                    .collect(),
+            };
             // Sentinel rewrites its config file: one of its own, writable.
             let conf = dir.file(
                 &format!("sentinel-{port}.conf"),
                 &format!(
-                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                    "{listen}bind 127.0.0.1\ndir {}\n\
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} 2\n\
                      sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
                      sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
@@ -676,6 +835,7 @@ impl SentinelSet {
             primary,
             replica,
             sentinels,
+            tls,
             _dir: dir,
         };
         set.wait_ready().await;
@@ -685,16 +845,17 @@ impl SentinelSet {
     async fn wait_ready(&self) {
         let replica = self.replica.port;
         let sentinels = self.sentinel_ports();
+        let tls = self.tls.as_ref();
         until("the sentinel set to be ready", FORM_WAIT, || {
             let sentinels = &sentinels;
             async move {
-                let repl: String = query(replica, &["INFO", "replication"]).await?;
+                let repl: String = query_on(tls, replica, &["INFO", "replication"]).await?;
                 if info_field(&repl, "master_link_status").as_deref() != Some("up") {
                     return Err("the replica's link is not up yet".into());
                 }
                 for &s in sentinels {
                     let fields: Vec<String> =
-                        query(s, &["SENTINEL", "MASTER", MASTER_NAME]).await?;
+                        query_on(tls, s, &["SENTINEL", "MASTER", MASTER_NAME]).await?;
                     let map: BTreeMap<&str, &str> = fields
                         .chunks(2)
                         .filter_map(|kv| Some((kv.first()?.as_str(), kv.get(1)?.as_str())))
@@ -712,14 +873,24 @@ impl SentinelSet {
         .await
     }
 
-    /// `redis+sentinel://` with the three sentinels and the master name.
+    /// `redis+sentinel://` (`rediss+sentinel://` over TLS) with the three
+    /// sentinels and the master name.
     pub fn url(&self) -> String {
         let seeds: Vec<String> = self
             .sentinels
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        format!("redis+sentinel://{}/{MASTER_NAME}", seeds.join(","))
+        format!(
+            "{}+sentinel://{}/{MASTER_NAME}",
+            scheme(self.tls.as_ref()),
+            seeds.join(",")
+        )
+    }
+
+    /// The TLS files and CA of a TLS-only set.
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     pub fn primary_port(&self) -> u16 {
@@ -744,6 +915,7 @@ impl SentinelSet {
     pub async fn wait_failover(&self) -> u16 {
         let replica = self.replica.port;
         let sentinels = self.sentinel_ports();
+        let tls = self.tls.as_ref();
         until(
             "the sentinels to promote the replica",
             FAILOVER_WAIT,
@@ -751,13 +923,17 @@ impl SentinelSet {
                 let sentinels = &sentinels;
                 async move {
                     for &s in sentinels {
-                        let addr: Vec<String> =
-                            query(s, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME]).await?;
+                        let addr: Vec<String> = query_on(
+                            tls,
+                            s,
+                            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
+                        )
+                        .await?;
                         if addr.get(1).map(String::as_str) != Some(replica.to_string().as_str()) {
                             return Err(format!("sentinel {s} names {addr:?}"));
                         }
                     }
-                    let role: Vec<redis::Value> = query(replica, &["ROLE"]).await?;
+                    let role: Vec<redis::Value> = query_on(tls, replica, &["ROLE"]).await?;
                     match String::from_redis_value(role[0].clone()).ok().as_deref() {
                         Some("master") => Ok(replica),
                         other => Err(format!("the replica's role is {other:?}")),

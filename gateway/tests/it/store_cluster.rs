@@ -3,7 +3,10 @@
 //! (admission, flushes sent twice, replays), session leases, client-secret
 //! configs and the calls fleet work as on one server; in the cluster every
 //! key they write carries the hash tag of its scope and sits in that tag's
-//! slot, and `redis-cli --cluster check` passes.
+//! slot, and `redis-cli --cluster check` passes. The same holds over TLS
+//! (`rediss+cluster://`, `rediss+sentinel://`, TLS-only topologies, the
+//! store trusting only `ca_file`), and a cluster whose certificate another
+//! CA signed is refused.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -22,7 +25,8 @@ use patchbay_gateway::store::{
 };
 
 use crate::common::unique;
-use crate::redis_topology::{hash_tag, key_slot, RedisCluster, SentinelSet};
+use crate::redis_server::{pki, TempDir};
+use crate::redis_topology::{hash_tag, key_slot, query_on, RedisCluster, SentinelSet, MASTER_NAME};
 
 fn budget(scope: Scope, id: &str) -> BudgetKey {
     BudgetKey {
@@ -60,13 +64,77 @@ async fn every_store_user_works_on_a_cluster_with_each_key_in_its_tags_slot() {
         .await
         .unwrap();
     let (fleet, held) = exercise(&conn, &prefix, &mut reader).await;
+    check_tagged_keys(&mut cluster, &prefix).await;
+    fleet.forget(&route(), "rtc_1").await;
+    assert_eq!(fleet.record("rtc_1").await.unwrap(), None);
+    drop(held);
+}
 
-    // Every key written has its scope's hash tag and is in that tag's slot.
+#[tokio::test]
+async fn every_store_user_works_on_a_tls_cluster() {
+    let ours = pki();
+    let Some(mut cluster) =
+        RedisCluster::start_tls("every_store_user_works_on_a_tls_cluster", &ours).await
+    else {
+        return;
+    };
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://127.0.0.1:"), "{url}");
+    let dir = TempDir::new("tls-cluster-ca");
+    let ca_file = dir.file("ca.pem", &ours.ca_pem);
+    // TLS-only nodes report their TLS ports to a TLS client: in
+    // `CLUSTER SLOTS`, which the store's client routes by.
+    let ports = cluster.node_ports();
+    let slots: Vec<Vec<redis::Value>> = query_on(cluster.tls(), ports[0], &["CLUSTER", "SLOTS"])
+        .await
+        .unwrap();
+    assert_eq!(slots.len(), 3, "{slots:?}");
+    for range in &slots {
+        for node in &range[2..] {
+            let node: Vec<redis::Value> = redis::from_redis_value(node.clone()).unwrap();
+            let port: u16 = redis::from_redis_value(node[1].clone()).unwrap();
+            assert!(ports.contains(&port), "{port} is not a TLS port: {slots:?}");
+        }
+    }
+    let prefix = format!("{}:", unique("pbct"));
+    let conn = RedisConn::new(&url, Some(&ca_file)).unwrap();
+    assert!(conn.tagged());
+    let seed = format!("rediss://127.0.0.1:{}", cluster.node_ports()[0]);
+    let mut reader = redis::cluster::ClusterClientBuilder::new(vec![seed])
+        .certs(cluster.tls().unwrap().certs())
+        .build()
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    let (fleet, held) = exercise(&conn, &prefix, &mut reader).await;
+    check_tagged_keys(&mut cluster, &prefix).await;
+    fleet.forget(&route(), "rtc_1").await;
+    assert_eq!(fleet.record("rtc_1").await.unwrap(), None);
+    drop(held);
+
+    // The same cluster, the store trusting another CA: refused, in bounded
+    // time (verification is on for every node).
+    let other = dir.file("other-ca.pem", &pki().ca_pem);
+    let conn = RedisConn::new(&url, Some(&other)).unwrap();
+    let store = RedisStore::with_conn(conn, &prefix);
+    let started = std::time::Instant::now();
+    let refused = tokio::time::timeout(Duration::from_secs(20), store.ping())
+        .await
+        .expect("the ping ends within 20 s");
+    let err = refused.expect_err("a cluster signed by another CA is refused");
+    eprintln!("another CA: refused after {:?}: {err}", started.elapsed());
+    assert!(err.to_string().contains("certificate"), "{err}");
+}
+
+/// Every key under `prefix` has its scope's hash tag and is in that tag's
+/// slot, and `redis-cli --cluster check` passes.
+async fn check_tagged_keys(cluster: &mut RedisCluster, prefix: &str) {
     let keys: Vec<_> = cluster
         .keys()
         .await
         .into_iter()
-        .filter(|k| k.key.starts_with(&prefix))
+        .filter(|k| k.key.starts_with(prefix))
         .collect();
     let tags: HashSet<&str> = keys
         .iter()
@@ -90,9 +158,6 @@ async fn every_store_user_works_on_a_cluster_with_each_key_in_its_tags_slot() {
     );
     let (ok, report) = cluster.check().await;
     assert!(ok, "{report}");
-    fleet.forget(&route(), "rtc_1").await;
-    assert_eq!(fleet.record("rtc_1").await.unwrap(), None);
-    drop(held);
 }
 
 #[tokio::test]
@@ -108,10 +173,70 @@ async fn every_store_user_works_behind_sentinel() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let (fleet, held) = exercise(&conn, &prefix, &mut reader).await;
+    exercise_behind_sentinel(&conn, &prefix, &mut reader).await;
+}
+
+#[tokio::test]
+async fn every_store_user_works_behind_sentinel_over_tls() {
+    let ours = pki();
+    let Some(set) =
+        SentinelSet::start_tls("every_store_user_works_behind_sentinel_over_tls", &ours).await
+    else {
+        return;
+    };
+    let url = set.url();
+    assert!(url.starts_with("rediss+sentinel://127.0.0.1:"), "{url}");
+    let dir = TempDir::new("tls-sentinel-ca");
+    let ca_file = dir.file("ca.pem", &ours.ca_pem);
+    let prefix = format!("{}:", unique("pbst"));
+    // The sentinels name the primary by its TLS port.
+    for s in set.sentinel_ports() {
+        let addr: Vec<String> = query_on(
+            set.tls(),
+            s,
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
+        )
+        .await
+        .unwrap();
+        assert_eq!(addr[1], set.primary_port().to_string());
+    }
+    let conn = RedisConn::new(&url, Some(&ca_file)).unwrap();
+    assert!(!conn.tagged());
+    let mut reader = redis::Client::build_with_tls(
+        format!("rediss://127.0.0.1:{}", set.primary_port()),
+        set.tls().unwrap().certs(),
+    )
+    .unwrap()
+    .get_multiplexed_async_connection()
+    .await
+    .unwrap();
+    exercise_behind_sentinel(&conn, &prefix, &mut reader).await;
+
+    // The same sentinels, the store trusting another CA: refused, in
+    // bounded time.
+    let other = dir.file("other-ca.pem", &pki().ca_pem);
+    let conn = RedisConn::new(&url, Some(&other)).unwrap();
+    let store = RedisStore::with_conn(conn, &prefix);
+    let started = std::time::Instant::now();
+    let refused = tokio::time::timeout(Duration::from_secs(20), store.ping())
+        .await
+        .expect("the ping ends within 20 s");
+    let err = refused.expect_err("sentinels signed by another CA are refused");
+    eprintln!("another CA: refused after {:?}: {err}", started.elapsed());
+    assert!(err.to_string().contains("certificate"), "{err}");
+}
+
+/// `exercise`, then the team's budget read on the primary the sentinels
+/// name.
+async fn exercise_behind_sentinel(
+    conn: &RedisConn,
+    prefix: &str,
+    reader: &mut redis::aio::MultiplexedConnection,
+) {
+    let (fleet, held) = exercise(conn, prefix, reader).await;
     let budget: f64 = redis::cmd("GET")
         .arg(format!("{prefix}budget:team:t1:total"))
-        .query_async(&mut reader)
+        .query_async(reader)
         .await
         .unwrap();
     assert_eq!(budget, 1.0, "on the primary the sentinels name");
