@@ -207,6 +207,26 @@ pub async fn query<T: FromRedisValue>(port: u16, args: &[&str]) -> Result<T, Str
     query_on(None, port, args).await
 }
 
+/// `SET key value` then `WAIT 1 2000` on one connection of the (plain)
+/// node at `port` (a `WAIT` covers only its own connection's writes): the
+/// replicas that acknowledged the write.
+pub async fn set_replicated(port: u16, key: &str, value: &str) -> i64 {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (acked,): (i64,) = redis::pipe()
+        .cmd("SET")
+        .arg(key)
+        .arg(value)
+        .ignore()
+        .cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    acked
+}
+
 /// Runs `args` on the node at `port`, over TLS trusting only `tls`'s CA when
 /// given (a fresh connection, bounded by `CALL`).
 pub async fn query_on<T: FromRedisValue>(
@@ -1006,8 +1026,7 @@ async fn killing_a_cluster_primary_promotes_its_replica_with_the_replicated_writ
     };
     let key = "patchbay:budget:key:{k1}:total";
     let old = cluster.primary_for_key(key).await;
-    let _: () = query(old, &["SET", key, "7"]).await.unwrap();
-    let acked: i64 = query(old, &["WAIT", "1", "2000"]).await.unwrap();
+    let acked = set_replicated(old, key, "7").await;
     assert_eq!(acked, 1, "the replica acknowledged the write");
 
     cluster.kill_primary(old).await;
@@ -1043,11 +1062,7 @@ async fn a_sentinel_failover_promotes_the_replica_and_every_sentinel_names_it() 
             .unwrap();
         assert_eq!(addr, vec!["127.0.0.1".to_string(), primary.to_string()]);
     }
-    let _: () = query(primary, &["SET", "patchbay:probe", "1"])
-        .await
-        .unwrap();
-    let acked: i64 = query(primary, &["WAIT", "1", "2000"]).await.unwrap();
-    assert_eq!(acked, 1);
+    assert_eq!(set_replicated(primary, "patchbay:probe", "1").await, 1);
 
     set.kill_primary();
     let started = std::time::Instant::now();
