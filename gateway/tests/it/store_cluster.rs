@@ -115,14 +115,26 @@ async fn every_store_user_works_on_a_tls_cluster() {
 
     // The same cluster, the store trusting another CA: refused, in bounded
     // time (verification is on for every node).
+    refused_under_another_ca(
+        &dir,
+        &url,
+        &prefix,
+        "a cluster signed by another CA is refused",
+    )
+    .await;
+}
+
+/// `url` with the store trusting a CA that signed none of its nodes: the
+/// ping is refused (`what`) within a bound, naming the certificate.
+async fn refused_under_another_ca(dir: &TempDir, url: &str, prefix: &str, what: &str) {
     let other = dir.file("other-ca.pem", &pki().ca_pem);
-    let conn = RedisConn::new(&url, Some(&other)).unwrap();
-    let store = RedisStore::with_conn(conn, &prefix);
+    let conn = RedisConn::new(url, Some(&other)).unwrap();
+    let store = RedisStore::with_conn(conn, prefix);
     let started = std::time::Instant::now();
     let refused = tokio::time::timeout(Duration::from_secs(20), store.ping())
         .await
         .expect("the ping ends within 20 s");
-    let err = refused.expect_err("a cluster signed by another CA is refused");
+    let err = refused.expect_err(what);
     eprintln!("another CA: refused after {:?}: {err}", started.elapsed());
     assert!(err.to_string().contains("certificate"), "{err}");
 }
@@ -214,16 +226,13 @@ async fn every_store_user_works_behind_sentinel_over_tls() {
 
     // The same sentinels, the store trusting another CA: refused, in
     // bounded time.
-    let other = dir.file("other-ca.pem", &pki().ca_pem);
-    let conn = RedisConn::new(&url, Some(&other)).unwrap();
-    let store = RedisStore::with_conn(conn, &prefix);
-    let started = std::time::Instant::now();
-    let refused = tokio::time::timeout(Duration::from_secs(20), store.ping())
-        .await
-        .expect("the ping ends within 20 s");
-    let err = refused.expect_err("sentinels signed by another CA are refused");
-    eprintln!("another CA: refused after {:?}: {err}", started.elapsed());
-    assert!(err.to_string().contains("certificate"), "{err}");
+    refused_under_another_ca(
+        &dir,
+        &url,
+        &prefix,
+        "sentinels signed by another CA are refused",
+    )
+    .await;
 }
 
 /// `exercise`, then the team's budget read on the primary the sentinels
