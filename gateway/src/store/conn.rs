@@ -33,8 +33,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::{StoreError, CALL_TIMEOUT};
-pub use crate::redis_url::endpoint;
-use crate::redis_url::{parse, ParsedUrl, Topology};
+use crate::redis_url::{endpoint, parse, ParsedUrl, Topology};
 
 /// Bound on one connection attempt (TCP, TLS and AUTH).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
