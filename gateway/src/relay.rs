@@ -83,6 +83,7 @@ pub mod reader;
 #[cfg(test)]
 pub(crate) mod testing;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -225,8 +226,8 @@ enum Mode {
 /// every leg has ready, queues it whole for the other leg and writes each
 /// queue out with one vectored write.
 struct Pump<'a, C, U, T> {
-    client: &'a mut Leg<C>,
-    upstream: &'a mut Leg<U>,
+    client: Leg<C>,
+    upstream: Leg<U>,
     tap: &'a mut T,
     /// Client → upstream.
     up: Mode,
@@ -458,33 +459,33 @@ where
 /// [`CLOSE_GRACE`]), just before its connection is dropped: the caller
 /// frees what the client held (its admission slot, its lease) while the
 /// upstream leg may still be cancelling and metering.
-pub async fn splice<C, U, T, K, D>(
-    mut client: Leg<C>,
-    mut upstream: Leg<U>,
+///
+/// A function returning an async block rather than an `async fn`: an
+/// `async fn` stores its by-value arguments twice in its future (as
+/// arguments, then as the locals they are moved to), 624 bytes here, held
+/// for the session's life.
+pub fn splice<'a, C, U, T, K, D>(
+    client: Leg<C>,
+    upstream: Leg<U>,
     pending: Pending,
     limits: Limits,
-    tap: &mut T,
+    tap: &'a mut T,
     kill: K,
     client_done: D,
-) -> Spliced
+) -> impl std::future::Future<Output = Spliced> + 'a
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    U: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin + 'a,
+    U: AsyncRead + AsyncWrite + Unpin + 'a,
     T: Tap,
-    K: std::future::Future<Output = Kill>,
-    D: FnOnce(),
+    K: std::future::Future<Output = Kill> + 'a,
+    D: FnOnce() + 'a,
 {
-    let started = Instant::now();
-    // Milliseconds from `started` (an atomic: the session's future must be
-    // `Send`, so a `Cell` cannot be shared by the select's branches).
-    let last_activity_ms = AtomicU64::new(0);
-    // Set by the timer when the session has been quiet for
-    // RELEASE_IDLE_AFTER; the pump then lets go of its legs' spare buffers.
-    let release = AtomicBool::new(false);
+    // Built here, not in the async block: the block then holds the legs
+    // once, in the pump, rather than as its arguments and again in a local.
     let mut pump = Pump {
-        client: &mut client,
-        upstream: &mut upstream,
-        tap: &mut *tap,
+        client,
+        upstream,
+        tap,
         up: Mode::Forward,
         down: Mode::Forward,
         client_close: None,
@@ -499,73 +500,100 @@ where
     for f in pending {
         pump.forward_client_data(f);
     }
-    let end = {
-        // One clock read per wake-up that read anything, not per frame.
-        let pumping = std::future::poll_fn(|cx| {
-            if release.load(Ordering::Relaxed) {
-                release.store(false, Ordering::Relaxed);
-                pump.client.release_idle_buffers();
-                pump.upstream.release_idle_buffers();
-            }
-            let polled = pump.poll(cx);
-            if std::mem::take(&mut pump.active) {
-                let ms = started.elapsed().as_millis() as u64;
-                last_activity_ms.store(ms, Ordering::Relaxed);
-            }
-            match polled {
-                Poll::Ready(Some(end)) => Poll::Ready(end),
-                // Both directions forward until the end: never stopped.
-                _ => Poll::Pending,
-            }
-        });
-        // The idle timeout, the session's deadline and the release of idle
-        // buffers share one timer, set for whichever comes first.
-        let timers = async {
-            // The activity (ms from `started`) whose quiet released the
-            // buffers: once per quiet spell.
-            let mut released_for = None;
-            loop {
-                let last_ms = last_activity_ms.load(Ordering::Relaxed);
-                let last = Duration::from_millis(last_ms);
-                let idle_due = started + last + limits.idle_timeout;
-                let now = Instant::now();
-                if now >= limits.deadline {
-                    return End::MaxDuration;
+    async move {
+        let end = {
+            let started = Instant::now();
+            // Milliseconds from `started` (an atomic: the session's future must
+            // be `Send`, so a `Cell` cannot be shared by the select's branches).
+            let last_activity_ms = AtomicU64::new(0);
+            // Set by the timer when the session has been quiet for
+            // RELEASE_IDLE_AFTER; the pump then lets go of its legs' spare
+            // buffers.
+            let release = AtomicBool::new(false);
+            // One clock read per wake-up that read anything, not per frame.
+            let pumping = std::future::poll_fn(|cx| {
+                if release.load(Ordering::Relaxed) {
+                    release.store(false, Ordering::Relaxed);
+                    pump.client.release_idle_buffers();
+                    pump.upstream.release_idle_buffers();
                 }
-                if now >= idle_due {
-                    return End::IdleTimeout;
+                let polled = pump.poll(cx);
+                if std::mem::take(&mut pump.active) {
+                    let ms = started.elapsed().as_millis() as u64;
+                    last_activity_ms.store(ms, Ordering::Relaxed);
                 }
-                let mut due = idle_due.min(limits.deadline);
-                if released_for != Some(last_ms) {
-                    let release_due = started + last + RELEASE_IDLE_AFTER;
-                    if now >= release_due {
-                        released_for = Some(last_ms);
-                        release.store(true, Ordering::Relaxed);
-                        // The pump is polled before this branch: a yield
-                        // wakes the task again, and the pump sees the flag.
-                        tokio::task::yield_now().await;
-                        continue;
+                match polled {
+                    Poll::Ready(Some(end)) => Poll::Ready(end),
+                    // Both directions forward until the end: never stopped.
+                    _ => Poll::Pending,
+                }
+            });
+            // The idle timeout, the session's deadline and the release of idle
+            // buffers share one timer, set for whichever comes first.
+            let mut timers = std::pin::pin!(async {
+                // The activity (ms from `started`) whose quiet released the
+                // buffers: once per quiet spell.
+                let mut released_for = None;
+                loop {
+                    let last_ms = last_activity_ms.load(Ordering::Relaxed);
+                    let last = Duration::from_millis(last_ms);
+                    let idle_due = started + last + limits.idle_timeout;
+                    let now = Instant::now();
+                    if now >= limits.deadline {
+                        return End::MaxDuration;
                     }
-                    due = due.min(release_due);
+                    if now >= idle_due {
+                        return End::IdleTimeout;
+                    }
+                    let mut due = idle_due.min(limits.deadline);
+                    if released_for != Some(last_ms) {
+                        let release_due = started + last + RELEASE_IDLE_AFTER;
+                        if now >= release_due {
+                            released_for = Some(last_ms);
+                            release.store(true, Ordering::Relaxed);
+                            // The pump is polled before this branch: a yield
+                            // wakes the task again, and the pump sees the flag.
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        due = due.min(release_due);
+                    }
+                    tokio::time::sleep_until(due).await;
                 }
-                tokio::time::sleep_until(due).await;
+            });
+            let mut kill = std::pin::pin!(kill);
+            // The limits are polled only when one of them woke (`OnWake`), not
+            // on every wake-up of the pump. A `poll_fn` over the two pinned
+            // futures: a `select!` in an async block held a second copy of
+            // the timers' future.
+            let watchdog = std::pin::pin!(std::future::poll_fn(|cx| {
+                if let Poll::Ready(end) = timers.as_mut().poll(cx) {
+                    return Poll::Ready(end);
+                }
+                kill.as_mut().poll(cx).map(End::Killed)
+            }));
+            tokio::select! {
+                biased;
+                e = pumping => e,
+                e = OnWake::new(watchdog) => e,
             }
         };
-        // The limits are polled only when one of them woke (`OnWake`), not
-        // on every wake-up of the pump.
-        let watchdog = std::pin::pin!(async {
-            tokio::select! {
-                e = timers => e,
-                k = kill => End::Killed(k),
-            }
-        });
-        tokio::select! {
-            biased;
-            e = pumping => e,
-            e = OnWake::new(watchdog) => e,
-        }
-    };
 
+        // Boxed: the teardown's state (the plan, the closes' futures: 1.6 KB)
+        // would otherwise size the session's future, held for its whole
+        // life, for its last seconds.
+        Box::pin(tear_down(pump, end, client_done)).await
+    }
+}
+
+/// The splice's teardown ([`splice`]): one plan for every cause of `end`.
+async fn tear_down<C, U, T, D>(mut pump: Pump<'_, C, U, T>, end: End, client_done: D) -> Spliced
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+    T: Tap,
+    D: FnOnce(),
+{
     let plan = teardown(&end, pump.client_close.take(), pump.upstream_close.take());
     let received = match &end {
         End::ClientClosed(c) | End::UpstreamClosed(c) => *c,
@@ -611,7 +639,12 @@ where
     if pump.up == Mode::ToBoundary || pump.down == Mode::ToBoundary {
         let _ = tokio::time::timeout(CLOSE_GRACE, std::future::poll_fn(|cx| pump.poll(cx))).await;
     }
-    drop(pump);
+    let Pump {
+        mut client,
+        mut upstream,
+        tap,
+        ..
+    } = pump;
     // Asked again: the upstream's message just forwarded to its end may
     // have been a `response.created`.
     let cancels = upstream_answers && !tap.responses_in_flight().is_empty();
