@@ -167,7 +167,13 @@ fi
 "$profdata" merge -o "$OUT_DIR/gateway.profdata" "${profiles[@]}"
 echo "== merged ${#profiles[@]} profiles into $OUT_DIR/gateway.profdata"
 
+# Named by its content: cargo rebuilds when RUSTFLAGS change, not when the
+# file they name does, so a new profile under the same name would leave
+# the last build's binary in place.
+sum=$(sha256sum "$OUT_DIR/gateway.profdata" | cut -c1-16)
+rm -f "$OUT_DIR"/gateway-*.profdata
+cp "$OUT_DIR/gateway.profdata" "$OUT_DIR/gateway-$sum.profdata"
 echo "== optimized build (target/pgo)"
-RUSTFLAGS="-Cprofile-use=$OUT_DIR/gateway.profdata" \
+RUSTFLAGS="-Cprofile-use=$OUT_DIR/gateway-$sum.profdata" \
   cargo build --release --locked -q -p patchbay-gateway --target-dir target/pgo
 echo "== $PWD/target/pgo/release/patchbay-gateway"
