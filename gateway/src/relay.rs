@@ -101,7 +101,7 @@ use end::sendable;
 pub use end::{close, teardown, End, Kill, LegClose, Spliced, Teardown};
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg, Side};
-use on_wake::{OnWake, ReadWake};
+use on_wake::{OnWake, ReadWake, Task};
 use reader::{RawFrame, ReadError};
 
 /// How long a leg is given to answer our close before the socket is dropped;
@@ -245,6 +245,9 @@ struct Pump<'a, C, U, T> {
     /// a frame): a frame on one leg does not poll the other's empty socket.
     client_read: ReadWake,
     upstream_read: ReadWake,
+    /// Where the task's waker is registered, once per poll, for both legs'
+    /// read flags and the splice's watchdog ([`on_wake`]).
+    task: Task,
     /// The client message being read was refused: its frames are dropped
     /// to its last.
     dropping: bool,
@@ -268,8 +271,7 @@ where
     /// something: a second pass would only poll both sockets again to find
     /// them empty.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<End>> {
-        self.client_read.register(cx);
-        self.upstream_read.register(cx);
+        self.task.register(cx);
         loop {
             let mut progress = false;
             self.again = false;
@@ -482,6 +484,7 @@ where
 {
     // Built here, not in the async block: the block then holds the legs
     // once, in the pump, rather than as its arguments and again in a local.
+    let task = Task::default();
     let mut pump = Pump {
         client,
         upstream,
@@ -492,8 +495,9 @@ where
         upstream_close: None,
         active: false,
         again: false,
-        client_read: ReadWake::new(),
-        upstream_read: ReadWake::new(),
+        client_read: ReadWake::new(&task),
+        upstream_read: ReadWake::new(&task),
+        task,
         dropping: false,
         client_events: Vec::new(),
     };
@@ -510,8 +514,9 @@ where
             // RELEASE_IDLE_AFTER; the pump then lets go of its legs' spare
             // buffers.
             let release = AtomicBool::new(false);
+            let task = pump.task.clone();
             // One clock read per wake-up that read anything, not per frame.
-            let pumping = std::future::poll_fn(|cx| {
+            let mut pumping = |cx: &mut Context<'_>| {
                 if release.load(Ordering::Relaxed) {
                     release.store(false, Ordering::Relaxed);
                     pump.client.release_idle_buffers();
@@ -527,7 +532,7 @@ where
                     // Both directions forward until the end: never stopped.
                     _ => Poll::Pending,
                 }
-            });
+            };
             // The idle timeout, the session's deadline and the release of idle
             // buffers share one timer, set for whichever comes first.
             let mut timers = std::pin::pin!(async {
@@ -572,11 +577,16 @@ where
                 }
                 kill.as_mut().poll(cx).map(End::Killed)
             }));
-            tokio::select! {
-                biased;
-                e = pumping => e,
-                e = OnWake::new(watchdog) => e,
-            }
+            let mut watched = OnWake::new(watchdog, &task);
+            // The pump first: its poll registers the task's waker on the
+            // task's flags (`Task`), which the watchdog's flag is one of.
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(end) = pumping(cx) {
+                    return Poll::Ready(end);
+                }
+                watched.poll_registered()
+            })
+            .await
         };
 
         // Boxed: the teardown's state (the plan, the closes' futures: 1.6 KB)
