@@ -508,7 +508,8 @@ where
         let end = {
             let started = Instant::now();
             // Milliseconds from `started` (an atomic: the session's future must
-            // be `Send`, so a `Cell` cannot be shared by the select's branches).
+            // be `Send`, so a `Cell` cannot be shared by the pump's closure and
+            // the timers' future).
             let last_activity_ms = AtomicU64::new(0);
             // Set by the timer when the session has been quiet for
             // RELEASE_IDLE_AFTER; the pump then lets go of its legs' spare
