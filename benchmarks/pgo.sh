@@ -28,10 +28,10 @@
 # llvm-profdata on PATH.
 #
 # Knobs (env): PGO_N (2000) PGO_C (100) PGO_SMALL_N (500) PGO_SMALL_C (20)
-# PGO_CALLS_N (100) PGO_CALLS_SECS (30) BASE_PORT OUT_DIR (target/pgo-data) SKIP_BUILD=1 (no plain build: the
-# simulator and the bench from BENCH_BIN, default target/release; CI runs
-# them from target/debug with a short training, to check that the build
-# works, not to ship it).
+# PGO_CALLS_N (100) PGO_CALLS_SECS (30) BASE_PORT OUT_DIR (target/pgo-data)
+# SKIP_BUILD=1 (no plain build: the simulator and the bench from
+# BENCH_BIN, default target/release; CI runs them from target/debug with a
+# short training, to check that the build works, not to ship it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/lib.sh
