@@ -474,12 +474,12 @@ pub fn splice<'a, C, U, T, K, D>(
     tap: &'a mut T,
     kill: K,
     client_done: D,
-) -> impl std::future::Future<Output = Spliced> + 'a
+) -> impl Future<Output = Spliced> + 'a
 where
     C: AsyncRead + AsyncWrite + Unpin + 'a,
     U: AsyncRead + AsyncWrite + Unpin + 'a,
     T: Tap,
-    K: std::future::Future<Output = Kill> + 'a,
+    K: Future<Output = Kill> + 'a,
     D: FnOnce() + 'a,
 {
     // Built here, not in the async block: the block then holds the legs
@@ -515,25 +515,6 @@ where
             // RELEASE_IDLE_AFTER; the pump then lets go of its legs' spare
             // buffers.
             let release = AtomicBool::new(false);
-            let task = pump.task.clone();
-            // One clock read per wake-up that read anything, not per frame.
-            let mut pumping = |cx: &mut Context<'_>| {
-                if release.load(Ordering::Relaxed) {
-                    release.store(false, Ordering::Relaxed);
-                    pump.client.release_idle_buffers();
-                    pump.upstream.release_idle_buffers();
-                }
-                let polled = pump.poll(cx);
-                if std::mem::take(&mut pump.active) {
-                    let ms = started.elapsed().as_millis() as u64;
-                    last_activity_ms.store(ms, Ordering::Relaxed);
-                }
-                match polled {
-                    Poll::Ready(Some(end)) => Poll::Ready(end),
-                    // Both directions forward until the end: never stopped.
-                    _ => Poll::Pending,
-                }
-            };
             // The idle timeout, the session's deadline and the release of idle
             // buffers share one timer, set for whichever comes first.
             let mut timers = std::pin::pin!(async {
@@ -557,7 +538,7 @@ where
                         if now >= release_due {
                             released_for = Some(last_ms);
                             release.store(true, Ordering::Relaxed);
-                            // The pump is polled before this branch: a yield
+                            // The pump is polled before the watchdog: a yield
                             // wakes the task again, and the pump sees the flag.
                             tokio::task::yield_now().await;
                             continue;
@@ -578,7 +559,25 @@ where
                 }
                 kill.as_mut().poll(cx).map(End::Killed)
             }));
-            let mut watched = OnWake::new(watchdog, &task);
+            let mut watched = OnWake::new(watchdog, &pump.task);
+            // One clock read per wake-up that read anything, not per frame.
+            let mut pumping = |cx: &mut Context<'_>| {
+                if release.load(Ordering::Relaxed) {
+                    release.store(false, Ordering::Relaxed);
+                    pump.client.release_idle_buffers();
+                    pump.upstream.release_idle_buffers();
+                }
+                let polled = pump.poll(cx);
+                if std::mem::take(&mut pump.active) {
+                    let ms = started.elapsed().as_millis() as u64;
+                    last_activity_ms.store(ms, Ordering::Relaxed);
+                }
+                match polled {
+                    Poll::Ready(Some(end)) => Poll::Ready(end),
+                    // Both directions forward until the end: never stopped.
+                    _ => Poll::Pending,
+                }
+            };
             // The pump first: its poll registers the task's waker on the
             // task's flags (`Task`), which the watchdog's flag is one of.
             std::future::poll_fn(|cx| {

@@ -56,6 +56,18 @@ struct Flag {
     task: Task,
 }
 
+impl Flag {
+    /// A flag of `task`'s, and the waker that sets it and wakes the task.
+    fn on(task: &Task, woken: bool) -> (Arc<Self>, Waker) {
+        let flag = Arc::new(Flag {
+            woken: AtomicBool::new(woken),
+            task: task.clone(),
+        });
+        let waker = Waker::from(flag.clone());
+        (flag, waker)
+    }
+}
+
 impl Wake for Flag {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
@@ -69,11 +81,7 @@ impl Wake for Flag {
 
 impl<'a, F: Future + ?Sized> OnWake<'a, F> {
     pub fn new(fut: Pin<&'a mut F>, task: &Task) -> Self {
-        let flag = Arc::new(Flag {
-            woken: AtomicBool::new(true),
-            task: task.clone(),
-        });
-        let waker = Waker::from(flag.clone());
+        let (flag, waker) = Flag::on(task, true);
         Self { fut, flag, waker }
     }
 
@@ -112,11 +120,7 @@ pub struct ReadWake {
 
 impl ReadWake {
     pub fn new(task: &Task) -> Self {
-        let flag = Arc::new(Flag {
-            woken: AtomicBool::new(false),
-            task: task.clone(),
-        });
-        let waker = Waker::from(flag.clone());
+        let (flag, waker) = Flag::on(task, false);
         Self {
             flag,
             waker,
