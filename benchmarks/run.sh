@@ -69,6 +69,15 @@
 #    added p99 (both directions, against direct) stayed under
 #    CALLS_LIMIT_MS (calls_capacity.py); the steps stop at the first N
 #    where no relay target passes.
+# 7b. Calls-latency run (stage "calls-latency", only when named): frame
+#    latency at LATENCY_N calls on the machine. The calls stage runs every
+#    target at once, so its step at N puts N × targets calls on the
+#    machine, and at 1000 its load generator's own delays (direct's p99
+#    hundreds of ms) swamp what a relay adds. Here the targets take turns
+#    (--rotate LATENCY_ROUNDS): each round gives each target LATENCY_N
+#    calls alone for LATENCY_SECS, the order shifted each round, and each
+#    target's frames are pooled over its rounds; calls_capacity.py then
+#    reads the added p99 against direct (calls-latency.txt).
 # 8. Idle-calls run (stage "calls-idle", only when named): IDLE_N calls per
 #    target against the calls stage's targets and simulator, each one turn
 #    of one 20 ms append and the model's answer, then silence to
@@ -121,7 +130,7 @@
 # Everything started here is stopped on exit. Outputs land in OUT_DIR.
 #
 # Knobs (env): STAGES (any of "main floor small-frames cpu-issue cpu", default
-# all; "cpu-runtime", "cpu-ab", "cpu-otel", "many", "calls", "calls-idle",
+# all; "cpu-runtime", "cpu-ab", "cpu-otel", "many", "calls", "calls-latency", "calls-idle",
 # "translation", "close" and "store" only when named) AB_BIN (cpu-ab's second gateway binary, and
 # calls' and translation's optional one)
 # CLOSE_N_PER_TARGET CLOSE_C CLOSE_DELTAS CLOSE_DELTA_INTERVAL_MS
@@ -173,6 +182,9 @@ CALLS_POOL_SIZE=${CALLS_POOL_SIZE:-100}
 CALLS_STEPS=${CALLS_STEPS:-250 500 1000}
 CALLS_STEP_SECS=${CALLS_STEP_SECS:-20}
 CALLS_LIMIT_MS=${CALLS_LIMIT_MS:-5}
+LATENCY_N=${LATENCY_N:-1000}
+LATENCY_SECS=${LATENCY_SECS:-20}
+LATENCY_ROUNDS=${LATENCY_ROUNDS:-3}
 IDLE_N=${IDLE_N:-1000}
 IDLE_SECS=${IDLE_SECS:-60}
 IDLE_READ_SECS=${IDLE_READ_SECS:-50}
@@ -681,6 +693,30 @@ if stage calls; then
     python3 benchmarks/calls_capacity.py --limit-ms "$CALLS_LIMIT_MS" "${steps[@]}" |
       tee "$OUT_DIR/calls-capacity.txt"
   fi
+  stop_pids
+  echo
+fi
+
+if stage calls-latency; then
+  POOL_SIZE=$CALLS_POOL_SIZE C=$LATENCY_N
+  calls_stack "calls latency"
+  sim_before=$(cpu_ticks "$PID_sim")
+  echo "== calls latency: $LATENCY_N calls, one target at a time, ${LATENCY_SECS} s each, $LATENCY_ROUNDS rounds of ${#targets[@]} targets"
+  # Each target's turn: the ramp, the calls, the last turn and the close.
+  PATCHBAY_BENCH_KEY="$CLIENT_KEY" timeout $((BENCH_TIMEOUT_SECS + LATENCY_ROUNDS * ${#targets[@]} * (LATENCY_SECS + 30))) \
+    "$BIN/patchbay-bench" \
+    --target "direct=ws://127.0.0.1:$SIM_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "tcp-relay=ws://127.0.0.1:$RELAY_PORT/v1/realtime@$UPSTREAM_KEY" \
+    --target "pool-on=ws://127.0.0.1:$GW_ON_PORT/v1/realtime" \
+    "${ab[@]}" --against tcp-relay \
+    --cpu-pid "tcp-relay=$PID_relay" --cpu-pid "pool-on=$PID_gw_on" \
+    --calls "$LATENCY_N" --rotate "$LATENCY_ROUNDS" --call-secs "$LATENCY_SECS" \
+    --speech-ms "$CALLS_SPEECH_MS" --silence-ms "$CALLS_SILENCE_MS" \
+    --threads "$BENCH_THREADS" --out "$OUT_DIR/calls-latency.json" | tee "$OUT_DIR/calls-latency.txt"
+  awk -v t=$(($(cpu_ticks "$PID_sim") - sim_before)) -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { printf "simulator CPU during this bench: %.1f s\n", t / hz }' | tee -a "$OUT_DIR/calls-latency.txt"
+  python3 benchmarks/calls_capacity.py --limit-ms 1 "$OUT_DIR/calls-latency.json" |
+    tee -a "$OUT_DIR/calls-latency.txt"
   stop_pids
   echo
 fi

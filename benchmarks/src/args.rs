@@ -101,6 +101,16 @@ pub struct Cli {
     /// "translation").
     #[arg(long, requires = "calls")]
     pub translation: bool,
+    /// Calls mode: one target at a time instead of all at once. Each of
+    /// ROUNDS rounds gives every target, in turn, its `--calls` calls alone
+    /// on the machine (the next target starts when the last call ended),
+    /// the order shifted by one each round so that no target always runs
+    /// first; each target's figures are pooled over its rounds. For frame
+    /// latency at N calls: with every target at once the machine carries N
+    /// per target, and the load generator's own delays swamp what a relay
+    /// adds (benchmarks/README.md, "calls-latency").
+    #[arg(long, value_name = "ROUNDS", requires = "calls")]
+    pub rotate: Option<u32>,
 }
 
 /// A process to account CPU for, as given on the command line.
@@ -218,6 +228,9 @@ impl Cli {
         }
         if self.calls == Some(0) {
             return Err("--calls must be at least 1".into());
+        }
+        if self.rotate == Some(0) {
+            return Err("--rotate must be at least 1".into());
         }
         for (flag, v) in [
             ("--call-secs", self.call_secs),
@@ -413,7 +426,13 @@ mod tests {
         assert_eq!((c.speech_ms, c.silence_ms, c.chunk_ms), (3000, 1000, 20));
         assert_eq!(c.sample_rate, 24_000);
         assert_eq!(c.ramp_secs, 8);
-        for bad in [&["--calls", "0"][..], &["--calls", "1", "--chunk-ms", "0"]] {
+        assert_eq!(c.rotate, None);
+        for bad in [
+            &["--calls", "0"][..],
+            &["--calls", "1", "--chunk-ms", "0"],
+            &["--calls", "1", "--rotate", "0"],
+            &["--rotate", "2"],
+        ] {
             let mut args = vec!["--target", "a=ws://127.0.0.1:1/v1/realtime"];
             args.extend_from_slice(bad);
             assert!(cli(&args).is_err(), "{bad:?}");

@@ -80,17 +80,25 @@ impl CallsResult {
         w
     }
 
+    /// How the targets shared the run, when not all at once.
+    fn rotation(&self) -> String {
+        self.rounds.map_or(String::new(), |r| {
+            format!(", one at a time (each alone on the machine) in {r} rounds, figures pooled per target")
+        })
+    }
+
     /// Translation sessions: appends and deltas, and each append's round
     /// trip, per target and added over each baseline's.
     fn translation_tables(&self, w: &mut String, width: usize) {
         let s = &self.shape;
         let _ = writeln!(
             w,
-            "translation: {} sessions per target × {} targets, {} s of audio each in {} appends of {} ms \
+            "translation: {} sessions per target × {} targets{}, {} s of audio each in {} appends of {} ms \
              ({} B of PCM16, {} base64 characters) at real time, the translated audio read meanwhile; \
              wall {:.1} s, bench CPU {:.1} s",
             self.calls_per_target,
             self.targets.len(),
+            self.rotation(),
             s.length.as_secs(),
             s.chunks_per_length(),
             s.chunk.as_millis(),
@@ -147,10 +155,11 @@ impl CallsResult {
         let s = &self.shape;
         let _ = writeln!(
             w,
-            "calls: {} per target × {} targets, {} s each; turn: {} ms of speech ({} appends of {} B), \
+            "calls: {} per target × {} targets{}, {} s each; turn: {} ms of speech ({} appends of {} B), \
              the model's answer as the upstream streams it, {} ms of silence; wall {:.1} s, bench CPU {:.1} s",
             self.calls_per_target,
             self.targets.len(),
+            self.rotation(),
             s.length.as_secs(),
             s.speech.as_millis(),
             s.chunks_per_turn(),
@@ -314,6 +323,7 @@ impl CallsResult {
         let v = json!({
             "mode": if s.translation { "translation" } else { "calls" },
             "calls_per_target": self.calls_per_target,
+            "rounds": self.rounds,
             "call_secs": s.length.as_secs_f64(),
             "speech_ms": s.speech.as_millis() as u64,
             "silence_ms": s.silence.as_millis() as u64,
@@ -358,6 +368,7 @@ mod tests {
         let target = |name: &str, up, down, cpu_ms: Option<u64>| TargetCalls {
             name: name.into(),
             calls: 10,
+            at_once: 10,
             completed: 10,
             turns: 70,
             up,
@@ -378,6 +389,7 @@ mod tests {
         CallsResult {
             shape,
             calls_per_target: 10,
+            rounds: None,
             targets: vec![
                 target(
                     "direct",

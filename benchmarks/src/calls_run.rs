@@ -67,7 +67,10 @@ impl Transit {
 #[derive(Debug, Clone, Default)]
 pub struct TargetCalls {
     pub name: String,
+    /// Calls made, over every round ([`Cli::rotate`]).
     pub calls: usize,
+    /// Calls live at once (the most): `--calls`.
+    pub at_once: usize,
     pub completed: usize,
     /// Failures by kind (`SessionError`'s message).
     pub failures: BTreeMap<String, usize>,
@@ -99,6 +102,22 @@ impl TargetCalls {
         self.close_time.as_secs_f64() * 1000.0 / self.calls as f64
     }
 
+    /// Counts one call of this target: its outcome (`error`, if it failed)
+    /// and its totals.
+    fn absorb(&mut self, rec: &CallRecord, error: Option<String>) {
+        self.calls += 1;
+        match error {
+            None => self.completed += 1,
+            Some(e) => *self.failures.entry(e).or_default() += 1,
+        }
+        self.turns += u64::from(rec.turns);
+        self.appends_sent += rec.appends_sent;
+        self.audio_deltas += rec.audio_deltas;
+        self.call_time += rec.live;
+        self.close_time += rec.close;
+        self.close_max = self.close_max.max(rec.close);
+    }
+
     pub fn call_minutes(&self) -> f64 {
         self.call_time.as_secs_f64() / 60.0
     }
@@ -109,11 +128,43 @@ impl TargetCalls {
         (self.call_minutes() > 0.0).then(|| u.cpu.total().as_secs_f64() / self.call_minutes())
     }
 
-    /// Peak RSS over the RSS before the run, per call, in KiB.
+    /// Peak RSS over the RSS before the run, per call live at once, in KiB.
     pub fn rss_per_call_kib(&self) -> Option<f64> {
         let u = self.usage.as_ref()?.as_ref().ok()?;
-        (self.calls > 0)
-            .then(|| u.rss_peak_kib.saturating_sub(u.rss_before_kib) as f64 / self.calls as f64)
+        (self.at_once > 0)
+            .then(|| u.rss_peak_kib.saturating_sub(u.rss_before_kib) as f64 / self.at_once as f64)
+    }
+}
+
+/// The order calls are made in: waves run one after the other (a wave
+/// starts when the last call of the one before ended), each naming the
+/// target of each of its calls. Without `rotate`, one wave of
+/// `per_target` calls per target, interleaved (call `i` to target
+/// `i mod targets`); with `rotate` rounds, `targets` waves per round, each
+/// of `per_target` calls to one target, the round's first target shifted
+/// by one each round.
+pub fn waves(targets: usize, per_target: usize, rotate: Option<u32>) -> Vec<Vec<usize>> {
+    match rotate {
+        None => vec![(0..per_target * targets).map(|i| i % targets).collect()],
+        Some(rounds) => (0..rounds as usize)
+            .flat_map(|r| (0..targets).map(move |k| vec![(k + r) % targets; per_target]))
+            .collect(),
+    }
+}
+
+/// One target's frame transit times (ns), pooled over its calls.
+#[derive(Debug, Clone, Default)]
+struct Frames {
+    up: Vec<u64>,
+    down: Vec<u64>,
+    round_trip: Vec<u64>,
+}
+
+impl Frames {
+    fn absorb(&mut self, rec: CallRecord) {
+        self.up.extend(rec.up_ns);
+        self.down.extend(rec.down_ns);
+        self.round_trip.extend(rec.round_trip_ns);
     }
 }
 
@@ -122,6 +173,8 @@ impl TargetCalls {
 pub struct CallsResult {
     pub shape: CallShape,
     pub calls_per_target: usize,
+    /// One target at a time, in this many rounds ([`Cli::rotate`]).
+    pub rounds: Option<u32>,
     pub targets: Vec<TargetCalls>,
     pub wall: Duration,
     /// Targets the report compares against ([`Cli::baselines`]).
@@ -151,7 +204,6 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
         )
     };
     let targets = Arc::new(targets);
-    let total = per_target * targets.len();
     let ramp = Duration::from_secs(cli.ramp_secs);
     let (user0, sys0, _) = run::cpu_usage();
     let procs0: Vec<_> = cli
@@ -161,25 +213,6 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
         .collect();
     let start = Instant::now();
     let live = Arc::new(AtomicUsize::new(0));
-    let mut calls = JoinSet::new();
-    for i in 0..total {
-        let (targets, shape, live) = (targets.clone(), shape.clone(), live.clone());
-        let at = start + ramp.mul_f64(i as f64 / total as f64);
-        calls.spawn(async move {
-            tokio::time::sleep_until(at).await;
-            let target = i % targets.len();
-            let mut rec = CallRecord::default();
-            live.fetch_add(1, Ordering::Relaxed);
-            let endpoint = &targets[target].endpoint;
-            let r = if shape.translation {
-                translation::run(endpoint, &shape, &mut rec).await
-            } else {
-                calls::run(endpoint, &shape, &mut rec).await
-            };
-            live.fetch_sub(1, Ordering::Relaxed);
-            (target, rec, r.err())
-        });
-    }
     let reporter = progress.then(|| {
         let live = live.clone();
         run::spawn_progress(start, move || {
@@ -190,32 +223,40 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
         .iter()
         .map(|t| TargetCalls {
             name: t.name.clone(),
+            at_once: per_target,
             ..TargetCalls::default()
         })
         .collect();
-    let mut up: Vec<Vec<u64>> = vec![Vec::new(); targets.len()];
-    let mut down: Vec<Vec<u64>> = vec![Vec::new(); targets.len()];
-    let mut round_trip: Vec<Vec<u64>> = vec![Vec::new(); targets.len()];
-    while let Some(r) = calls.join_next().await {
-        let (target, rec, error) = match r {
-            Ok(v) => v,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        };
-        let t = &mut out[target];
-        t.calls += 1;
-        match error {
-            None => t.completed += 1,
-            Some(e) => *t.failures.entry(e.to_string()).or_default() += 1,
+    let mut frames = vec![Frames::default(); targets.len()];
+    for wave in waves(targets.len(), per_target, cli.rotate) {
+        let mut calls = JoinSet::new();
+        let wave_start = Instant::now();
+        let n = wave.len();
+        for (i, target) in wave.into_iter().enumerate() {
+            let (targets, shape, live) = (targets.clone(), shape.clone(), live.clone());
+            let at = wave_start + ramp.mul_f64(i as f64 / n as f64);
+            calls.spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let mut rec = CallRecord::default();
+                live.fetch_add(1, Ordering::Relaxed);
+                let endpoint = &targets[target].endpoint;
+                let r = if shape.translation {
+                    translation::run(endpoint, &shape, &mut rec).await
+                } else {
+                    calls::run(endpoint, &shape, &mut rec).await
+                };
+                live.fetch_sub(1, Ordering::Relaxed);
+                (target, rec, r.err())
+            });
         }
-        t.turns += u64::from(rec.turns);
-        t.appends_sent += rec.appends_sent;
-        t.audio_deltas += rec.audio_deltas;
-        t.call_time += rec.live;
-        t.close_time += rec.close;
-        t.close_max = t.close_max.max(rec.close);
-        up[target].extend(rec.up_ns);
-        down[target].extend(rec.down_ns);
-        round_trip[target].extend(rec.round_trip_ns);
+        while let Some(r) = calls.join_next().await {
+            let (target, rec, error) = match r {
+                Ok(v) => v,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            };
+            out[target].absorb(&rec, error.map(|e| e.to_string()));
+            frames[target].absorb(rec);
+        }
     }
     let wall = start.elapsed();
     if let Some(r) = reporter {
@@ -229,15 +270,16 @@ pub async fn execute(cli: &Cli, progress: bool) -> Result<CallsResult, PlanError
             t.usage = Some(used);
         }
     }
-    for (i, t) in out.iter_mut().enumerate() {
-        t.up = Transit::of(&mut up[i]);
-        t.down = Transit::of(&mut down[i]);
-        t.round_trip = Transit::of(&mut round_trip[i]);
+    for (t, f) in out.iter_mut().zip(&mut frames) {
+        t.up = Transit::of(&mut f.up);
+        t.down = Transit::of(&mut f.down);
+        t.round_trip = Transit::of(&mut f.round_trip);
     }
     let (user1, sys1, _) = run::cpu_usage();
     Ok(CallsResult {
         shape,
         calls_per_target: per_target,
+        rounds: cli.rotate,
         targets: out,
         wall,
         baselines: cli.baselines(),
@@ -262,9 +304,32 @@ mod tests {
     }
 
     #[test]
+    fn calls_go_all_at_once_or_one_target_at_a_time_in_rotation() {
+        assert_eq!(waves(3, 2, None), vec![vec![0, 1, 2, 0, 1, 2]]);
+        assert_eq!(
+            waves(3, 2, Some(2)),
+            vec![
+                vec![0, 0],
+                vec![1, 1],
+                vec![2, 2],
+                vec![1, 1],
+                vec![2, 2],
+                vec![0, 0],
+            ]
+        );
+        // Every target gets its calls in every round.
+        let w = waves(4, 5, Some(3));
+        assert_eq!(w.len(), 12);
+        for t in 0..4 {
+            assert_eq!(w.iter().flatten().filter(|&&x| x == t).count(), 15);
+        }
+    }
+
+    #[test]
     fn cpu_per_call_minute_and_rss_per_call() {
         let t = TargetCalls {
-            calls: 100,
+            calls: 300,
+            at_once: 100,
             call_time: Duration::from_secs(100 * 60),
             usage: Some(Ok(Usage {
                 cpu: ProcCpu {
