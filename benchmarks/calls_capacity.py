@@ -8,7 +8,8 @@ p99 per-frame latency (its p99 minus direct's in the same step, each
 direction) is under --limit-ms; direct passes when its calls complete (its
 own p99s are printed: they show how loaded the machine was). A
 target's capacity is the largest N it passed with every smaller step passed
-too; its ratio to tcp-relay's is printed beside it.
+too; its ratio to tcp-relay's is printed beside it. Given one step, it prints
+each target's verdict at that N instead (the calls-latency stage).
 
 With --quiet and one step: prints nothing, and exits 1 when no target but
 direct passed (run.sh then stops stepping up).
@@ -64,6 +65,15 @@ def main():
         _, v = steps[-1]
         sys.exit(0 if any(ok for name, (ok, _) in v.items() if name != BASELINE) else 1)
     names = list(steps[0][1])
+    if len(steps) == 1:
+        # One N (the calls-latency stage): a verdict per target, no capacity.
+        n, v = steps[0]
+        print(f"at {n} calls (added p99 < {args.limit_ms:g} ms both ways against {BASELINE}, every call completed):")
+        width = max(len(name) for name in names)
+        for name in names:
+            ok, why = v[name]
+            print(f"{name:<{width}}  {'pass' if ok else 'FAIL'}  {why}")
+        return
     capacity = {}
     for name in names:
         cap = 0

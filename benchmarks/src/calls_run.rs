@@ -7,14 +7,18 @@
 //! Call `i` goes to target `i mod T` and starts at `i / (N·T)` of the ramp,
 //! so every target's calls start spread over the same ramp and run in the
 //! same window: the same machine, the same moment, as the session mode's
-//! interleaving. A call that fails is not restarted (its slot stays empty
-//! for the rest of the run), so "every call completed" is a fact about the
-//! whole window.
+//! interleaving. With `--rotate R` the targets take turns instead
+//! ([`waves`]): N calls of one target alone on the machine, then the next
+//! target's, for R rounds, each target's figures pooled over its rounds
+//! (frame latency at N calls on the machine, not N per target). A call that
+//! fails is not restarted (its slot stays empty for the rest of its wave),
+//! so "every call completed" is a fact about the whole window.
 //!
 //! Each process named with `--cpu-pid` has its CPU and memory read before
 //! the first call starts and after the last ends ([`process`]); its CPU is
 //! reported per call-minute (the sum of its target's calls' live time), its
-//! memory as the peak RSS over the RSS before, per call of its target.
+//! memory as the peak RSS over the RSS before, per call of its target live
+//! at once (N).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

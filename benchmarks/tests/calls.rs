@@ -94,3 +94,69 @@ async fn two_short_calls_stream_frames_both_ways_and_time_each_one() {
     assert!(json["targets"][1]["down"]["p99_ns"].as_u64().unwrap() > 0);
     sim.stop();
 }
+
+/// `--rotate`: the targets take turns, each with its calls alone, round
+/// after round; each target's figures are pooled over its rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_calls_run_one_target_at_a_time_and_pool_its_rounds() {
+    let sim = sim::start(
+        loopback(),
+        SimConfig {
+            keys: vec![UPSTREAM_KEY.into()],
+            audio_deltas: 2,
+            audio_delta_bytes: 960,
+            delta_interval: Duration::from_millis(20),
+            stamp_frames: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let relay = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    tokio::spawn(patchbay_bench::tcp_relay::serve(relay, sim.addr));
+    let args: Vec<String> = [
+        "--target".into(),
+        format!("direct={}@{UPSTREAM_KEY}", sim.url(false)),
+        "--target".into(),
+        format!("relay=ws://{relay_addr}/v1/realtime@{UPSTREAM_KEY}"),
+        "--calls".into(),
+        "2".into(),
+        "--rotate".into(),
+        "2".into(),
+        "--call-secs".into(),
+        "1".into(),
+        "--speech-ms".into(),
+        "200".into(),
+        "--silence-ms".into(),
+        "100".into(),
+        "--ramp-secs".into(),
+        "0".into(),
+        "--timeout-secs".into(),
+        "10".into(),
+    ]
+    .into();
+    let cli =
+        Cli::try_parse_from(std::iter::once("patchbay-bench".to_string()).chain(args)).unwrap();
+    cli.validate().unwrap();
+    let result = patchbay_bench::calls_run::execute(&cli, false)
+        .await
+        .unwrap();
+
+    // Four waves of calls of at least 1 s each, one after the other (all at
+    // once, the run would take a little over 1 s).
+    assert!(result.wall >= Duration::from_secs(4), "{:?}", result.wall);
+    for t in &result.targets {
+        assert_eq!((t.calls, t.completed, t.at_once), (4, 4, 2), "{t:?}");
+        // 200 ms of speech in 20 ms chunks: 10 appends a turn, each timed.
+        let up = t.up.expect("client→upstream transits");
+        assert_eq!(up.frames as u64, t.appends_sent, "{t:?}");
+        assert_eq!(t.appends_sent, 10 * t.turns, "{t:?}");
+        assert!(t.turns >= 4, "at least a turn per call: {t:?}");
+    }
+    assert!(result.render().contains("one at a time"));
+    let json: serde_json::Value = serde_json::from_str(&result.to_json()).unwrap();
+    assert_eq!(json["rounds"], 2);
+    assert_eq!(json["targets"][0]["calls"], 4);
+    sim.stop();
+}
