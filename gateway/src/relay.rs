@@ -34,10 +34,11 @@
 //!   the deadline or the release of an idle session's spare buffers,
 //!   whichever is due first: [`RELEASE_IDLE_AFTER`]) and the kill
 //!   signal are polled only when one of them woke ([`on_wake`]), not on
-//!   each of the pump's wake-ups; likewise a leg whose read returned
-//!   `Pending` is read again only once its socket woke it
-//!   ([`on_wake::ReadWake`]), so a frame arriving on one leg does not
-//!   also poll the other leg's empty socket.
+//!   each of the pump's wake-ups. Both legs' sockets are read on every
+//!   wake-up, as a byte-copying relay does: a read flag per leg (a waker
+//!   of its own, so that a frame on one leg did not poll the other's
+//!   empty socket) saved instructions but cost CPU time on voice calls
+//!   (`benchmarks/HISTORY.md`).
 //!
 //! # One end, many causes
 //!
@@ -101,7 +102,7 @@ use end::sendable;
 pub use end::{close, teardown, End, Kill, LegClose, Spliced, Teardown};
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg, Side};
-use on_wake::{OnWake, ReadWake, Task};
+use on_wake::{OnWake, Task};
 use reader::{RawFrame, ReadError};
 
 /// How long a leg is given to answer our close before the socket is dropped;
@@ -241,12 +242,8 @@ struct Pump<'a, C, U, T> {
     /// [`HIGH_WATER_BYTES`] (no read waker registered), or a frame of the
     /// gateway's own queued on the upstream leg after its flush.
     again: bool,
-    /// Each leg is read only when its socket woke it (or its last read gave
-    /// a frame): a frame on one leg does not poll the other's empty socket.
-    client_read: ReadWake,
-    upstream_read: ReadWake,
-    /// Where the task's waker is registered, once per poll, for both legs'
-    /// read flags and the splice's watchdog ([`on_wake`]).
+    /// Where the task's waker is registered, once per poll, for the
+    /// splice's watchdog ([`on_wake`]).
     task: Task,
     /// The client message being read was refused: its frames are dropped
     /// to its last.
@@ -301,14 +298,8 @@ where
                 self.again = true;
                 break;
             }
-            if !self.client_read.ready() {
-                break;
-            }
-            let f = match self.client.poll_frame(&mut self.client_read.context()) {
-                Poll::Pending => {
-                    self.client_read.pending();
-                    break;
-                }
+            let f = match self.client.poll_frame(cx) {
+                Poll::Pending => break,
                 Poll::Ready(Ok(Some(f))) => f,
                 Poll::Ready(Ok(None)) => return Some(End::ClientGone),
                 Poll::Ready(Err(e)) => return Some(client_error(&e)),
@@ -405,14 +396,11 @@ where
                 self.again = true;
                 break;
             }
-            if !self.upstream_read.ready() || self.tap.poll_ready(cx).is_pending() {
+            if self.tap.poll_ready(cx).is_pending() {
                 break;
             }
-            let f = match self.upstream.poll_frame(&mut self.upstream_read.context()) {
-                Poll::Pending => {
-                    self.upstream_read.pending();
-                    break;
-                }
+            let f = match self.upstream.poll_frame(cx) {
+                Poll::Pending => break,
                 Poll::Ready(Ok(Some(f))) => f,
                 Poll::Ready(Err(ReadError::Frame(FrameError::MessageTooBig { .. }))) => {
                     return Some(End::UpstreamTooBig)
@@ -495,8 +483,6 @@ where
         upstream_close: None,
         active: false,
         again: false,
-        client_read: ReadWake::new(&task),
-        upstream_read: ReadWake::new(&task),
         task,
         dropping: false,
         client_events: Vec::new(),

@@ -8,16 +8,14 @@
 //! future a waker of its own, and between two of that waker's wake-ups it
 //! answers `Pending` without polling it.
 //!
-//! [`ReadWake`] does the same for one leg's reads inside the pump: a leg
-//! whose read returned `Pending` is not read again until its socket woke
-//! it, so a wake-up for a frame on one leg does not also poll the other
-//! leg's empty socket.
-//!
-//! Every flag of one task shares one [`Task`]: the task's waker is
+//! The flags of one task's futures share one [`Task`]: the task's waker is
 //! registered there once per poll of the task (by the pump,
 //! [`super::Pump`]), not once per flag. Registering is two atomic
-//! read-modify-writes and a waker comparison; three per wake-up were the
-//! largest single item of the relay's own time in a profile of voice calls.
+//! read-modify-writes and a waker comparison. (The pump's legs had read
+//! flags of their own too, so that a frame on one leg did not poll the
+//! other leg's empty socket; measured on voice calls, reading both legs
+//! at every wake-up, as a byte-copying relay does, cost less CPU time
+//! than the flags' wakers did.)
 //!
 //! No wake-up is lost: the task's waker is registered before any flag is
 //! read, so a wake-up that comes after the read wakes the task again.
@@ -109,45 +107,6 @@ impl<F: Future + ?Sized> Future for OnWake<'_, F> {
     }
 }
 
-/// Whether a leg's read is worth polling: it has not returned `Pending`
-/// since it was last polled, or its waker (given to that read) fired since.
-pub struct ReadWake {
-    flag: Arc<Flag>,
-    waker: Waker,
-    /// The last read returned a frame: the next may be buffered already.
-    ready: bool,
-}
-
-impl ReadWake {
-    pub fn new(task: &Task) -> Self {
-        let (flag, waker) = Flag::on(task, false);
-        Self {
-            flag,
-            waker,
-            ready: true,
-        }
-    }
-
-    /// Whether to poll the read now. The task's waker must have been
-    /// registered on this one's [`Task`] in the same poll of the task.
-    pub fn ready(&mut self) -> bool {
-        if !self.ready {
-            self.ready = self.flag.woken.swap(false, Ordering::AcqRel);
-        }
-        self.ready
-    }
-
-    /// The context to poll the read with: its wake-up sets the flag.
-    pub fn context(&self) -> Context<'_> {
-        Context::from_waker(&self.waker)
-    }
-
-    /// The read returned `Pending`: its waker is registered with the socket.
-    pub fn pending(&mut self) {
-        self.ready = false;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,32 +179,6 @@ mod tests {
         assert_eq!(probe.polls.load(Ordering::SeqCst), 2);
     }
 
-    #[test]
-    fn a_read_is_polled_again_only_after_its_waker_fired() {
-        let task = Arc::new(Count::default());
-        let task_waker = Waker::from(task.clone());
-        let cx = Context::from_waker(&task_waker);
-        let shared = Task::default();
-        let mut read = ReadWake::new(&shared);
-        shared.register(&cx);
-        assert!(read.ready(), "polled at first");
-        read.pending();
-        shared.register(&cx);
-        assert!(!read.ready(), "not after Pending");
-        assert!(!read.ready());
-        // The socket wakes the waker the read registered.
-        let given = read.context().waker().clone();
-        given.wake_by_ref();
-        assert_eq!(task.0.load(Ordering::SeqCst), 1, "the task is woken");
-        shared.register(&cx);
-        assert!(read.ready(), "polled after its wake-up");
-        // A read that returned a frame stays ready (more may be buffered).
-        assert!(read.ready());
-        read.pending();
-        shared.register(&cx);
-        assert!(!read.ready());
-    }
-
     /// One registration per poll serves every flag of the task: each flag
     /// wakes the task and is told apart from the others.
     #[test]
@@ -254,44 +187,35 @@ mod tests {
         let task_waker = Waker::from(task.clone());
         let cx = Context::from_waker(&task_waker);
         let shared = Task::default();
-        let mut a = ReadWake::new(&shared);
-        let mut b = ReadWake::new(&shared);
-        let probe = Probe::default();
-        let fut = std::pin::pin!(probe_future(&probe));
-        let mut watched = OnWake::new(fut, &shared);
+        let (a, b) = (Probe::default(), Probe::default());
+        let (fa, fb) = (
+            std::pin::pin!(probe_future(&a)),
+            std::pin::pin!(probe_future(&b)),
+        );
+        let mut wa = OnWake::new(fa, &shared);
+        let mut wb = OnWake::new(fb, &shared);
 
         shared.register(&cx);
-        assert!(watched.poll_registered().is_pending(), "polled at first");
-        a.pending();
-        b.pending();
-        assert!(!a.ready() && !b.ready());
-
-        b.context().waker().wake_by_ref();
+        assert!(wa.poll_registered().is_pending() && wb.poll_registered().is_pending());
+        assert_eq!(
+            (
+                a.polls.load(Ordering::SeqCst),
+                b.polls.load(Ordering::SeqCst)
+            ),
+            (1, 1),
+            "each polled at first"
+        );
+        b.ready.store(true, Ordering::SeqCst);
+        b.waker.lock().unwrap().take().unwrap().wake();
         assert_eq!(
             task.0.load(Ordering::SeqCst),
             1,
             "b's wake-up wakes the task"
         );
         shared.register(&cx);
-        assert!(!a.ready(), "a did not wake");
-        assert!(b.ready(), "b did");
-        assert!(watched.poll_registered().is_pending());
-        assert_eq!(
-            probe.polls.load(Ordering::SeqCst),
-            1,
-            "nor did the watched future"
-        );
-
-        probe.ready.store(true, Ordering::SeqCst);
-        probe.waker.lock().unwrap().take().unwrap().wake();
-        assert_eq!(
-            task.0.load(Ordering::SeqCst),
-            2,
-            "its wake-up wakes the task"
-        );
-        shared.register(&cx);
-        assert!(!a.ready());
-        assert_eq!(watched.poll_registered(), Poll::Ready(7));
+        assert!(wa.poll_registered().is_pending());
+        assert_eq!(a.polls.load(Ordering::SeqCst), 1, "a did not wake");
+        assert_eq!(wb.poll_registered(), Poll::Ready(7));
     }
 
     #[tokio::test]
