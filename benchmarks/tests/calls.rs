@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use patchbay_bench::args::Cli;
-use patchbay_sim::{self as sim, SimConfig};
+use patchbay_sim::{self as sim, SimConfig, SimHandle};
 
 const UPSTREAM_KEY: &str = "sk-sim-bench";
 
@@ -14,14 +14,14 @@ fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_short_calls_stream_frames_both_ways_and_time_each_one() {
-    // The model answers each turn with 5 deltas of 20 ms, 20 ms apart.
+/// A simulator that answers each turn with `deltas` audio deltas of 20 ms,
+/// 20 ms apart, its frames stamped, and tcp-relay in front of it.
+async fn sim_and_relay(deltas: usize) -> (SimHandle, SocketAddr) {
     let sim = sim::start(
         loopback(),
         SimConfig {
             keys: vec![UPSTREAM_KEY.into()],
-            audio_deltas: 5,
+            audio_deltas: deltas,
             audio_delta_bytes: 960,
             delta_interval: Duration::from_millis(20),
             stamp_frames: true,
@@ -33,31 +33,46 @@ async fn two_short_calls_stream_frames_both_ways_and_time_each_one() {
     let relay = tokio::net::TcpListener::bind(loopback()).await.unwrap();
     let relay_addr = relay.local_addr().unwrap();
     tokio::spawn(patchbay_bench::tcp_relay::serve(relay, sim.addr));
+    (sim, relay_addr)
+}
 
-    let args: Vec<String> = [
+/// The bench's command line: direct and relay as targets, short calls
+/// (`speech_ms` of speech, 100 ms of silence, no ramp), then `extra`.
+fn calls_cli(sim: &SimHandle, relay: SocketAddr, speech_ms: u32, extra: &[String]) -> Cli {
+    let mut args: Vec<String> = vec![
+        "patchbay-bench".into(),
         "--target".into(),
         format!("direct={}@{UPSTREAM_KEY}", sim.url(false)),
         "--target".into(),
-        format!("relay=ws://{relay_addr}/v1/realtime@{UPSTREAM_KEY}"),
-        "--calls".into(),
-        "1".into(),
-        "--call-secs".into(),
-        "2".into(),
+        format!("relay=ws://{relay}/v1/realtime@{UPSTREAM_KEY}"),
         "--speech-ms".into(),
-        "300".into(),
+        speech_ms.to_string(),
         "--silence-ms".into(),
         "100".into(),
         "--ramp-secs".into(),
         "0".into(),
         "--timeout-secs".into(),
         "10".into(),
+    ];
+    args.extend_from_slice(extra);
+    let cli = Cli::try_parse_from(args).unwrap();
+    cli.validate().unwrap();
+    cli
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_short_calls_stream_frames_both_ways_and_time_each_one() {
+    let (sim, relay) = sim_and_relay(5).await;
+    let extra: Vec<String> = [
+        "--calls".into(),
+        "1".into(),
+        "--call-secs".into(),
+        "2".into(),
         "--cpu-pid".into(),
         format!("relay={}", std::process::id()),
     ]
     .into();
-    let cli =
-        Cli::try_parse_from(std::iter::once("patchbay-bench".to_string()).chain(args)).unwrap();
-    cli.validate().unwrap();
+    let cli = calls_cli(&sim, relay, 300, &extra);
     let result = patchbay_bench::calls_run::execute(&cli, false)
         .await
         .unwrap();
@@ -99,46 +114,11 @@ async fn two_short_calls_stream_frames_both_ways_and_time_each_one() {
 /// after round; each target's figures are pooled over its rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotated_calls_run_one_target_at_a_time_and_pool_its_rounds() {
-    let sim = sim::start(
-        loopback(),
-        SimConfig {
-            keys: vec![UPSTREAM_KEY.into()],
-            audio_deltas: 2,
-            audio_delta_bytes: 960,
-            delta_interval: Duration::from_millis(20),
-            stamp_frames: true,
-            ..SimConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let relay = tokio::net::TcpListener::bind(loopback()).await.unwrap();
-    let relay_addr = relay.local_addr().unwrap();
-    tokio::spawn(patchbay_bench::tcp_relay::serve(relay, sim.addr));
-    let args: Vec<String> = [
-        "--target".into(),
-        format!("direct={}@{UPSTREAM_KEY}", sim.url(false)),
-        "--target".into(),
-        format!("relay=ws://{relay_addr}/v1/realtime@{UPSTREAM_KEY}"),
-        "--calls".into(),
-        "2".into(),
-        "--rotate".into(),
-        "2".into(),
-        "--call-secs".into(),
-        "1".into(),
-        "--speech-ms".into(),
-        "200".into(),
-        "--silence-ms".into(),
-        "100".into(),
-        "--ramp-secs".into(),
-        "0".into(),
-        "--timeout-secs".into(),
-        "10".into(),
-    ]
-    .into();
-    let cli =
-        Cli::try_parse_from(std::iter::once("patchbay-bench".to_string()).chain(args)).unwrap();
-    cli.validate().unwrap();
+    let (sim, relay) = sim_and_relay(2).await;
+    let extra: Vec<String> = ["--calls", "2", "--rotate", "2", "--call-secs", "1"]
+        .map(String::from)
+        .into();
+    let cli = calls_cli(&sim, relay, 200, &extra);
     let result = patchbay_bench::calls_run::execute(&cli, false)
         .await
         .unwrap();
