@@ -85,6 +85,7 @@ pub mod reader;
 pub(crate) mod testing;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -102,7 +103,7 @@ use end::sendable;
 pub use end::{close, teardown, End, Kill, LegClose, Spliced, Teardown};
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg, Side};
-use on_wake::{OnWake, Task};
+use on_wake::OnWake;
 use reader::{RawFrame, ReadError};
 
 /// How long a leg is given to answer our close before the socket is dropped;
@@ -242,9 +243,6 @@ struct Pump<'a, C, U, T> {
     /// [`HIGH_WATER_BYTES`] (no read waker registered), or a frame of the
     /// gateway's own queued on the upstream leg after its flush.
     again: bool,
-    /// Where the task's waker is registered, once per poll, for the
-    /// splice's watchdog ([`on_wake`]).
-    task: Task,
     /// The client message being read was refused: its frames are dropped
     /// to its last.
     dropping: bool,
@@ -268,7 +266,6 @@ where
     /// something: a second pass would only poll both sockets again to find
     /// them empty.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<End>> {
-        self.task.register(cx);
         loop {
             let mut progress = false;
             self.again = false;
@@ -472,7 +469,6 @@ where
 {
     // Built here, not in the async block: the block then holds the legs
     // once, in the pump, rather than as its arguments and again in a local.
-    let task = Task::default();
     let mut pump = Pump {
         client,
         upstream,
@@ -483,7 +479,6 @@ where
         upstream_close: None,
         active: false,
         again: false,
-        task,
         dropping: false,
         client_events: Vec::new(),
     };
@@ -545,7 +540,7 @@ where
                 }
                 kill.as_mut().poll(cx).map(End::Killed)
             }));
-            let mut watched = OnWake::new(watchdog, &pump.task);
+            let mut watched = OnWake::new(watchdog);
             // One clock read per wake-up that read anything, not per frame.
             let mut pumping = |cx: &mut Context<'_>| {
                 if release.load(Ordering::Relaxed) {
@@ -564,13 +559,13 @@ where
                     _ => Poll::Pending,
                 }
             };
-            // The pump first: its poll registers the task's waker on the
-            // task's flags (`Task`), which the watchdog's flag is one of.
+            // The pump first (a `poll_fn`, not a `select!`: see the
+            // watchdog's).
             std::future::poll_fn(|cx| {
                 if let Poll::Ready(end) = pumping(cx) {
                     return Poll::Ready(end);
                 }
-                watched.poll_registered()
+                Pin::new(&mut watched).poll(cx)
             })
             .await
         };

@@ -74,7 +74,7 @@ use crate::config::PriceRow;
 use crate::event::error_event;
 use crate::logs::RequestLogRow;
 use crate::metrics::{model, ModelMeters};
-use crate::relay::on_wake::{OnWake, Task};
+use crate::relay::on_wake::OnWake;
 use crate::relay::Kill;
 use crate::store::{BudgetKey, FlushBatch, FlushId};
 use crate::telemetry::semconv::Turn;
@@ -124,7 +124,7 @@ impl InlineMeter {
         mut work: Pin<&'a mut F>,
     ) -> impl Future<Output = F::Output> + 'a {
         let done = &mut self.done;
-        let mut meter = OnWake::new(self.run.as_mut(), &Task::default());
+        let mut meter = OnWake::new(self.run.as_mut());
         std::future::poll_fn(move |cx| {
             if !*done && Pin::new(&mut meter).poll(cx).is_ready() {
                 *done = true;

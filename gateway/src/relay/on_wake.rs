@@ -8,16 +8,15 @@
 //! future a waker of its own, and between two of that waker's wake-ups it
 //! answers `Pending` without polling it.
 //!
-//! The flags of one task's futures share one [`Task`]: the task's waker is
-//! registered there once per poll of the task (by the pump,
-//! [`super::Pump`]), not once per flag. Registering is two atomic
-//! read-modify-writes and a waker comparison. (The pump's legs had read
-//! flags of their own too, so that a frame on one leg did not poll the
-//! other leg's empty socket; measured on voice calls, reading both legs
-//! at every wake-up, as a byte-copying relay does, cost less CPU time
-//! than the flags' wakers did.)
+//! Each [`OnWake`] registers the task's waker and reads its flag at every
+//! poll of the task: the splice's watchdog and the session's meter each
+//! have one. (The pump's legs had read flags too, so that a frame on one
+//! leg did not poll the other leg's empty socket; measured on voice calls,
+//! reading both legs at every wake-up, as a byte-copying relay does, cost
+//! less CPU time than the flags' wakers did, and with them went the
+//! registration those flags shared.)
 //!
-//! No wake-up is lost: the task's waker is registered before any flag is
+//! No wake-up is lost: the task's waker is registered before the flag is
 //! read, so a wake-up that comes after the read wakes the task again.
 
 use std::future::Future;
@@ -27,19 +26,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
-
-/// Where a task's waker is registered, once per poll of the task, for
-/// every flag of its futures to wake it.
-#[derive(Clone, Default)]
-pub struct Task(Arc<AtomicWaker>);
-
-impl Task {
-    /// Registers the task's waker: on every poll of the task, before any
-    /// flag that shares this is read.
-    pub fn register(&self, cx: &Context<'_>) {
-        self.0.register(cx.waker());
-    }
-}
 
 /// Polls `F` only after `F` woke (and once at first).
 pub struct OnWake<'a, F: ?Sized> {
@@ -51,19 +37,7 @@ pub struct OnWake<'a, F: ?Sized> {
 
 struct Flag {
     woken: AtomicBool,
-    task: Task,
-}
-
-impl Flag {
-    /// A flag of `task`'s, and the waker that sets it and wakes the task.
-    fn on(task: &Task, woken: bool) -> (Arc<Self>, Waker) {
-        let flag = Arc::new(Flag {
-            woken: AtomicBool::new(woken),
-            task: task.clone(),
-        });
-        let waker = Waker::from(flag.clone());
-        (flag, waker)
-    }
+    task: AtomicWaker,
 }
 
 impl Wake for Flag {
@@ -73,37 +47,33 @@ impl Wake for Flag {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::Release);
-        self.task.0.wake();
+        self.task.wake();
     }
 }
 
 impl<'a, F: Future + ?Sized> OnWake<'a, F> {
-    pub fn new(fut: Pin<&'a mut F>, task: &Task) -> Self {
-        let (flag, waker) = Flag::on(task, true);
+    pub fn new(fut: Pin<&'a mut F>) -> Self {
+        let flag = Arc::new(Flag {
+            woken: AtomicBool::new(true),
+            task: AtomicWaker::new(),
+        });
+        let waker = Waker::from(flag.clone());
         Self { fut, flag, waker }
-    }
-
-    /// Polls `F` if it woke since its last poll. The task's waker must have
-    /// been registered on this one's [`Task`] in the same poll of the task
-    /// (else a wake-up between the two could be lost).
-    pub fn poll_registered(&mut self) -> Poll<F::Output> {
-        if !self.flag.woken.swap(false, Ordering::AcqRel) {
-            return Poll::Pending;
-        }
-        self.fut
-            .as_mut()
-            .poll(&mut Context::from_waker(&self.waker))
     }
 }
 
-/// On its own: registers the task's waker, then [`OnWake::poll_registered`].
 impl<F: Future + ?Sized> Future for OnWake<'_, F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        this.flag.task.register(cx);
-        this.poll_registered()
+        this.flag.task.register(cx.waker());
+        if !this.flag.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        this.fut
+            .as_mut()
+            .poll(&mut Context::from_waker(&this.waker))
     }
 }
 
@@ -146,7 +116,7 @@ mod tests {
     fn polls_the_future_only_after_it_woke_and_wakes_the_task() {
         let probe = Probe::default();
         let fut = std::pin::pin!(probe_future(&probe));
-        let mut on_wake = OnWake::new(fut, &Task::default());
+        let mut on_wake = OnWake::new(fut);
         let task = Arc::new(Count::default());
         let task_waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&task_waker);
@@ -179,24 +149,25 @@ mod tests {
         assert_eq!(probe.polls.load(Ordering::SeqCst), 2);
     }
 
-    /// One registration per poll serves every flag of the task: each flag
-    /// wakes the task and is told apart from the others.
+    /// Two in one task: each wakes the task and is told apart from the
+    /// other.
     #[test]
-    fn flags_sharing_a_task_each_wake_it_and_stay_apart() {
+    fn two_in_one_task_each_wake_it_and_stay_apart() {
         let task = Arc::new(Count::default());
         let task_waker = Waker::from(task.clone());
-        let cx = Context::from_waker(&task_waker);
-        let shared = Task::default();
+        let mut cx = Context::from_waker(&task_waker);
         let (a, b) = (Probe::default(), Probe::default());
         let (fa, fb) = (
             std::pin::pin!(probe_future(&a)),
             std::pin::pin!(probe_future(&b)),
         );
-        let mut wa = OnWake::new(fa, &shared);
-        let mut wb = OnWake::new(fb, &shared);
+        let mut wa = OnWake::new(fa);
+        let mut wb = OnWake::new(fb);
 
-        shared.register(&cx);
-        assert!(wa.poll_registered().is_pending() && wb.poll_registered().is_pending());
+        assert!(
+            Pin::new(&mut wa).poll(&mut cx).is_pending()
+                && Pin::new(&mut wb).poll(&mut cx).is_pending()
+        );
         assert_eq!(
             (
                 a.polls.load(Ordering::SeqCst),
@@ -212,17 +183,16 @@ mod tests {
             1,
             "b's wake-up wakes the task"
         );
-        shared.register(&cx);
-        assert!(wa.poll_registered().is_pending());
+        assert!(Pin::new(&mut wa).poll(&mut cx).is_pending());
         assert_eq!(a.polls.load(Ordering::SeqCst), 1, "a did not wake");
-        assert_eq!(wb.poll_registered(), Poll::Ready(7));
+        assert_eq!(Pin::new(&mut wb).poll(&mut cx), Poll::Ready(7));
     }
 
     #[tokio::test]
     async fn a_timer_behind_it_fires_beside_a_busy_branch() {
         use std::time::Duration;
         let timer = std::pin::pin!(tokio::time::sleep(Duration::from_millis(50)));
-        let mut watched = OnWake::new(timer, &Task::default());
+        let mut watched = OnWake::new(timer);
         let start = tokio::time::Instant::now();
         // The other branch wakes the task every 2 ms, so the task is polled
         // often for reasons other than the timer; the timer must still be
