@@ -28,9 +28,8 @@
 //!   with a last fragment that keeps it valid, and an upstream message cut
 //!   short costs the client its error event (the close, a control frame,
 //!   may go between fragments).
-//! - No lock or atomic per frame: one clock read and one relaxed store of
-//!   the last-activity time per wake-up that read anything, and one relaxed
-//!   load of the release flag per wake-up. One timer (for the idle timeout,
+//! - No lock or atomic per frame: one clock read per wake-up that read
+//!   anything, kept in a plain local. One timer (for the idle timeout,
 //!   the deadline or the release of an idle session's spare buffers,
 //!   whichever is due first: [`RELEASE_IDLE_AFTER`]) and the kill
 //!   signal are polled only when one of them woke ([`on_wake`]), not on
@@ -85,8 +84,6 @@ pub mod reader;
 pub(crate) mod testing;
 
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -103,7 +100,7 @@ use end::sendable;
 pub use end::{close, teardown, End, Kill, LegClose, Spliced, Teardown};
 use frame::{FrameError, FrameRole};
 use leg::{Control, Leg, Side};
-use on_wake::OnWake;
+use on_wake::WakeFlag;
 use reader::{RawFrame, ReadError};
 
 /// How long a leg is given to answer our close before the socket is dropped;
@@ -193,6 +190,52 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Deadline of the whole session (from its start, not the splice's).
     pub deadline: Instant,
+}
+
+/// A splice's activity, as its limits judge it.
+#[derive(Debug, Default)]
+struct Quiet {
+    /// The last wake-up that read a frame, in ms from the splice's start.
+    last_ms: u64,
+    /// The `last_ms` whose quiet released the legs' buffers: once per
+    /// quiet spell.
+    released_for: Option<u64>,
+}
+
+/// What a splice's limits call for at a given time.
+#[derive(Debug, PartialEq)]
+enum Due {
+    End(End),
+    /// Let go of the legs' idle buffers ([`RELEASE_IDLE_AFTER`]).
+    Release,
+    /// Nothing until then.
+    At(Instant),
+}
+
+impl Limits {
+    /// The idle timeout, the deadline or the release of idle buffers,
+    /// whichever is due at `now` (the release once per quiet spell), else
+    /// when the first of them will be.
+    fn due(&self, started: Instant, quiet: &mut Quiet, now: Instant) -> Due {
+        let last = started + Duration::from_millis(quiet.last_ms);
+        let idle_due = last + self.idle_timeout;
+        if now >= self.deadline {
+            return Due::End(End::MaxDuration);
+        }
+        if now >= idle_due {
+            return Due::End(End::IdleTimeout);
+        }
+        let mut at = idle_due.min(self.deadline);
+        if quiet.released_for != Some(quiet.last_ms) {
+            let release_due = last + RELEASE_IDLE_AFTER;
+            if now >= release_due {
+                quiet.released_for = Some(quiet.last_ms);
+                return Due::Release;
+            }
+            at = at.min(release_due);
+        }
+        Due::At(at)
+    }
 }
 
 /// Data frames the client sent before the upstream was ready (as
@@ -488,84 +531,50 @@ where
     async move {
         let end = {
             let started = Instant::now();
-            // Milliseconds from `started` (an atomic: the session's future must
-            // be `Send`, so a `Cell` cannot be shared by the pump's closure and
-            // the timers' future).
-            let last_activity_ms = AtomicU64::new(0);
-            // Set by the timer when the session has been quiet for
-            // RELEASE_IDLE_AFTER; the pump then lets go of its legs' spare
-            // buffers.
-            let release = AtomicBool::new(false);
-            // The idle timeout, the session's deadline and the release of idle
-            // buffers share one timer, set for whichever comes first.
-            let mut timers = std::pin::pin!(async {
-                // The activity (ms from `started`) whose quiet released the
-                // buffers: once per quiet spell.
-                let mut released_for = None;
-                loop {
-                    let last_ms = last_activity_ms.load(Ordering::Relaxed);
-                    let last = Duration::from_millis(last_ms);
-                    let idle_due = started + last + limits.idle_timeout;
-                    let now = Instant::now();
-                    if now >= limits.deadline {
-                        return End::MaxDuration;
-                    }
-                    if now >= idle_due {
-                        return End::IdleTimeout;
-                    }
-                    let mut due = idle_due.min(limits.deadline);
-                    if released_for != Some(last_ms) {
-                        let release_due = started + last + RELEASE_IDLE_AFTER;
-                        if now >= release_due {
-                            released_for = Some(last_ms);
-                            release.store(true, Ordering::Relaxed);
-                            // The pump is polled before the watchdog: a yield
-                            // wakes the task again, and the pump sees the flag.
-                            tokio::task::yield_now().await;
-                            continue;
-                        }
-                        due = due.min(release_due);
-                    }
-                    tokio::time::sleep_until(due).await;
-                }
-            });
+            // The idle timeout, the session's deadline and the release of
+            // idle buffers share one timer, set for whichever comes first
+            // ([`Limits::due`]). The timer and the kill are polled only when
+            // one of them woke ([`WakeFlag`]), not on every wake-up of the
+            // pump; the activity they judge by is a plain local the pump's
+            // poll sets, read only then.
+            let mut timer = std::pin::pin!(tokio::time::sleep_until(started));
             let mut kill = std::pin::pin!(kill);
-            // The limits are polled only when one of them woke (`OnWake`), not
-            // on every wake-up of the pump. A `poll_fn` over the two pinned
-            // futures: a `select!` in an async block held a second copy of
-            // the timers' future.
-            let watchdog = std::pin::pin!(std::future::poll_fn(|cx| {
-                if let Poll::Ready(end) = timers.as_mut().poll(cx) {
-                    return Poll::Ready(end);
-                }
-                kill.as_mut().poll(cx).map(End::Killed)
-            }));
-            let mut watched = OnWake::new(watchdog);
-            // One clock read per wake-up that read anything, not per frame.
-            let mut pumping = |cx: &mut Context<'_>| {
-                if release.load(Ordering::Relaxed) {
-                    release.store(false, Ordering::Relaxed);
-                    pump.client.release_idle_buffers();
-                    pump.upstream.release_idle_buffers();
-                }
-                let polled = pump.poll(cx);
-                if std::mem::take(&mut pump.active) {
-                    let ms = started.elapsed().as_millis() as u64;
-                    last_activity_ms.store(ms, Ordering::Relaxed);
-                }
-                match polled {
-                    Poll::Ready(Some(end)) => Poll::Ready(end),
-                    // Both directions forward until the end: never stopped.
-                    _ => Poll::Pending,
-                }
-            };
-            // The pump first (a `poll_fn`, not a `select!`: see the
-            // watchdog's).
+            let mut quiet = Quiet::default();
+            let watch = WakeFlag::new();
+            // The pump first, then the watchdog (a `poll_fn`, not a
+            // `select!`: a `select!` in an async block held a second copy
+            // of its futures).
             std::future::poll_fn(|cx| {
-                if let Poll::Ready(end) = pumping(cx) {
+                let polled = pump.poll(cx);
+                // One clock read per wake-up that read anything, not per
+                // frame.
+                if std::mem::take(&mut pump.active) {
+                    quiet.last_ms = started.elapsed().as_millis() as u64;
+                }
+                if let Poll::Ready(Some(end)) = polled {
                     return Poll::Ready(end);
                 }
-                Pin::new(&mut watched).poll(cx)
+                // Both directions forward until the end: never stopped.
+                watch.poll(cx, |cx| {
+                    loop {
+                        match limits.due(started, &mut quiet, Instant::now()) {
+                            Due::End(end) => return Poll::Ready(end),
+                            Due::Release => {
+                                pump.client.release_idle_buffers();
+                                pump.upstream.release_idle_buffers();
+                            }
+                            Due::At(at) => {
+                                if timer.is_elapsed() || timer.deadline() != at {
+                                    timer.as_mut().reset(at);
+                                }
+                                if timer.as_mut().poll(cx).is_pending() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    kill.as_mut().poll(cx).map(End::Killed)
+                })
             })
             .await
         };
@@ -878,6 +887,50 @@ mod tests {
         Gone,
     }
     use LegCase::*;
+
+    /// The one timer's schedule: the first of the release of idle buffers
+    /// (once per quiet spell), the idle timeout and the deadline.
+    #[test]
+    fn limits_fall_due_in_order_and_release_once_per_quiet_spell() {
+        let started = Instant::now();
+        let s = Duration::from_secs;
+        let limits = Limits {
+            idle_timeout: s(300),
+            deadline: started + s(3600),
+        };
+        let mut quiet = Quiet::default();
+        let due = |quiet: &mut Quiet, at: u64| limits.due(started, quiet, started + s(at));
+        assert_eq!(due(&mut quiet, 0), Due::At(started + RELEASE_IDLE_AFTER));
+        assert_eq!(due(&mut quiet, 30), Due::Release);
+        assert_eq!(quiet.released_for, Some(0));
+        assert_eq!(
+            due(&mut quiet, 30),
+            Due::At(started + s(300)),
+            "released once"
+        );
+        // Activity at 100 s: a new quiet spell, released again 30 s later.
+        quiet.last_ms = 100_000;
+        assert_eq!(due(&mut quiet, 100), Due::At(started + s(130)));
+        assert_eq!(due(&mut quiet, 131), Due::Release);
+        assert_eq!(due(&mut quiet, 131), Due::At(started + s(400)));
+        assert_eq!(due(&mut quiet, 400), Due::End(End::IdleTimeout));
+        // The deadline comes first when it is nearer, and ends the session
+        // whatever the activity.
+        let near = Limits {
+            idle_timeout: s(300),
+            deadline: started + s(20),
+        };
+        let mut quiet = Quiet::default();
+        assert_eq!(
+            near.due(started, &mut quiet, started),
+            Due::At(started + s(20))
+        );
+        quiet.last_ms = 19_999;
+        assert_eq!(
+            near.due(started, &mut quiet, started + s(20)),
+            Due::End(End::MaxDuration)
+        );
+    }
 
     #[test]
     fn every_cause_has_its_close_codes_and_only_a_broken_upstream_is_not_asked_to_cancel() {

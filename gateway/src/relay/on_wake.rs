@@ -1,20 +1,20 @@
-//! A future that is polled only when it woke itself.
+//! Work polled only when it woke itself.
 //!
 //! `tokio::select!` polls every branch on every wake-up of its task. The
 //! splice's task wakes for each burst of frames, and its other branches
 //! (the idle and deadline timers, the kill signal) are almost never ready:
 //! polling them costs a clock read, a timer-entry check and the locks of a
-//! `Notify` and a cancellation token per wake-up. [`OnWake`] gives its
-//! future a waker of its own, and between two of that waker's wake-ups it
-//! answers `Pending` without polling it.
+//! `Notify` and a cancellation token per wake-up. A [`WakeFlag`] gives that
+//! work a waker of its own, and between two of that waker's wake-ups it
+//! answers `Pending` without running it; [`OnWake`] is one over a future.
 //!
-//! Each [`OnWake`] registers the task's waker and reads its flag at every
-//! poll of the task: the splice's watchdog and the session's meter each
-//! have one. (The pump's legs had read flags too, so that a frame on one
-//! leg did not poll the other leg's empty socket; measured on voice calls,
-//! reading both legs at every wake-up, as a byte-copying relay does, cost
-//! less CPU time than the flags' wakers did, and with them went the
-//! registration those flags shared.)
+//! Each flag registers the task's waker and reads its flag at every poll
+//! of the task: the splice's watchdog (its timer and kill) and the
+//! session's meter each have one. (The pump's legs had read flags too, so
+//! that a frame on one leg did not poll the other leg's empty socket;
+//! measured on voice calls, reading both legs at every wake-up, as a
+//! byte-copying relay does, cost less CPU time than the flags' wakers did,
+//! and with them went the registration those flags shared.)
 //!
 //! No wake-up is lost: the task's waker is registered before the flag is
 //! read, so a wake-up that comes after the read wakes the task again.
@@ -27,11 +27,13 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
 
-/// Polls `F` only after `F` woke (and once at first).
-pub struct OnWake<'a, F: ?Sized> {
-    fut: Pin<&'a mut F>,
+/// A waker of its own for work polled beside a task's main work:
+/// [`Self::poll`] runs that work only after this waker woke (and once at
+/// first). [`OnWake`] is one over a future; the splice's watchdog is one
+/// over its timer and kill, polled with the pump at hand.
+pub struct WakeFlag {
     flag: Arc<Flag>,
-    /// A waker that sets `flag` and wakes the task: given to `F`.
+    /// A waker that sets `flag` and wakes the task: given to the work.
     waker: Waker,
 }
 
@@ -51,14 +53,50 @@ impl Wake for Flag {
     }
 }
 
-impl<'a, F: Future + ?Sized> OnWake<'a, F> {
-    pub fn new(fut: Pin<&'a mut F>) -> Self {
+impl Default for WakeFlag {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WakeFlag {
+    pub fn new() -> Self {
         let flag = Arc::new(Flag {
             woken: AtomicBool::new(true),
             task: AtomicWaker::new(),
         });
         let waker = Waker::from(flag.clone());
-        Self { fut, flag, waker }
+        Self { flag, waker }
+    }
+
+    /// `work` with this flag's waker, if that woke since the last call
+    /// (or this is the first); else `Pending`. Either way the task's waker
+    /// (`cx`'s) is what this flag's waker wakes.
+    pub fn poll<T>(
+        &self,
+        cx: &mut Context<'_>,
+        work: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        self.flag.task.register(cx.waker());
+        if !self.flag.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        work(&mut Context::from_waker(&self.waker))
+    }
+}
+
+/// Polls `F` only after `F` woke (and once at first).
+pub struct OnWake<'a, F: ?Sized> {
+    fut: Pin<&'a mut F>,
+    flag: WakeFlag,
+}
+
+impl<'a, F: Future + ?Sized> OnWake<'a, F> {
+    pub fn new(fut: Pin<&'a mut F>) -> Self {
+        Self {
+            fut,
+            flag: WakeFlag::new(),
+        }
     }
 }
 
@@ -67,13 +105,8 @@ impl<F: Future + ?Sized> Future for OnWake<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        this.flag.task.register(cx.waker());
-        if !this.flag.woken.swap(false, Ordering::AcqRel) {
-            return Poll::Pending;
-        }
-        this.fut
-            .as_mut()
-            .poll(&mut Context::from_waker(&this.waker))
+        let fut = &mut this.fut;
+        this.flag.poll(cx, |cx| fut.as_mut().poll(cx))
     }
 }
 
